@@ -1,0 +1,240 @@
+/**
+ * The node-side (shim) contract. The gateway only talks to a `Shim`; on one
+ * machine both live in one process, but nothing here assumes it.
+ */
+import type { Readable, Writable } from 'node:stream';
+
+export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
+export type SandboxState = 'creating' | 'running' | 'paused' | 'stopped' | 'failed' | 'deleting';
+export type Priority = 'normal' | 'idle';
+
+/** A validated create request (see gateway/validation.ts for the wire form). */
+export interface SandboxSpec {
+  backend: BackendName;
+  /** Image name ("default", "busybox", "name:tag") or "sha256:<hex>" digest. */
+  image: string;
+  /** Extra layers stacked over the image: workspaces then toolkits, each a name or digest. */
+  workspaces: string[];
+  toolkits: string[];
+  /** CPU limit in cores (0.01 .. host cores x 64). */
+  cpu: number;
+  memoryMb: number;
+  pids: number;
+  diskMb: number | null;
+  priority: Priority;
+  user: string;
+  env: Record<string, string>;
+  labels: Record<string, string>;
+  /** Account that owns the sandbox. */
+  owner: string;
+}
+
+export interface SandboxInfo {
+  id: string;
+  backend: BackendName;
+  image: string;
+  /** Digests of the layers, top-most first. */
+  layers: string[];
+  state: SandboxState;
+  node: string;
+  createdAt: string;
+  owner: string;
+  limits: { cpu: number; memoryMb: number; pids: number; diskMb: number | null };
+  priority: Priority;
+  labels: Record<string, string>;
+  /** Host pid of the sandbox's pid 1 (not part of the public API; stripped by the gateway for non-admins). */
+  pid?: number;
+}
+
+export interface ExecRequest {
+  cmd: string | string[];
+  stdin?: Buffer | string;
+  env?: Record<string, string>;
+  cwd?: string;
+  timeoutMs?: number;
+  user?: string;
+  /** Bytes kept per stream; the rest is dropped and `truncated` is set. */
+  maxOutputBytes?: number;
+}
+
+export type ExecStatus = 'ok' | 'error' | 'timeout' | 'killed' | 'oom';
+
+export interface ExecResult {
+  exitCode: number | null;
+  signal: number | null;
+  stdout: string;
+  stderr: string;
+  status: ExecStatus;
+  durationMs: number;
+  truncated: boolean;
+}
+
+/** A streaming exec (used for tar up/download and by the CLI). */
+export interface ExecStream {
+  pid: number;
+  stdin: Writable;
+  stdout: Readable;
+  stderr: Readable;
+  exited: Promise<{ exitCode: number | null; signal: number | null }>;
+  kill(signal?: number): void;
+}
+
+export interface FileEntry {
+  name: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: number;
+  mtime: string;
+}
+
+/** Every backend implements this; test/conformance runs one suite against each. */
+export interface Backend {
+  readonly name: BackendName;
+  create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<BackendSandbox>;
+  /** Re-attach to a sandbox that survived a gateway restart; null when it is gone. */
+  adopt(record: SandboxRecord): Promise<BackendSandbox | null>;
+}
+
+export interface BackendSandbox {
+  readonly id: string;
+  /** What must be persisted to adopt this sandbox after a restart. */
+  readonly runtime: Record<string, unknown>;
+  exec(req: ExecRequest): Promise<ExecResult>;
+  execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
+  /** Host path through which the sandbox's root can be reached (for confined file access). */
+  rootPath(): string;
+  stats(): Promise<{ memoryCurrentBytes: number; memoryPeakBytes: number; oomKills: number; cpuUsageUs: number; pidsCurrent: number }>;
+  /** Kill everything and release every resource. Idempotent. */
+  destroy(): Promise<void>;
+  /** Resolves when the sandbox's pid 1 is gone (crash, kill -9 1, ...). */
+  readonly ended: Promise<void>;
+}
+
+export interface SandboxRecord {
+  id: string;
+  spec: SandboxSpec;
+  layers: string[];
+  state: SandboxState;
+  createdAt: string;
+  runtime: Record<string, unknown>;
+}
+
+/** A layer resolved by the layer store and mounted read-only on this node. */
+export interface ResolvedLayer {
+  digest: string;
+  /** Mounted EROFS directory, shared by all sandboxes on this node. */
+  path: string;
+}
+
+export interface ImageInfo {
+  name: string;
+  digest: string;
+  kind: 'base' | 'workspace' | 'toolkit';
+  /** For images composed of several layers, top-most first. */
+  layers: string[];
+  sizeBytes: number;
+  createdAt: string;
+  source: string;
+}
+
+export type SessionMode = 'command' | 'pty';
+
+export interface SessionInfo {
+  id: string;
+  sandboxId: string;
+  mode: SessionMode;
+  createdAt: string;
+  /** Total bytes of output produced so far (the next output offset). */
+  outputOffset: number;
+  alive: boolean;
+}
+
+export interface OpenSessionOptions {
+  mode: SessionMode;
+  cols?: number;
+  rows?: number;
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+}
+
+/** One chunk of session output, with its absolute offset in the session's output stream. */
+export interface SessionOutput {
+  stream: 'stdout' | 'stderr' | 'pty';
+  offset: number;
+  data: Buffer;
+}
+
+export interface CommandResult {
+  commandId: string;
+  exitCode: number | null;
+  timedOut: boolean;
+}
+
+/**
+ * A live attachment to a shell session. The session itself (its shell and its
+ * output buffer) lives in a holder process and outlives this object and the
+ * gateway; `detach()` only drops this attachment.
+ */
+export interface SessionAttachment {
+  readonly info: SessionInfo;
+  /** Output from `fromOffset` (replayed from the bounded buffer, then live). `lost` > 0 when the buffer had already dropped bytes. */
+  onOutput(listener: (out: SessionOutput) => void): void;
+  onCommandDone(listener: (res: CommandResult) => void): void;
+  onExit(listener: (status: { exitCode: number | null; signal: number | null }) => void): void;
+  /** Command mode: run one command; output streams through onOutput; resolves with its exit code. */
+  run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult>;
+  /** PTY mode: raw bytes to the terminal. */
+  write(data: Buffer | string): void;
+  resize(cols: number, rows: number): void;
+  signal(signal: number): void;
+  detach(): void;
+  /** End the session: kill its shell and holder. */
+  close(): Promise<void>;
+}
+
+export interface ImportProgress {
+  phase: string;
+  message: string;
+  /** 0..1 when known. */
+  fraction?: number;
+}
+
+export interface FeatureReport {
+  node: string;
+  kernel: string;
+  cgroup: { version: 1 | 2; controllers: string[]; bpfHierarchy: string | null };
+  features: Record<string, { supported: boolean; reason?: string; action?: string }>;
+  backends: Record<BackendName, { available: boolean; reason?: string }>;
+  enforcer: string;
+}
+
+/** What the gateway calls. One per node. */
+export interface Shim {
+  readonly nodeId: string;
+  features(): FeatureReport;
+
+  createSandbox(spec: SandboxSpec): Promise<SandboxInfo>;
+  getSandbox(id: string): SandboxInfo;
+  listSandboxes(filter?: { owner?: string; labels?: Record<string, string> }): SandboxInfo[];
+  deleteSandbox(id: string): Promise<void>;
+
+  exec(id: string, req: ExecRequest): Promise<ExecResult>;
+  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
+
+  readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
+  writeFile(id: string, path: string, data: Buffer, mode?: number): Promise<void>;
+  listDir(id: string, path: string): Promise<FileEntry[]>;
+  /** Extract a tar stream into `dir` inside the sandbox; entries escaping `dir` are refused before anything is written. */
+  uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }>;
+  downloadTar(id: string, path: string): Promise<import('node:stream').Readable>;
+
+  openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment>;
+  attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment>;
+  listSessions(id: string): SessionInfo[];
+
+  listImages(): ImageInfo[];
+  importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;
+
+  close(): Promise<void>;
+}
