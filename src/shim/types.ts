@@ -231,7 +231,7 @@ export interface Shim {
 
   openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment>;
   attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment>;
-  listSessions(id: string): SessionInfo[];
+  listSessions(id: string): Promise<SessionInfo[]>;
 
   listImages(): ImageInfo[];
   importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;

@@ -1,0 +1,196 @@
+/**
+ * npm run bench: create -> first exec latency (concurrency 1 and 16) against
+ * `runc run` of the same rootfs in the same run, exec round trip through a
+ * shell WebSocket, and idle density (host memory per idle sandbox).
+ *
+ * Everything goes through the real gateway on loopback with the SDK, as a user
+ * would see it. Conditions are printed first; results are printed as a table
+ * and written as JSON to bench/results/create-exec.json.
+ */
+import { execFile, execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import os from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { startWarren } from '../src/gateway/up';
+import { WarrenClient } from '../src/sdk';
+import { percentile, printTable, conditions } from './stats';
+
+const execFileP = promisify(execFile);
+
+const ITERATIONS = Number(process.env.BENCH_ITERATIONS ?? 200);
+const DENSITY = Number(process.env.BENCH_DENSITY ?? 500);
+const RTT_ITERATIONS = Number(process.env.BENCH_RTT ?? 500);
+const IMAGE = process.env.BENCH_IMAGE ?? 'default';
+
+async function runPool<T>(count: number, concurrency: number, fn: (i: number) => Promise<T>): Promise<T[]> {
+  const out: T[] = new Array(count);
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(concurrency, count) }, async () => {
+      for (;;) {
+        const i = next++;
+        if (i >= count) return;
+        out[i] = await fn(i);
+      }
+    }),
+  );
+  return out;
+}
+
+async function warrenCreateExec(client: WarrenClient, concurrency: number) {
+  const firstExec: number[] = [];
+  const fullCycle: number[] = [];
+  await runPool(ITERATIONS, concurrency, async () => {
+    const t0 = performance.now();
+    const sb = await client.createSandbox({ image: IMAGE, cpu: 1, memoryMb: 256 });
+    const r = await sb.exec(['true']);
+    const t1 = performance.now();
+    if (r.exitCode !== 0) throw new Error(`exec failed: ${JSON.stringify(r)}`);
+    await client.deleteSandbox(sb.id);
+    firstExec.push(t1 - t0);
+    fullCycle.push(performance.now() - t0);
+  });
+  return { firstExec, fullCycle };
+}
+
+/** An OCI bundle over the same (read-only) rootfs the Warren image uses. */
+function prepareRuncBundle(rootfs: string): string {
+  const bundle = mkdtempSync(join(os.tmpdir(), 'warren-bench-runc-'));
+  execFileSync('runc', ['spec', '--bundle', bundle]);
+  const config = JSON.parse(readFileSync(join(bundle, 'config.json'), 'utf8'));
+  config.root = { path: rootfs, readonly: true };
+  config.process.terminal = false;
+  config.process.args = ['true'];
+  config.linux.resources = { memory: { limit: 256 * 1024 * 1024 }, cpu: { quota: 100000, period: 100000 }, pids: { limit: 1024 } };
+  writeFileSync(join(bundle, 'config.json'), JSON.stringify(config));
+  return bundle;
+}
+
+async function runcRun(bundle: string, concurrency: number) {
+  const samples: number[] = [];
+  await runPool(ITERATIONS, concurrency, async (i) => {
+    const id = `wbench-${process.pid}-${i}`;
+    const t0 = performance.now();
+    await execFileP('runc', ['run', '--bundle', bundle, id], { timeout: 60_000 });
+    samples.push(performance.now() - t0);
+  });
+  return samples;
+}
+
+async function shellRoundTrip(client: WarrenClient) {
+  const sb = await client.createSandbox({ image: IMAGE });
+  const shell = await sb.shell({ mode: 'command' });
+  for (let i = 0; i < 20; i++) await shell.run('true');
+  const samples: number[] = [];
+  for (let i = 0; i < RTT_ITERATIONS; i++) {
+    const t0 = performance.now();
+    const r = await shell.run('true');
+    samples.push(performance.now() - t0);
+    if (r.exitCode !== 0) throw new Error('true failed');
+  }
+  await shell.close();
+  await client.deleteSandbox(sb.id);
+  return samples;
+}
+
+function memAvailableBytes(): number {
+  const m = /MemAvailable:\s+(\d+) kB/.exec(readFileSync('/proc/meminfo', 'utf8'));
+  return Number(m![1]) * 1024;
+}
+
+async function idleDensity(client: WarrenClient) {
+  execFileSync('sync');
+  writeFileSync('/proc/sys/vm/drop_caches', '3');
+  await new Promise((r) => setTimeout(r, 500));
+  const before = memAvailableBytes();
+  const ids: string[] = [];
+  const t0 = performance.now();
+  await runPool(DENSITY, 8, async () => {
+    const sb = await client.createSandbox({ image: IMAGE, cpu: 0.1, memoryMb: 64, priority: 'idle' });
+    ids.push(sb.id);
+  });
+  const createS = (performance.now() - t0) / 1000;
+  await new Promise((r) => setTimeout(r, 1000));
+  writeFileSync('/proc/sys/vm/drop_caches', '3');
+  await new Promise((r) => setTimeout(r, 500));
+  const after = memAvailableBytes();
+  const sample = await client.getSandbox(ids[0]!);
+  const alive = (await client.listSandboxes()).filter((s) => s.state === 'running').length;
+  await runPool(ids.length, 8, (i) => client.deleteSandbox(ids[i]!));
+  return { count: ids.length, alive, perSandboxBytes: (before - after) / ids.length, createS, sampleState: sample.state };
+}
+
+async function main() {
+  const dataDir = process.env.BENCH_DATA_DIR ?? '/var/lib/warren-bench';
+  mkdirSync(dataDir, { recursive: true });
+  console.log('# conditions');
+  for (const [k, v] of Object.entries(conditions())) console.log(`${k}: ${v}`);
+  console.log(`image: ${IMAGE}; iterations: ${ITERATIONS}; density: ${DENSITY}; rtt iterations: ${RTT_ITERATIONS}`);
+
+  const warren = await startWarren({ dataDir, host: '127.0.0.1', port: 0, onProgress: (p) => process.stderr.write(`  ${p.phase}: ${p.message}\n`) });
+  const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+  const client = new WarrenClient({ url: warren.url, token });
+  try {
+    const image = (await client.images.list()).find((i) => i.name === IMAGE);
+    if (!image) throw new Error(`image ${IMAGE} not found`);
+    const rootfs = join(dataDir, 'layers', 'mnt', image.layers[image.layers.length - 1]!.replace(/^sha256:/, ''));
+    if (!existsSync(join(rootfs, 'bin'))) throw new Error(`expected the mounted base layer at ${rootfs}`);
+
+    // warm up: layer mount, page cache, JIT
+    await warrenCreateExec(client, 1).catch(() => undefined);
+
+    const rows: Array<Record<string, string>> = [];
+    const results: Record<string, unknown> = {};
+    const bundle = existsSync('/usr/sbin/runc') || existsSync('/usr/bin/runc') ? prepareRuncBundle(rootfs) : null;
+    for (const concurrency of [1, 16]) {
+      const w = await warrenCreateExec(client, concurrency);
+      const r = bundle ? await runcRun(bundle, concurrency) : [];
+      const wp50 = percentile(w.firstExec, 50);
+      const fp50 = percentile(w.fullCycle, 50);
+      const rp50 = r.length ? percentile(r, 50) : NaN;
+      rows.push({
+        concurrency: String(concurrency),
+        'warren create→exec p50': `${wp50.toFixed(1)} ms`,
+        'p99': `${percentile(w.firstExec, 99).toFixed(1)} ms`,
+        'warren +delete p50': `${fp50.toFixed(1)} ms`,
+        'runc run p50': `${rp50.toFixed(1)} ms`,
+        'runc p99': r.length ? `${percentile(r, 99).toFixed(1)} ms` : 'n/a',
+        'runc/warren (create→exec)': (rp50 / wp50).toFixed(1) + '×',
+        'runc/warren (full cycle)': (rp50 / fp50).toFixed(1) + '×',
+      });
+      results[`c${concurrency}`] = {
+        warrenFirstExecP50: wp50,
+        warrenFirstExecP99: percentile(w.firstExec, 99),
+        warrenFullCycleP50: fp50,
+        runcP50: rp50,
+        runcP99: r.length ? percentile(r, 99) : null,
+      };
+    }
+    if (bundle) await rm(bundle, { recursive: true, force: true });
+    console.log('\n# create → first exec (through the REST API, SDK on loopback)');
+    printTable(rows);
+
+    const rtt = await shellRoundTrip(client);
+    console.log('\n# exec round trip of `true` through a shell WebSocket (command mode)');
+    printTable([{ iterations: String(rtt.length), p50: `${percentile(rtt, 50).toFixed(2)} ms`, p99: `${percentile(rtt, 99).toFixed(2)} ms` }]);
+    results.shellRtt = { p50: percentile(rtt, 50), p99: percentile(rtt, 99) };
+
+    const d = await idleDensity(client);
+    console.log(`\n# idle density (${d.count} idle sandboxes alive at once)`);
+    printTable([{ sandboxes: String(d.alive), 'host memory per sandbox': `${(d.perSandboxBytes / 1024 / 1024).toFixed(2)} MiB`, 'time to create all': `${d.createS.toFixed(1)} s` }]);
+    results.density = d;
+
+    mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
+    writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'create-exec.json'), JSON.stringify({ conditions: conditions(), results }, null, 2));
+  } finally {
+    for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
+    await warren.close();
+  }
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian 12 machine (as root): system packages,
+# npm packages, and the build (native addon, static helpers, BPF, TypeScript).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential python3 make g++ pkg-config   # node-gyp and the static helpers
+  clang llvm libbpf-dev bpftool                 # bpf/ programs
+  libseccomp-dev                                # seccomp filters in the native helper
+  erofs-utils                                   # layer images (mkfs.erofs)
+  debootstrap                                   # the default Debian image
+  busybox-static                                # test images
+  runc                                          # benchmark baseline
+  iproute2 nftables util-linux tar gzip zstd    # networking and archives
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  echo "setup: npm ci" >&2
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+echo "setup: building" >&2
+npm run --silent build

@@ -1,0 +1,274 @@
+/**
+ * The one feature-detection module. Each feature is probed once (by trying the
+ * operation or reading what the kernel exposes), cached, and reported with the
+ * reason it is missing and what Warren does about it. Nothing else in Warren
+ * guesses what the kernel can do.
+ */
+import { existsSync, readFileSync, readdirSync, statfsSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import os from 'node:os';
+import type { BackendName, FeatureReport } from './shim/types';
+import { WarrenError, notSupported } from './errors';
+
+export type FeatureName =
+  | 'native-helper'
+  | 'cgroup-v1'
+  | 'cgroup-v2'
+  | 'cgroup2-bpf-hierarchy'
+  | 'cgroup-freezer'
+  | 'overlayfs'
+  | 'erofs'
+  | 'erofs-file-backed'
+  | 'namespaces'
+  | 'pidfd'
+  | 'openat2'
+  | 'sched-idle'
+  | 'core-scheduling'
+  | 'seccomp'
+  | 'landlock'
+  | 'apparmor'
+  | 'bpf-lsm'
+  | 'memory-reclaim'
+  | 'zram'
+  | 'criu'
+  | 'kvm'
+  | 'qemu'
+  | 'runc'
+  | 'debootstrap'
+  | 'mkfs-erofs';
+
+export interface FeatureStatus {
+  supported: boolean;
+  reason?: string;
+  /** What Warren does about it when it is missing (or how it uses it). */
+  action?: string;
+}
+
+const CGROUP2_SUPER_MAGIC = 0x63677270;
+
+const cache = new Map<FeatureName, FeatureStatus>();
+
+function yes(action?: string): FeatureStatus {
+  return action === undefined ? { supported: true } : { supported: true, action };
+}
+
+function no(reason: string, action: string): FeatureStatus {
+  return { supported: false, reason, action };
+}
+
+function readText(path: string): string | null {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return null;
+  }
+}
+
+function hasBinary(name: string): string | null {
+  for (const dir of (process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':').concat(['/usr/sbin', '/sbin'])) {
+    const p = `${dir}/${name}`;
+    if (existsSync(p)) return p;
+  }
+  return null;
+}
+
+function kernelAtLeast(major: number, minor: number): boolean {
+  const m = /^(\d+)\.(\d+)/.exec(os.release());
+  if (!m) return false;
+  const [maj, min] = [Number(m[1]), Number(m[2])];
+  return maj > major || (maj === major && min >= minor);
+}
+
+export function cgroupVersion(): 1 | 2 {
+  try {
+    return statfsSync('/sys/fs/cgroup').type === CGROUP2_SUPER_MAGIC ? 2 : 1;
+  } catch {
+    return 1;
+  }
+}
+
+function activeLsms(): string[] {
+  const text = readText('/sys/kernel/security/lsm');
+  if (text !== null) return text.trim().split(',');
+  // securityfs is not mounted everywhere; the kernel command line or config is the fallback.
+  const cmdline = readText('/proc/cmdline') ?? '';
+  const m = /\blsm=([^\s]+)/.exec(cmdline);
+  return m ? m[1]!.split(',') : [];
+}
+
+function loadNative(): { coreSchedSupported(): boolean } | null {
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    return (require('./native') as typeof import('./native')).native;
+  } catch {
+    return null;
+  }
+}
+
+const probes: Record<FeatureName, () => FeatureStatus> = {
+  'native-helper': () => {
+    try {
+      const n = require('./native') as typeof import('./native');
+      void n.native.version;
+      return yes();
+    } catch (err) {
+      return no((err as Error).message, 'container sandboxes are unavailable until `npm run build:native` succeeds');
+    }
+  },
+  'cgroup-v1': () =>
+    cgroupVersion() === 1 && existsSync('/sys/fs/cgroup/memory/memory.limit_in_bytes')
+      ? yes('cpu, memory, pids and freezer through the v1 hierarchies')
+      : no('no v1 memory hierarchy mounted', 'cgroup v2 is used'),
+  'cgroup-v2': () =>
+    cgroupVersion() === 2
+      ? yes('cpu.max, memory.max, pids.max, cgroup.freeze, cgroup.kill')
+      : no('/sys/fs/cgroup is not a cgroup2 filesystem (hybrid or v1 host)', 'limits use cgroup v1; BPF programs attach to the cgroup2 hierarchy at /sys/fs/cgroup/unified'),
+  'cgroup2-bpf-hierarchy': () => {
+    if (cgroupVersion() === 2) return yes('/sys/fs/cgroup');
+    try {
+      if (statfsSync('/sys/fs/cgroup/unified').type === CGROUP2_SUPER_MAGIC) return yes('/sys/fs/cgroup/unified');
+    } catch {
+      /* fallthrough */
+    }
+    return no('no cgroup2 hierarchy mounted', 'eBPF cgroup programs cannot be attached; network egress stays loopback-only');
+  },
+  'cgroup-freezer': () =>
+    cgroupVersion() === 2 || existsSync('/sys/fs/cgroup/freezer')
+      ? yes()
+      : no('no freezer controller', 'pause is refused with NOT_SUPPORTED'),
+  overlayfs: () =>
+    (readText('/proc/filesystems') ?? '').includes('\toverlay\n')
+      ? yes()
+      : no('overlay not in /proc/filesystems', 'container sandboxes are unavailable'),
+  erofs: () =>
+    (readText('/proc/filesystems') ?? '').includes('\terofs\n') || existsSync('/sys/fs/erofs')
+      ? yes()
+      : no('erofs not in /proc/filesystems', 'layers cannot be mounted; container sandboxes are unavailable'),
+  'erofs-file-backed': () =>
+    kernelAtLeast(6, 12)
+      ? yes('layer images are mounted directly from their files, no loop devices')
+      : no('kernel older than 6.12', 'layers are mounted through loop devices by mount(8)'),
+  namespaces: () => {
+    const have = existsSync('/proc/self/ns') ? readdirSync('/proc/self/ns') : [];
+    const need = ['mnt', 'pid', 'uts', 'ipc', 'net', 'cgroup'];
+    const missing = need.filter((n) => !have.includes(n));
+    return missing.length === 0 ? yes() : no(`missing namespaces: ${missing.join(', ')}`, 'container sandboxes are unavailable');
+  },
+  pidfd: () => (kernelAtLeast(5, 3) ? yes() : no('kernel older than 5.3', 'container sandboxes are unavailable')),
+  openat2: () => (kernelAtLeast(5, 6) ? yes() : no('kernel older than 5.6', 'file access uses a component-by-component O_NOFOLLOW walk')),
+  'sched-idle': () => yes('priority "idle" sandboxes run under SCHED_IDLE'),
+  'core-scheduling': () => {
+    const n = loadNative();
+    if (n === null) return no('native helper not loaded', 'no core-scheduling cookies');
+    return n.coreSchedSupported()
+      ? yes('each sandbox gets its own core-scheduling cookie when asked')
+      : no('prctl(PR_SCHED_CORE) is refused by this kernel (EINVAL: built without CONFIG_SCHED_CORE)', 'SCHED_IDLE only; SMT siblings are shared between sandboxes');
+  },
+  seccomp: () =>
+    /Seccomp:\s*\d/.test(readText('/proc/self/status') ?? '') ? yes() : no('kernel without CONFIG_SECCOMP', 'sandboxes rely on capabilities and namespaces only'),
+  landlock: () => {
+    const lsms = activeLsms();
+    if (lsms.includes('landlock')) return yes();
+    if (existsSync('/sys/kernel/security/landlock')) return yes();
+    return no('landlock is not an active LSM', 'another enforcer is needed');
+  },
+  apparmor: () =>
+    existsSync('/sys/module/apparmor/parameters/enabled') && (readText('/sys/module/apparmor/parameters/enabled') ?? '').startsWith('Y')
+      ? yes()
+      : no('AppArmor is not built into this kernel', 'profiles are compiled (apparmor_parser -Q) but not loaded'),
+  'bpf-lsm': () => (activeLsms().includes('bpf') ? yes() : no('bpf is not an active LSM', 'not used')),
+  'memory-reclaim': () =>
+    cgroupVersion() === 2 ? yes('memory.reclaim') : no('cgroup v1 has no memory.reclaim', 'pause lowers memory.limit_in_bytes to push pages to swap'),
+  zram: () => (existsSync('/sys/class/zram-control') || existsSync('/sys/block/zram0') ? yes() : no('zram module not loaded', 'pause frees memory only where swap exists')),
+  criu: () => {
+    const bin = hasBinary('criu');
+    if (bin === null) return no('criu is not installed', 'hibernate is refused with NOT_SUPPORTED');
+    try {
+      execFileSync(bin, ['check'], { stdio: 'pipe', timeout: 10_000 });
+      return yes();
+    } catch (err) {
+      const out = String((err as { stderr?: Buffer }).stderr ?? '').split('\n').find((l) => l.trim() !== '') ?? 'criu check failed';
+      return no(out.trim(), 'hibernate is refused with NOT_SUPPORTED; pause (freeze + reclaim) still works');
+    }
+  },
+  kvm: () => (existsSync('/dev/kvm') ? yes() : no('/dev/kvm is absent', 'microVMs run under QEMU TCG (slow)')),
+  qemu: () => (hasBinary('qemu-system-x86_64') ? yes() : no('qemu-system-x86 is not installed', 'microvm and vm backends are unavailable')),
+  runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
+  debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
+  'mkfs-erofs': () => (hasBinary('mkfs.erofs') ? yes() : no('erofs-utils is not installed', 'images cannot be imported')),
+};
+
+export function feature(name: FeatureName): FeatureStatus {
+  let status = cache.get(name);
+  if (status === undefined) {
+    try {
+      status = probes[name]();
+    } catch (err) {
+      status = no(`probe failed: ${(err as Error).message}`, 'treated as unsupported');
+    }
+    cache.set(name, status);
+  }
+  return status;
+}
+
+export function has(name: FeatureName): boolean {
+  return feature(name).supported;
+}
+
+/** Throw NOT_SUPPORTED with the probe's reason when `name` is missing. */
+export function requireFeature(name: FeatureName): void {
+  const status = feature(name);
+  if (!status.supported) throw notSupported(name, status.reason ?? 'unknown');
+}
+
+/** For tests: the reason to skip, or null when the feature is there. */
+export function skipReason(...names: FeatureName[]): string | null {
+  for (const n of names) {
+    const s = feature(n);
+    if (!s.supported) return `requires ${n}: ${s.reason}`;
+  }
+  if (typeof process.getuid === 'function' && process.getuid() !== 0) return 'requires root';
+  return null;
+}
+
+export function containerBackendStatus(): { available: boolean; reason?: string } {
+  for (const n of ['native-helper', 'overlayfs', 'erofs', 'namespaces', 'pidfd'] as const) {
+    const s = feature(n);
+    if (!s.supported) return { available: false, reason: `${n}: ${s.reason}` };
+  }
+  if (!has('cgroup-v1') && !has('cgroup-v2')) return { available: false, reason: 'no usable cgroup hierarchy' };
+  return { available: true };
+}
+
+function backendStatus(backend: BackendName): { available: boolean; reason?: string } {
+  if (backend === 'container') return containerBackendStatus();
+  return { available: false, reason: `${backend} backend is not implemented in this build` };
+}
+
+export function featureReport(nodeId: string): FeatureReport {
+  const features: FeatureReport['features'] = {};
+  for (const name of Object.keys(probes) as FeatureName[]) features[name] = feature(name);
+  const version = cgroupVersion();
+  const controllers =
+    version === 2
+      ? (readText('/sys/fs/cgroup/cgroup.controllers') ?? '').trim().split(/\s+/).filter(Boolean)
+      : readdirSync('/sys/fs/cgroup').filter((d) => !['unified', 'systemd'].includes(d) && !d.includes(','));
+  const bpf = feature('cgroup2-bpf-hierarchy');
+  const backends = {} as Record<BackendName, { available: boolean; reason?: string }>;
+  for (const b of ['container', 'fncall', 'microvm', 'vm'] as const) backends[b] = backendStatus(b);
+  return {
+    node: nodeId,
+    kernel: os.release(),
+    cgroup: { version, controllers, bpfHierarchy: bpf.supported ? (bpf.action ?? null) : null },
+    features,
+    backends,
+    enforcer: 'namespaces+capabilities+no_new_privs',
+  };
+}
+
+export function assertBackendAvailable(backend: BackendName): void {
+  const status = backendStatus(backend);
+  if (!status.available) {
+    throw new WarrenError('NOT_SUPPORTED', `backend "${backend}" is not available on this node: ${status.reason}`, { backend });
+  }
+}

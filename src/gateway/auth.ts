@@ -1,0 +1,209 @@
+/**
+ * Accounts, roles and bearer tokens.
+ *
+ * Tokens are `wrn_` + 32 random bytes in base64url. Only their SHA-256 is
+ * stored (table `auth_tokens`); a presented token is hashed, looked up by hash
+ * and compared with timingSafeEqual. The first start creates an admin account
+ * and writes its token to `<dataDir>/admin.token` (created 0600, never
+ * chmod-ed afterwards); the token is handed back once so the caller can print
+ * it, and never again on later starts.
+ */
+import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
+import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Database } from 'better-sqlite3';
+import { WarrenError } from '../errors';
+import type { Role } from './validation';
+
+export type { Role } from './validation';
+
+export interface Account {
+  id: string;
+  name: string;
+  role: Role;
+  createdAt: string;
+}
+
+export const TOKEN_PREFIX = 'wrn_';
+/** `wrn_` + base64url of 32 bytes (43 characters, no padding). */
+export const TOKEN_RE = /^wrn_[A-Za-z0-9_-]{43}$/;
+export const ADMIN_TOKEN_FILE = 'admin.token';
+
+export function generateToken(): string {
+  return TOKEN_PREFIX + randomBytes(32).toString('base64url');
+}
+
+export function hashToken(token: string): Buffer {
+  return createHash('sha256').update(token, 'utf8').digest();
+}
+
+/** Constant-time equality of two hashes (false on length mismatch). */
+export function hashesEqual(a: Buffer, b: Buffer): boolean {
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** What each role may do beyond its own sandboxes. */
+export const PERMISSIONS = {
+  /** see and touch every account's sandboxes */
+  allSandboxes: ['admin'],
+  /** manage accounts */
+  accounts: ['admin'],
+  /** import or build images */
+  buildImages: ['admin', 'builder'],
+  /** import images from paths on the host (reads host files) */
+  importHostPaths: ['admin'],
+  /** create sandboxes, exec, files, shells on own sandboxes */
+  sandboxes: ['admin', 'builder', 'runtime'],
+} as const satisfies Record<string, readonly Role[]>;
+
+export type Permission = keyof typeof PERMISSIONS;
+
+export function can(account: Pick<Account, 'role'>, permission: Permission): boolean {
+  return (PERMISSIONS[permission] as readonly Role[]).includes(account.role);
+}
+
+export function requirePermission(account: Pick<Account, 'role'>, permission: Permission): void {
+  if (!can(account, permission)) {
+    throw new WarrenError('FORBIDDEN', `role "${account.role}" may not do this (needs one of: ${PERMISSIONS[permission].join(', ')})`, { permission });
+  }
+}
+
+interface AccountRow {
+  id: string;
+  name: string;
+  role: Role;
+  created_at: string;
+}
+
+interface TokenRow extends AccountRow {
+  hash: Buffer;
+}
+
+export class Auth {
+  private readonly byHash;
+  private readonly insertAccount;
+  private readonly insertToken;
+  private readonly countAdmins;
+  private readonly listStmt;
+
+  constructor(private readonly db: Database) {
+    initAuth(db);
+    this.byHash = db.prepare(
+      `SELECT t.hash AS hash, a.id AS id, a.name AS name, a.role AS role, a.created_at AS created_at
+         FROM auth_tokens t JOIN auth_accounts a ON a.id = t.account_id
+        WHERE t.hash = ? AND t.revoked_at IS NULL`,
+    );
+    this.insertAccount = db.prepare('INSERT INTO auth_accounts (id, name, role, created_at) VALUES (?, ?, ?, ?)');
+    this.insertToken = db.prepare('INSERT INTO auth_tokens (hash, account_id, created_at) VALUES (?, ?, ?)');
+    this.countAdmins = db.prepare(
+      `SELECT count(*) AS n FROM auth_accounts a JOIN auth_tokens t ON t.account_id = a.id
+        WHERE a.role = 'admin' AND t.revoked_at IS NULL`,
+    );
+    this.listStmt = db.prepare('SELECT id, name, role, created_at FROM auth_accounts ORDER BY created_at, id');
+  }
+
+  /** The account a bearer token belongs to, or null. */
+  authenticate(token: string | undefined | null): Account | null {
+    if (typeof token !== 'string' || !TOKEN_RE.test(token)) return null;
+    const hash = hashToken(token);
+    const row = this.byHash.get(hash) as TokenRow | undefined;
+    if (row === undefined || !hashesEqual(row.hash, hash)) return null;
+    return { id: row.id, name: row.name, role: row.role, createdAt: row.created_at };
+  }
+
+  /** Like authenticate, but throws UNAUTHENTICATED. */
+  require(token: string | undefined | null): Account {
+    if (token === undefined || token === null || token === '') {
+      throw new WarrenError('UNAUTHENTICATED', 'missing bearer token (Authorization: Bearer <token>)');
+    }
+    const account = this.authenticate(token);
+    if (account === null) throw new WarrenError('UNAUTHENTICATED', 'invalid or revoked token');
+    return account;
+  }
+
+  createAccount(name: string, role: Role): { account: Account; token: string } {
+    const account: Account = { id: `acct-${randomUUID().replace(/-/g, '').slice(0, 16)}`, name, role, createdAt: new Date().toISOString() };
+    const token = generateToken();
+    this.db.transaction(() => {
+      this.insertAccount.run(account.id, account.name, account.role, account.createdAt);
+      this.insertToken.run(hashToken(token), account.id, account.createdAt);
+    })();
+    return { account, token };
+  }
+
+  listAccounts(): Account[] {
+    return (this.listStmt.all() as AccountRow[]).map((r) => ({ id: r.id, name: r.name, role: r.role, createdAt: r.created_at }));
+  }
+
+  hasAdmin(): boolean {
+    return (this.countAdmins.get() as { n: number }).n > 0;
+  }
+
+  /**
+   * First start: create the admin account, write its token to
+   * `<dataDir>/admin.token` (mode 0600 at creation) and return the token so the
+   * caller can print it once. Later starts return null.
+   */
+  ensureAdminToken(dataDir: string): string | null {
+    if (this.hasAdmin()) return null;
+    const file = join(dataDir, ADMIN_TOKEN_FILE);
+    // A token file without a matching admin in the database is stale (the
+    // database was reset): replace it rather than trust it.
+    try {
+      unlinkSync(file);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
+    const { token } = this.createAccount('admin', 'admin');
+    const fd = openSync(file, 'wx', 0o600);
+    try {
+      writeSync(fd, `${token}\n`);
+    } finally {
+      closeSync(fd);
+    }
+    return token;
+  }
+}
+
+/** Create the auth tables on the shared database (idempotent). */
+export function initAuth(db: Database): void {
+  db.exec(`
+    CREATE TABLE IF NOT EXISTS auth_accounts (
+      id TEXT PRIMARY KEY,
+      name TEXT NOT NULL,
+      role TEXT NOT NULL CHECK (role IN ('admin', 'builder', 'runtime')),
+      created_at TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS auth_tokens (
+      hash BLOB PRIMARY KEY,
+      account_id TEXT NOT NULL REFERENCES auth_accounts(id) ON DELETE CASCADE,
+      created_at TEXT NOT NULL,
+      last_used_at TEXT,
+      revoked_at TEXT
+    );
+  `);
+}
+
+/** The token from an `Authorization: Bearer <token>` header, or undefined. */
+export function bearerFromHeader(header: string | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  const m = /^Bearer[ ]+(\S+)\s*$/i.exec(header);
+  return m === null ? '' : m[1];
+}
+
+/**
+ * Browser WebSocket auth: `Sec-WebSocket-Protocol: warren.v1, bearer.<token>`.
+ * Returns the token and whether `warren.v1` was offered (the server then
+ * selects exactly that subprotocol, never echoing the token).
+ */
+export function bearerFromSubprotocols(header: string | undefined): { token: string | undefined; offered: boolean } {
+  if (header === undefined || header === '') return { token: undefined, offered: false };
+  let token: string | undefined;
+  let offered = false;
+  for (const raw of header.split(',')) {
+    const p = raw.trim();
+    if (p === 'warren.v1') offered = true;
+    else if (p.startsWith('bearer.')) token = p.slice('bearer.'.length);
+  }
+  return { token, offered };
+}

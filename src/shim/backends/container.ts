@@ -1,0 +1,357 @@
+/**
+ * The container backend: namespaces + cgroups over an overlay of read-only
+ * EROFS layers. The native helper does the kernel work; this file decides.
+ */
+import { mkdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Socket } from 'node:net';
+import { native, helperBinary } from '../../native';
+import type { ExecProcess } from '../../native/types';
+import { WarrenError } from '../../errors';
+import type {
+  Backend,
+  BackendSandbox,
+  ExecRequest,
+  ExecResult,
+  ExecStatus,
+  ExecStream,
+  ResolvedLayer,
+  SandboxRecord,
+  SandboxSpec,
+} from '../types';
+import { resolveUser, type SandboxUser } from '../users';
+
+const CPU_PERIOD_US = 100_000;
+const MIB = 1024 * 1024;
+const DEFAULT_MAX_OUTPUT = 1 * MIB;
+const SIGKILL = 9;
+
+export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+export interface ContainerRuntime {
+  pid: number;
+  startTime: number;
+  dir: string;
+  [key: string]: unknown;
+}
+
+export class ContainerBackend implements Backend {
+  readonly name = 'container' as const;
+
+  constructor(private readonly sandboxesDir: string) {}
+
+  async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<ContainerSandbox> {
+    const dir = join(this.sandboxesDir, id);
+    const upperDir = join(dir, 'upper');
+    const workDir = join(dir, 'work');
+    const rootfsDir = join(dir, 'rootfs');
+    let cgroupCreated = false;
+    try {
+      await mkdir(dir, { mode: 0o700 });
+      await Promise.all([mkdir(upperDir, { mode: 0o755 }), mkdir(workDir, { mode: 0o700 }), mkdir(rootfsDir, { mode: 0o700 })]);
+      native.cgroupCreate(id, limitsOf(spec));
+      cgroupCreated = true;
+      const proc = native.spawnSandbox({
+        id,
+        hostname: id,
+        lowerDirs: layers.map((l) => l.path),
+        upperDir,
+        workDir,
+        rootfsDir,
+        initPath: helperBinary('warren-init'),
+        network: 'loopback',
+        schedIdle: spec.priority === 'idle',
+        coreSched: false,
+      });
+      return new ContainerSandbox(id, spec, { pid: proc.pid, startTime: proc.startTime, dir }, proc.pidfd);
+    } catch (err) {
+      if (cgroupCreated) await destroyCgroup(id).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  async adopt(record: SandboxRecord): Promise<ContainerSandbox | null> {
+    const runtime = record.runtime as Partial<ContainerRuntime>;
+    if (typeof runtime.pid !== 'number' || typeof runtime.startTime !== 'number' || typeof runtime.dir !== 'string') return null;
+    if (native.processStartTime(runtime.pid) !== runtime.startTime) return null;
+    if (!native.cgroupExists(record.id) || !native.cgroupProcs(record.id).includes(runtime.pid)) return null;
+    const pidfd = native.pidfdOpen(runtime.pid);
+    return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd);
+  }
+
+  /** Remove whatever a dead or half-created sandbox left behind. */
+  async cleanup(id: string): Promise<void> {
+    if (native.cgroupExists(id)) await destroyCgroup(id);
+    await rm(join(this.sandboxesDir, id), { recursive: true, force: true });
+  }
+}
+
+function limitsOf(spec: SandboxSpec) {
+  return {
+    cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)),
+    cpuPeriodUs: CPU_PERIOD_US,
+    memoryBytes: spec.memoryMb * MIB,
+    memorySwapBytes: spec.memoryMb * MIB,
+    pidsMax: spec.pids,
+  };
+}
+
+async function destroyCgroup(id: string): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    native.cgroupKill(id);
+    try {
+      native.cgroupDestroy(id);
+      return;
+    } catch (err) {
+      if (!(err instanceof WarrenError) || err.errno !== 16 /* EBUSY */ || Date.now() > deadline) throw err;
+    }
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+export class ContainerSandbox implements BackendSandbox {
+  readonly ended: Promise<void>;
+  private alive = true;
+  private destroyed: Promise<void> | null = null;
+
+  constructor(
+    readonly id: string,
+    private readonly spec: SandboxSpec,
+    readonly runtime: ContainerRuntime,
+    private readonly pidfd: number,
+  ) {
+    this.ended = new Promise((resolve) => {
+      native.watchExit(pidfd, () => {
+        this.alive = false;
+        resolve();
+      });
+    });
+  }
+
+  get pid(): number {
+    return this.runtime.pid;
+  }
+
+  rootPath(): string {
+    return `/proc/${this.runtime.pid}/root`;
+  }
+
+  private assertAlive(): void {
+    if (!this.alive || this.destroyed !== null) {
+      throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is not running`);
+    }
+  }
+
+  private environment(extra: Record<string, string> | undefined, user: SandboxUser): string[] {
+    const env: Record<string, string> = {
+      PATH: DEFAULT_PATH,
+      HOME: user.home,
+      USER: user.name,
+      HOSTNAME: this.id,
+      LANG: 'C.UTF-8',
+      ...this.spec.env,
+      ...extra,
+    };
+    return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+  }
+
+  /** Start a process inside the sandbox; ENOENT on the command becomes a 127 like a shell would give. */
+  private spawn(req: Pick<ExecRequest, 'cmd' | 'env' | 'cwd' | 'user'>): ExecProcess {
+    this.assertAlive();
+    const user = resolveUser(this.rootPath(), req.user ?? this.spec.user);
+    const argv = typeof req.cmd === 'string' ? ['/bin/sh', '-c', req.cmd] : req.cmd;
+    return native.exec({
+      initPid: this.runtime.pid,
+      cgroup: this.id,
+      argv,
+      env: this.environment(req.env, user),
+      cwd: req.cwd ?? user.home,
+      uid: user.uid,
+      gid: user.gid,
+      schedIdle: this.spec.priority === 'idle',
+    });
+  }
+
+  async exec(req: ExecRequest): Promise<ExecResult> {
+    const started = performance.now();
+    const maxOutput = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
+    const oomBefore = native.cgroupStats(this.id).oomKills;
+    let proc: ExecProcess;
+    try {
+      proc = this.spawn(req);
+    } catch (err) {
+      const notFound = commandNotFound(err, req.cmd);
+      if (notFound === null) throw err;
+      return { exitCode: 127, signal: null, stdout: '', stderr: notFound, status: 'error', durationMs: performance.now() - started, truncated: false };
+    }
+    const stdout = new BoundedCollector(maxOutput);
+    const stderr = new BoundedCollector(maxOutput);
+    const outDone = pump(proc.stdout!, stdout);
+    const errDone = pump(proc.stderr!, stderr);
+    writeStdin(proc.stdin!, req.stdin);
+
+    let timedOut = false;
+    const exited = new Promise<{ exitCode: number | null; signal: number | null }>((resolve) => native.watchExit(proc.pidfd, resolve));
+    const timer =
+      req.timeoutMs !== undefined
+        ? setTimeout(() => {
+            timedOut = true;
+            killGroup(proc);
+          }, req.timeoutMs)
+        : null;
+    const status = await exited;
+    if (timer) clearTimeout(timer);
+    native.close(proc.pidfd);
+    // Output pipes may be held open by background children; do not wait for them forever.
+    await Promise.race([Promise.all([outDone, errDone]), new Promise((r) => setTimeout(r, 50))]);
+    stdout.stop();
+    stderr.stop();
+
+    let execStatus: ExecStatus = status.exitCode === 0 ? 'ok' : 'error';
+    if (timedOut) execStatus = 'timeout';
+    else if (status.signal !== null) {
+      execStatus = status.signal === SIGKILL && native.cgroupStats(this.id).oomKills > oomBefore ? 'oom' : 'killed';
+    }
+    return {
+      exitCode: status.exitCode,
+      signal: status.signal,
+      stdout: stdout.text(),
+      stderr: stderr.text(),
+      status: execStatus,
+      durationMs: Math.round((performance.now() - started) * 1000) / 1000,
+      truncated: stdout.truncated || stderr.truncated,
+    };
+  }
+
+  async execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    const proc = this.spawn(req);
+    const stdin = new Socket({ fd: proc.stdin!, readable: false, writable: true });
+    const stdout = new Socket({ fd: proc.stdout!, readable: true, writable: false });
+    const stderr = new Socket({ fd: proc.stderr!, readable: true, writable: false });
+    const exited = new Promise<{ exitCode: number | null; signal: number | null }>((resolve) =>
+      native.watchExit(proc.pidfd, (s) => {
+        native.close(proc.pidfd);
+        resolve(s);
+      }),
+    );
+    const timer = req.timeoutMs !== undefined ? setTimeout(() => killGroup(proc), req.timeoutMs) : null;
+    void exited.then(() => timer && clearTimeout(timer));
+    return {
+      pid: proc.pid,
+      stdin,
+      stdout,
+      stderr,
+      exited,
+      kill: (signal = SIGKILL) => {
+        try {
+          process.kill(-proc.pid, signal);
+        } catch {
+          /* already gone */
+        }
+      },
+    };
+  }
+
+  async stats() {
+    const s = native.cgroupStats(this.id);
+    return {
+      memoryCurrentBytes: s.memoryCurrentBytes,
+      memoryPeakBytes: s.memoryPeakBytes,
+      oomKills: s.oomKills,
+      cpuUsageUs: s.cpuUsageUs,
+      pidsCurrent: s.pidsCurrent,
+    };
+  }
+
+  destroy(): Promise<void> {
+    if (this.destroyed === null) this.destroyed = this.doDestroy();
+    return this.destroyed;
+  }
+
+  private async doDestroy(): Promise<void> {
+    await destroyCgroup(this.id);
+    // pid 1 is gone once its cgroup is empty; wait for the exit to be observed so the pidfd is released.
+    await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
+    native.close(this.pidfd);
+    await rm(this.runtime.dir, { recursive: true, force: true });
+  }
+}
+
+function killGroup(proc: ExecProcess): void {
+  try {
+    process.kill(-proc.pid, SIGKILL);
+  } catch {
+    try {
+      native.pidfdSendSignal(proc.pidfd, SIGKILL);
+    } catch {
+      /* already gone */
+    }
+  }
+}
+
+function commandNotFound(err: unknown, cmd: string | string[]): string | null {
+  if (!(err instanceof WarrenError) || err.code !== 'SPAWN_ERROR' || err.errno !== 2) return null;
+  if (/cwd|chdir/i.test(err.message)) {
+    throw new WarrenError('FILE_NOT_FOUND', `working directory does not exist in the sandbox: ${err.message}`);
+  }
+  const name = Array.isArray(cmd) ? cmd[0] : '/bin/sh';
+  return `warren: ${name}: command not found\n`;
+}
+
+function writeStdin(fd: number, data: Buffer | string | undefined): void {
+  const sock = new Socket({ fd, readable: false, writable: true });
+  sock.on('error', () => undefined);
+  if (data !== undefined && data.length > 0) sock.end(data);
+  else sock.end();
+}
+
+function pump(fd: number, sink: BoundedCollector): Promise<void> {
+  return new Promise((resolve) => {
+    const sock = new Socket({ fd, readable: true, writable: false });
+    sink.onStop(() => sock.destroy());
+    sock.on('data', (chunk: Buffer) => sink.push(chunk));
+    sock.on('error', () => resolve());
+    sock.on('close', () => resolve());
+  });
+}
+
+/** Keeps at most `limit` bytes; keeps draining (and dropping) past it so the writer never blocks. */
+export class BoundedCollector {
+  private readonly chunks: Buffer[] = [];
+  private size = 0;
+  truncated = false;
+  private stopListeners: Array<() => void> = [];
+
+  constructor(private readonly limit: number) {}
+
+  push(chunk: Buffer): void {
+    const room = this.limit - this.size;
+    if (room <= 0) {
+      this.truncated = true;
+      return;
+    }
+    if (chunk.length > room) {
+      this.chunks.push(chunk.subarray(0, room));
+      this.size += room;
+      this.truncated = true;
+    } else {
+      this.chunks.push(chunk);
+      this.size += chunk.length;
+    }
+  }
+
+  onStop(listener: () => void): void {
+    this.stopListeners.push(listener);
+  }
+
+  stop(): void {
+    for (const l of this.stopListeners) l();
+    this.stopListeners = [];
+  }
+
+  text(): string {
+    return Buffer.concat(this.chunks, this.size).toString('utf8');
+  }
+}

@@ -1,0 +1,448 @@
+/**
+ * The node: owns this machine's sandboxes, layers and sessions, and implements
+ * the Shim contract the gateway calls.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { closeSync, fstatSync, readSync, writeSync, mkdirSync, readdirSync, lstatSync, readFileSync, existsSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { hostname } from 'node:os';
+import { join, posix } from 'node:path';
+import type { Readable } from 'node:stream';
+import type { Database } from 'better-sqlite3';
+import { WarrenError } from '../errors';
+import { assertBackendAvailable, featureReport } from '../features';
+import { native, helperBinary } from '../native';
+import { inSpan, instruments } from '../telemetry';
+import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
+import { LayerStore } from './layers/store';
+import { assertTarConfined, scanTar } from './layers/tar';
+import { SandboxRegistry } from './registry';
+import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
+import { resolveUser } from './users';
+import type {
+  ExecRequest,
+  ExecResult,
+  ExecStream,
+  FeatureReport,
+  FileEntry,
+  ImageInfo,
+  ImportProgress,
+  OpenSessionOptions,
+  SandboxInfo,
+  SandboxRecord,
+  SandboxSpec,
+  SandboxState,
+  SessionAttachment,
+  SessionInfo,
+  Shim,
+} from './types';
+
+export interface ShimOptions {
+  dataDir: string;
+  db: Database;
+  nodeId?: string;
+  /** Build (or take from the node cache) the Debian default image when missing. */
+  ensureDefaultImage?: boolean;
+  onProgress?: (p: ImportProgress) => void;
+  log?: (line: string) => void;
+  /** Bytes of output each shell session keeps for re-attaching clients. */
+  sessionBufferBytes?: number;
+}
+
+interface LiveSandbox {
+  record: SandboxRecord;
+  box: ContainerSandbox | null;
+  state: SandboxState;
+}
+
+const SESSION_BUFFER_BYTES = 1024 * 1024;
+
+export function defaultNodeId(): string {
+  const machineId = (() => {
+    try {
+      return readFileSync('/etc/machine-id', 'utf8').trim();
+    } catch {
+      return hostname();
+    }
+  })();
+  return 'n' + createHash('sha256').update(machineId).digest('hex').slice(0, 6);
+}
+
+/** Sandbox ids encode their node so a router can find the owner without a lookup. */
+function newSandboxId(nodeId: string): string {
+  return `${nodeId}-${randomBytes(8).toString('hex')}`;
+}
+
+export async function openShim(opts: ShimOptions): Promise<Shim> {
+  const node = new ShimNode(opts);
+  await node.start();
+  return node;
+}
+
+export class ShimNode implements Shim {
+  readonly nodeId: string;
+  private readonly dataDir: string;
+  private readonly registry: SandboxRegistry;
+  readonly layers: LayerStore;
+  private readonly container: ContainerBackend;
+  private readonly sandboxes = new Map<string, LiveSandbox>();
+  private readonly sessionsDir: string;
+  private readonly log: (line: string) => void;
+  private readonly metrics = instruments();
+  private readonly observeLive = (r: { observe(v: number): void }) => r.observe(this.sandboxes.size);
+
+  constructor(private readonly opts: ShimOptions) {
+    this.nodeId = opts.nodeId ?? defaultNodeId();
+    if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(this.nodeId)) throw new WarrenError('INVALID_ARGUMENT', `invalid node id: ${this.nodeId}`);
+    this.dataDir = opts.dataDir;
+    this.log = opts.log ?? (() => undefined);
+    this.registry = new SandboxRegistry(opts.db);
+    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
+    mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
+    this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'));
+    // Unix socket paths are limited to 108 bytes: keep session sockets under a short, data-dir specific run dir.
+    this.sessionsDir = join('/run/warren', createHash('sha256').update(opts.dataDir).digest('hex').slice(0, 10));
+    mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
+    this.metrics.liveSandboxes.addCallback(this.observeLive);
+  }
+
+  async start(): Promise<void> {
+    await this.layers.init();
+    await this.adoptSurvivors();
+    if (this.opts.ensureDefaultImage && !this.layers.listImages().some((i) => i.name === 'default')) {
+      await this.layers.buildDebian({ name: 'default', onProgress: this.opts.onProgress });
+    }
+  }
+
+  /** After a gateway crash: running sandboxes are re-adopted, dead ones are cleaned up and reported stopped. */
+  private async adoptSurvivors(): Promise<void> {
+    for (const record of this.registry.all()) {
+      if (record.state === 'stopped' || record.state === 'failed') {
+        this.sandboxes.set(record.id, { record, box: null, state: record.state });
+        continue;
+      }
+      const box = await this.container.adopt(record);
+      if (box === null) {
+        this.log(`sandbox ${record.id}: gone while the gateway was down; cleaning up`);
+        await this.container.cleanup(record.id);
+        this.registry.update(record.id, 'stopped', record.runtime);
+        this.sandboxes.set(record.id, { record: { ...record, state: 'stopped' }, box: null, state: 'stopped' });
+        continue;
+      }
+      await this.layers.acquire(record.layers);
+      const live: LiveSandbox = { record, box, state: 'running' };
+      this.sandboxes.set(record.id, live);
+      this.watchEnd(live, box);
+      this.log(`sandbox ${record.id}: re-adopted (pid ${box.pid})`);
+    }
+  }
+
+  private watchEnd(live: LiveSandbox, box: ContainerSandbox): void {
+    void box.ended.then(async () => {
+      if (live.state === 'deleting' || !this.sandboxes.has(live.record.id)) return;
+      this.log(`sandbox ${live.record.id}: pid 1 ended unexpectedly`);
+      live.state = 'stopped';
+      this.registry.update(live.record.id, 'stopped', live.record.runtime);
+      await this.closeSessions(live.record.id).catch(() => undefined);
+      await box.destroy().catch(() => undefined);
+      this.layers.release(live.record.layers);
+    });
+  }
+
+  features(): FeatureReport {
+    return featureReport(this.nodeId);
+  }
+
+  private info(live: LiveSandbox): SandboxInfo {
+    const { record } = live;
+    const info: SandboxInfo = {
+      id: record.id,
+      backend: record.spec.backend,
+      image: record.spec.image,
+      layers: record.layers,
+      state: live.state,
+      node: this.nodeId,
+      createdAt: record.createdAt,
+      owner: record.spec.owner,
+      limits: { cpu: record.spec.cpu, memoryMb: record.spec.memoryMb, pids: record.spec.pids, diskMb: record.spec.diskMb },
+      priority: record.spec.priority,
+      labels: record.spec.labels,
+    };
+    if (live.box) info.pid = live.box.pid;
+    return info;
+  }
+
+  private live(id: string): LiveSandbox {
+    const live = this.sandboxes.get(id);
+    if (live === undefined) throw new WarrenError('SANDBOX_NOT_FOUND', `no sandbox ${id}`);
+    return live;
+  }
+
+  private running(id: string): ContainerSandbox {
+    const live = this.live(id);
+    if (live.state !== 'running' || live.box === null) {
+      throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${live.state}`);
+    }
+    return live.box;
+  }
+
+  async createSandbox(spec: SandboxSpec): Promise<SandboxInfo> {
+    assertBackendAvailable(spec.backend);
+    const started = performance.now();
+    const id = newSandboxId(this.nodeId);
+    return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
+      // Resolve everything before touching the kernel: unknown images or layers create nothing.
+      const image = this.layers.resolveImage(spec.image);
+      const extra = [
+        ...spec.toolkits.map((ref) => this.layers.resolveLayer(ref, 'toolkit').digest),
+        ...spec.workspaces.map((ref) => this.layers.resolveLayer(ref, 'workspace').digest),
+      ];
+      const digests = [...extra, ...image.layers];
+      const layers = await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
+      let box: ContainerSandbox;
+      try {
+        box = await inSpan('warren.sandbox.create.spawn', {}, () => this.container.create(id, spec, layers));
+      } catch (err) {
+        this.layers.release(digests);
+        throw err;
+      }
+      const record: SandboxRecord = { id, spec, layers: digests, state: 'running', createdAt: new Date().toISOString(), runtime: box.runtime };
+      this.registry.insert(record);
+      const live: LiveSandbox = { record, box, state: 'running' };
+      this.sandboxes.set(id, live);
+      this.watchEnd(live, box);
+      span.setAttribute('warren.sandbox.pid', box.pid);
+      this.metrics.createLatency.record(performance.now() - started, { backend: spec.backend });
+      return this.info(live);
+    });
+  }
+
+  getSandbox(id: string): SandboxInfo {
+    return this.info(this.live(id));
+  }
+
+  listSandboxes(filter: { owner?: string; labels?: Record<string, string> } = {}): SandboxInfo[] {
+    const out: SandboxInfo[] = [];
+    for (const live of this.sandboxes.values()) {
+      if (filter.owner !== undefined && live.record.spec.owner !== filter.owner) continue;
+      if (filter.labels && !Object.entries(filter.labels).every(([k, v]) => live.record.spec.labels[k] === v)) continue;
+      out.push(this.info(live));
+    }
+    return out;
+  }
+
+  async deleteSandbox(id: string): Promise<void> {
+    const live = this.live(id);
+    if (live.state === 'deleting') throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is already being deleted`);
+    const previous = live.state;
+    live.state = 'deleting';
+    await inSpan('warren.sandbox.delete', { 'warren.sandbox.id': id }, async () => {
+      await this.closeSessions(id);
+      if (live.box) {
+        await live.box.destroy();
+        if (previous === 'running') this.layers.release(live.record.layers);
+      } else {
+        await this.container.cleanup(id);
+      }
+      this.registry.remove(id);
+      this.sandboxes.delete(id);
+    });
+  }
+
+  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    const box = this.running(id);
+    return inSpan('warren.sandbox.exec', { 'warren.sandbox.id': id }, async (span) => {
+      const result = await box.exec(req);
+      span.setAttribute('warren.exec.status', result.status);
+      this.metrics.execLatency.record(result.durationMs, { status: result.status });
+      return result;
+    });
+  }
+
+  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    return this.running(id).execStream(req);
+  }
+
+  // ---- files: every path is resolved inside the sandbox's root by the native walk ----
+
+  async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
+    const box = this.running(id);
+    const fd = native.openInRoot(box.rootPath(), path, 'r', 0);
+    try {
+      const st = fstatSync(fd);
+      if (!st.isFile()) throw new WarrenError('INVALID_ARGUMENT', `${path} is not a regular file`);
+      if (st.size > maxBytes) throw new WarrenError('PAYLOAD_TOO_LARGE', `${path} is ${st.size} bytes; the limit is ${maxBytes}`);
+      const buf = Buffer.alloc(Math.min(st.size, maxBytes) + 1);
+      let size = 0;
+      while (size < buf.length) {
+        const n = readSync(fd, buf, size, buf.length - size, null);
+        if (n === 0) break;
+        size += n;
+      }
+      if (size > maxBytes) throw new WarrenError('PAYLOAD_TOO_LARGE', `${path} grew past the limit of ${maxBytes} bytes`);
+      return buf.subarray(0, size);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  async writeFile(id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
+    const box = this.running(id);
+    const parent = posix.dirname(path);
+    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true);
+    const fd = native.openInRoot(box.rootPath(), path, 'w', mode);
+    try {
+      let off = 0;
+      while (off < data.length) off += writeSync(fd, data, off, data.length - off);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  async listDir(id: string, path: string): Promise<FileEntry[]> {
+    const box = this.running(id);
+    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0);
+    try {
+      // /proc/self/fd/N is the directory we already opened safely; entries are lstat'ed one component deep.
+      const base = `/proc/self/fd/${fd}`;
+      return readdirSync(base).map((name) => {
+        const st = lstatSync(`${base}/${name}`);
+        const type: FileEntry['type'] = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
+        return { name, type, size: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString() };
+      });
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  async uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
+    const box = this.running(id);
+    assertTarConfined(tar);
+    const entries = scanTar(tar).length;
+    native.mkdirInRoot(box.rootPath(), dir, 0o755, true);
+    // Extraction runs inside the sandbox: its own root bounds what tar can touch.
+    const proc = await box.execStream({ cmd: ['tar', '-x', '-f', '-', '-C', dir], timeoutMs: 300_000 });
+    const stderr: Buffer[] = [];
+    proc.stderr.on('data', (c: Buffer) => stderr.push(c));
+    proc.stdout.resume();
+    proc.stdin.on('error', () => undefined);
+    proc.stdin.end(tar);
+    const status = await proc.exited;
+    if (status.exitCode !== 0) {
+      throw new WarrenError('INVALID_ARCHIVE', `tar extraction failed in the sandbox: ${Buffer.concat(stderr).toString('utf8').trim().slice(0, 500)}`);
+    }
+    return { entries };
+  }
+
+  async downloadTar(id: string, path: string): Promise<Readable> {
+    const box = this.running(id);
+    // Fail early with a proper 404 instead of an empty archive.
+    closeSync(native.openInRoot(box.rootPath(), path, 'r', 0));
+    const proc = await box.execStream({ cmd: ['tar', '-c', '-f', '-', '-C', posix.dirname(path), posix.basename(path) || '.'], timeoutMs: 300_000 });
+    proc.stdin.end();
+    proc.stderr.resume();
+    return proc.stdout;
+  }
+
+  // ---- shell sessions: each lives in a warren-session holder outside the gateway ----
+
+  private sandboxSessionsDir(id: string): string {
+    return join(this.sessionsDir, id);
+  }
+
+  async openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment> {
+    const box = this.running(id);
+    const root = box.rootPath();
+    const user = resolveUser(root, opts.user ?? this.live(id).record.spec.user);
+    const hasBash = existsSync(`${root}/bin/bash`) || existsSync(`${root}/usr/bin/bash`);
+    const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
+    if (opts.mode === 'pty') shell.push('-i');
+    const env: Record<string, string> = {
+      PATH: DEFAULT_PATH,
+      HOME: user.home,
+      USER: user.name,
+      HOSTNAME: id,
+      LANG: 'C.UTF-8',
+      TERM: opts.mode === 'pty' ? 'xterm-256color' : 'dumb',
+      ...this.live(id).record.spec.env,
+      ...opts.env,
+    };
+    const argv = [helperBinary('warren-nsexec'), '--pid', String(box.pid), '--cgroup', id, '--uid', String(user.uid), '--gid', String(user.gid), '--cwd', opts.cwd ?? user.home];
+    if (this.live(id).record.spec.priority === 'idle') argv.push('--sched-idle');
+    for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
+    argv.push('--', ...shell);
+    const dir = this.sandboxSessionsDir(id);
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const sessionId = `s-${randomBytes(10).toString('hex')}`;
+    const socketPath = join(dir, `${sessionId}.sock`);
+    const holder = await spawnHolder({
+      socketPath,
+      mode: opts.mode,
+      argv,
+      bufferBytes: this.opts.sessionBufferBytes ?? SESSION_BUFFER_BYTES,
+      cols: opts.cols,
+      rows: opts.rows,
+      ptmxPath: opts.mode === 'pty' ? `${root}/dev/pts/ptmx` : undefined,
+      info: { sandboxId: id, sessionId },
+    });
+    // The holder joins the sandbox's cgroup: deleting the sandbox kills it with everything else.
+    try {
+      native.cgroupAttach(id, holder.pid);
+    } catch (err) {
+      this.log(`session ${sessionId}: could not move holder ${holder.pid} into the sandbox cgroup: ${(err as Error).message}`);
+    }
+    return attachHolder(socketPath, 0);
+  }
+
+  async attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment> {
+    this.running(id);
+    if (!/^s-[a-z0-9]{1,64}$/.test(sessionId)) throw new WarrenError('INVALID_ID', `invalid session id: ${sessionId}`);
+    const socketPath = join(this.sandboxSessionsDir(id), `${sessionId}.sock`);
+    if (!existsSync(socketPath)) throw new WarrenError('SESSION_NOT_FOUND', `no session ${sessionId} in sandbox ${id}`);
+    return attachHolder(socketPath, fromOffset);
+  }
+
+  async listSessions(id: string): Promise<SessionInfo[]> {
+    this.live(id);
+    const dir = this.sandboxSessionsDir(id);
+    return existsSync(dir) ? listHolderSessions(dir) : [];
+  }
+
+  private async closeSessions(id: string): Promise<void> {
+    const dir = this.sandboxSessionsDir(id);
+    if (!existsSync(dir)) return;
+    for (const info of await listHolderSessions(dir)) {
+      try {
+        const att = await attachHolder(join(dir, `${info.id}.sock`), info.outputOffset);
+        await att.close();
+      } catch {
+        /* the cgroup kill takes care of holders we cannot reach */
+      }
+    }
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  // ---- images ----
+
+  listImages(): ImageInfo[] {
+    return this.layers.listImages();
+  }
+
+  async importImage(req: Parameters<Shim['importImage']>[0], onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
+    const { source } = req;
+    switch (source.type) {
+      case 'directory':
+        return this.layers.importDirectory(source.path, { name: req.name, kind: req.kind ?? 'base', onProgress });
+      case 'oci-archive':
+        return this.layers.importOciArchive(source.path, { name: req.name, kind: req.kind ?? 'base', onProgress });
+      case 'debootstrap':
+        return this.layers.buildDebian({ name: req.name, suite: source.suite, include: source.include, onProgress });
+    }
+  }
+
+  async close(): Promise<void> {
+    this.metrics.liveSandboxes.removeCallback(this.observeLive);
+    // Sandboxes and sessions keep running: a restarted gateway re-adopts them.
+    this.layers.close();
+  }
+}
