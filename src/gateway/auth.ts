@@ -11,7 +11,7 @@
 import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Database } from 'better-sqlite3';
+import type { Database } from '../state/db';
 import { WarrenError } from '../errors';
 import type { Role } from './validation';
 

@@ -3,11 +3,13 @@
  * rule (non-admin accounts see only their own sandboxes; anything else is
  * SANDBOX_NOT_FOUND, so ids of other accounts do not leak).
  */
+import { type Span, SpanKind, SpanStatusCode } from '@opentelemetry/api';
 import type { Request, Response } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { SandboxInfo, Shim } from '../shim/types';
+import { tracer } from '../telemetry';
 import { type Account, type Auth, bearerFromHeader, can } from './auth';
-import { type Log, sendError } from './http';
+import { type Log, publicError, writeError } from './http';
 import { type HostCapacity, validateSandboxId } from './validation';
 
 export interface GatewayContext {
@@ -48,25 +50,42 @@ export function present(account: Account, info: SandboxInfo): SandboxInfo {
 export type AuthedHandler = (req: Request, res: Response, account: Account) => Promise<void> | void;
 export type PublicHandler = (req: Request, res: Response) => Promise<void> | void;
 
+/** The route pattern a request matched (for span names; never the raw path with ids). */
+function routeOf(req: Request): string {
+  return (req as unknown as { route?: { pattern?: string } }).route?.pattern ?? 'unknown';
+}
+
+/**
+ * Run a handler in an HTTP server span (a no-op unless telemetry is installed)
+ * and turn anything thrown into the error body. An unread request body is
+ * never buffered after an error: the answer closes the connection.
+ */
+async function traced(ctx: GatewayContext, req: Request, res: Response, fn: (span: Span) => Promise<void>): Promise<void> {
+  const route = routeOf(req);
+  await tracer().startActiveSpan(`${req.method} ${route}`, { kind: SpanKind.SERVER, attributes: { 'http.request.method': req.method, 'http.route': route } }, async (span) => {
+    try {
+      await fn(span);
+    } catch (err) {
+      const e = publicError(err, ctx.log);
+      span.setAttribute('warren.error.code', e.code);
+      if (e.status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, message: e.message });
+      writeError(res, e, !req.received);
+    } finally {
+      span.end();
+    }
+  });
+}
+
 /** Wrap a handler: authenticate, run, and turn anything thrown into the error body. */
 export function authed(ctx: GatewayContext, fn: AuthedHandler): (req: Request, res: Response) => Promise<void> {
-  return async (req, res) => {
-    try {
+  return (req, res) =>
+    traced(ctx, req, res, async (span) => {
       const account = ctx.auth.require(bearerFromHeader(req.headers.authorization));
+      span.setAttribute('warren.account', account.id);
       await fn(req, res, account);
-    } catch (err) {
-      // An unread body must not be buffered: answer and close the connection.
-      sendError(res, err, ctx.log, !req.received);
-    }
-  };
+    });
 }
 
 export function open(ctx: GatewayContext, fn: PublicHandler): (req: Request, res: Response) => Promise<void> {
-  return async (req, res) => {
-    try {
-      await fn(req, res);
-    } catch (err) {
-      sendError(res, err, ctx.log, !req.received);
-    }
-  };
+  return (req, res) => traced(ctx, req, res, async () => fn(req, res));
 }

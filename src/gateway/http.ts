@@ -19,7 +19,7 @@ export type Log = (line: string) => void;
  */
 export function publicError(err: unknown, log: Log): WarrenError {
   if (err instanceof WarrenError) {
-    if (err.status >= 500) log(`error ${err.code}: ${err.message}`);
+    if (err.status >= 500 && err.code !== 'NOT_SUPPORTED') log(`error ${err.code}: ${err.message}`);
     return err;
   }
   const ref = randomBytes(6).toString('hex');
@@ -35,7 +35,12 @@ export function errorBody(err: WarrenError): string {
 /** Send `{error:{code,message}}` with the error's status. `close` also closes the connection (used when a body was not read). */
 export function sendError(res: Response, err: unknown, log: Log, close = false): void {
   if (res.completed) return;
-  const e = publicError(err, log);
+  writeError(res, publicError(err, log), close);
+}
+
+/** Write an error that is already public (see publicError). */
+export function writeError(res: Response, e: WarrenError, close = false): void {
+  if (res.completed) return;
   res.status(e.status);
   res.header('content-type', 'application/json; charset=utf-8');
   res.header('cache-control', 'no-store');

@@ -280,7 +280,7 @@ export interface CreateContext {
 
 /** Validate a `POST /v1/sandboxes` body into a SandboxSpec. */
 export function validateCreateRequest(body: unknown, ctx: CreateContext): SandboxSpec {
-  const b = expectObject(body ?? {}, 'body');
+  const b = expectObject(body === undefined ? {} : body, 'body');
   rejectUnknown(b, CREATE_FIELDS);
 
   let backend: BackendName = 'container';

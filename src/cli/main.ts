@@ -1,0 +1,554 @@
+/**
+ * `warren <command>`: the command-line client (and `warren up`, the server).
+ * See docs/cli.md. Errors print `warren: CODE: message` and exit non-zero:
+ * 2 for usage errors, 1 for failures; `exec` exits with the command's code.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { WarrenError } from '../errors';
+import { type CreateSandboxRequest, type ImportProgress, type SandboxInfo, WarrenClient } from '../sdk';
+import { ProgressPrinter, formatTable } from './output';
+import { runShell } from './shell';
+
+export const DEFAULT_URL = 'http://127.0.0.1:7070';
+export const DEFAULT_DATA_DIR = '/var/lib/warren';
+
+export class UsageError extends Error {}
+
+interface Io {
+  out: (s: string) => void;
+  err: (s: string) => void;
+  env: NodeJS.ProcessEnv;
+}
+
+const defaultIo: Io = {
+  out: (s) => process.stdout.write(s),
+  err: (s) => process.stderr.write(s),
+  env: process.env,
+};
+
+const COMMON = {
+  url: { type: 'string' },
+  token: { type: 'string' },
+  'data-dir': { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+} as const satisfies ParseArgsConfig['options'];
+
+const USAGE = `usage: warren <command> [options]
+
+commands:
+  up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image]
+  create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
+         [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
+         [--workspace W]... [--toolkit T]...            prints the sandbox id
+  exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] -- CMD [ARG...]
+  shell ID [--session S] [--mode pty|command]      interactive terminal (Ctrl-] detaches)
+  ls [--label K=V]... [--json]
+  rm ID...
+  image ls [--json] | image import NAME PATH [--kind K] | image build NAME [--suite S] [--include PKG]...
+  account create NAME [--role admin|builder|runtime]
+  doctor [--json]                                  what this node's kernel supports
+  version
+
+connection: --url URL (or WARREN_URL, default ${DEFAULT_URL})
+            --token T (or WARREN_TOKEN, or the admin token in --data-dir DIR / WARREN_DATA_DIR, default ${DEFAULT_DATA_DIR})
+`;
+
+function parse<O extends NonNullable<ParseArgsConfig['options']>>(args: string[], options: O) {
+  try {
+    return parseArgs({ args, options: { ...COMMON, ...options }, allowPositionals: true, strict: true });
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}
+
+type Values = Record<string, string | boolean | string[] | undefined>;
+
+function str(v: Values, name: string): string | undefined {
+  const x = v[name];
+  return typeof x === 'string' ? x : undefined;
+}
+
+function num(v: Values, name: string): number | undefined {
+  const s = str(v, name);
+  if (s === undefined) return undefined;
+  const n = Number(s);
+  if (s.trim() === '' || !Number.isFinite(n)) throw new UsageError(`--${name} must be a number (got ${JSON.stringify(s)})`);
+  return n;
+}
+
+function keyValues(items: string[], flag: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const item of items) {
+    const eq = item.indexOf('=');
+    if (eq <= 0) throw new UsageError(`--${flag} expects KEY=VALUE (got ${JSON.stringify(item)})`);
+    Object.defineProperty(out, item.slice(0, eq), { value: item.slice(eq + 1), enumerable: true, writable: true, configurable: true });
+  }
+  return out;
+}
+
+/** Connection settings: flags, then environment, then the admin token file in the data dir. */
+export function connection(v: Values, env: NodeJS.ProcessEnv): { url: string; token: string | undefined } {
+  const url = str(v, 'url') ?? env.WARREN_URL ?? DEFAULT_URL;
+  let token = str(v, 'token') ?? env.WARREN_TOKEN;
+  if (token === undefined || token === '') {
+    const dataDir = str(v, 'data-dir') ?? env.WARREN_DATA_DIR ?? DEFAULT_DATA_DIR;
+    const file = join(dataDir, 'admin.token');
+    if (existsSync(file)) {
+      try {
+        token = readFileSync(file, 'utf8').trim();
+      } catch (err) {
+        if (str(v, 'data-dir') !== undefined) throw new WarrenError('UNAUTHENTICATED', `cannot read ${file}: ${(err as Error).message}`);
+      }
+    } else if (str(v, 'data-dir') !== undefined) {
+      throw new WarrenError('UNAUTHENTICATED', `no admin token at ${file}`);
+    }
+  }
+  return { url, token: token === '' ? undefined : token };
+}
+
+function clientFor(v: Values, io: Io): WarrenClient {
+  const c = connection(v, io.env);
+  return new WarrenClient({ url: c.url, token: c.token, connections: 4 });
+}
+
+function warrenVersion(): string {
+  for (const rel of ['../../package.json', '../../../package.json']) {
+    try {
+      const pkg = JSON.parse(readFileSync(join(__dirname, rel), 'utf8')) as { name?: string; version?: string };
+      if (pkg.name === 'warren' && pkg.version) return pkg.version;
+    } catch {
+      /* next */
+    }
+  }
+  return '0.0.0';
+}
+
+// ---------------------------------------------------------------- commands
+
+async function cmdUp(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, {
+    listen: { type: 'string' },
+    otlp: { type: 'string' },
+    'allow-origin': { type: 'string', multiple: true },
+    'no-default-image': { type: 'boolean' },
+  });
+  if (values.help) return usage(io);
+  const listen = values.listen ?? '127.0.0.1:7070';
+  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(listen);
+  if (!m || Number(m[2]) > 65535) throw new UsageError(`--listen expects HOST:PORT (got ${JSON.stringify(listen)})`);
+  const host = m[1]!.replace(/^\[|\]$/g, '');
+  const port = Number(m[2]);
+  const dataDir = values['data-dir'] ?? io.env.WARREN_DATA_DIR ?? DEFAULT_DATA_DIR;
+  const progress = new ProgressPrinter(process.stderr);
+  // Loaded lazily: only `up` needs the node side (native helper, kernel features).
+  const { startWarren } = await import('../gateway/up');
+  io.err(`warren: starting (data dir ${dataDir})\n`);
+  const opts: Parameters<typeof startWarren>[0] = {
+    dataDir,
+    host,
+    port,
+    onProgress: (p: ImportProgress) => progress.update(p),
+    ensureDefaultImage: !values['no-default-image'],
+    log: (line) => io.err(`${line}\n`),
+  };
+  if (values.otlp) opts.otlpEndpoint = values.otlp;
+  if (values['allow-origin']) opts.allowedOrigins = values['allow-origin'];
+  const warren = await startWarren(opts);
+  progress.finish();
+  io.out(`Warren is listening on ${warren.url}\n`);
+  if (warren.adminToken) {
+    io.out(`Admin token (shown once; saved in ${join(dataDir, 'admin.token')}, mode 0600):\n${warren.adminToken}\n`);
+  }
+  await new Promise<void>((resolve) => {
+    let stopping = false;
+    const stop = (sig: NodeJS.Signals) => {
+      if (stopping) {
+        io.err(`warren: ${sig} again, exiting now\n`);
+        process.exit(1);
+      }
+      stopping = true;
+      io.err(`warren: ${sig}, shutting down (sandboxes keep running)\n`);
+      warren.close().then(resolve, (err) => {
+        io.err(`warren: error while stopping: ${(err as Error).message}\n`);
+        resolve();
+      });
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
+  // Idle keep-alive connections must not hold the process open after a clean stop.
+  setTimeout(() => process.exit(0), 2000).unref();
+  return 0;
+}
+
+async function cmdCreate(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {
+    image: { type: 'string' },
+    backend: { type: 'string' },
+    cpu: { type: 'string' },
+    memory: { type: 'string' },
+    pids: { type: 'string' },
+    disk: { type: 'string' },
+    priority: { type: 'string' },
+    user: { type: 'string' },
+    env: { type: 'string', multiple: true },
+    label: { type: 'string', multiple: true },
+    workspace: { type: 'string', multiple: true },
+    toolkit: { type: 'string', multiple: true },
+    json: { type: 'boolean' },
+  });
+  if (values.help) return usage(io);
+  if (positionals.length > 0) throw new UsageError(`create takes no positional arguments (got ${positionals.join(' ')})`);
+  const req: CreateSandboxRequest = {};
+  if (values.image) req.image = values.image;
+  if (values.backend) req.backend = values.backend as CreateSandboxRequest['backend'];
+  const cpu = num(values, 'cpu');
+  if (cpu !== undefined) req.cpu = cpu;
+  const mem = num(values, 'memory');
+  if (mem !== undefined) req.memoryMb = mem;
+  const pids = num(values, 'pids');
+  if (pids !== undefined) req.pids = pids;
+  const disk = num(values, 'disk');
+  if (disk !== undefined) req.diskMb = disk;
+  if (values.priority) req.priority = values.priority as CreateSandboxRequest['priority'];
+  if (values.user) req.user = values.user;
+  if (values.env) req.env = keyValues(values.env, 'env');
+  if (values.label) req.labels = keyValues(values.label, 'label');
+  if (values.workspace) req.workspaces = values.workspace;
+  if (values.toolkit) req.toolkits = values.toolkit;
+  const client = clientFor(values, io);
+  try {
+    const sb = await client.createSandbox(req);
+    io.out(values.json ? `${JSON.stringify(sb.info, null, 2)}\n` : `${sb.id}\n`);
+    return 0;
+  } finally {
+    await client.close();
+  }
+}
+
+async function readAllStdin(limit: number): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const c of process.stdin) {
+    size += (c as Buffer).length;
+    if (size > limit) throw new UsageError(`--stdin input exceeds ${limit} bytes`);
+    chunks.push(c as Buffer);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+async function cmdExec(args: string[], io: Io): Promise<number> {
+  const dash = args.indexOf('--');
+  const before = dash === -1 ? args : args.slice(0, dash);
+  const cmd = dash === -1 ? [] : args.slice(dash + 1);
+  const { values, positionals } = parse(before, {
+    timeout: { type: 'string' },
+    cwd: { type: 'string' },
+    user: { type: 'string' },
+    env: { type: 'string', multiple: true },
+    stdin: { type: 'boolean' },
+  });
+  if (values.help) return usage(io);
+  const [id, ...rest] = positionals;
+  if (id === undefined) throw new UsageError('exec needs a sandbox id: warren exec ID -- CMD [ARG...]');
+  const argv = cmd.length > 0 ? cmd : rest;
+  if (argv.length === 0) throw new UsageError('exec needs a command after --: warren exec ID -- CMD [ARG...]');
+  const opts: Parameters<ReturnType<WarrenClient['sandbox']>['exec']>[1] = {};
+  const timeout = num(values, 'timeout');
+  if (timeout !== undefined) opts.timeoutMs = timeout;
+  if (values.cwd) opts.cwd = values.cwd;
+  if (values.user) opts.user = values.user;
+  if (values.env) opts.env = keyValues(values.env, 'env');
+  if (values.stdin) opts.stdin = await readAllStdin(1024 * 1024);
+  const client = clientFor(values, io);
+  try {
+    const r = await client.sandbox(id).exec(argv, opts);
+    if (r.stdout) io.out(r.stdout);
+    if (r.stderr) io.err(r.stderr);
+    if (r.truncated) io.err('warren: output was truncated (maxOutputBytes)\n');
+    if (r.status === 'timeout') {
+      io.err('warren: command timed out\n');
+      return 124;
+    }
+    if (r.exitCode !== null) return r.exitCode;
+    if (r.signal !== null) return 128 + r.signal;
+    io.err(`warren: command ended with status ${r.status}\n`);
+    return 1;
+  } finally {
+    await client.close();
+  }
+}
+
+async function cmdShell(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, { session: { type: 'string' }, mode: { type: 'string' } });
+  if (values.help) return usage(io);
+  const id = positionals[0];
+  if (id === undefined || positionals.length > 1) throw new UsageError('usage: warren shell ID [--session S] [--mode pty|command]');
+  const mode = (values.mode ?? 'pty') as 'pty' | 'command';
+  if (mode !== 'pty' && mode !== 'command') throw new UsageError('--mode must be pty or command');
+  const client = clientFor(values, io);
+  try {
+    return await runShell(client, id, { mode, session: values.session, err: io.err });
+  } finally {
+    await client.close();
+  }
+}
+
+function labelsText(labels: Record<string, string>): string {
+  return Object.entries(labels)
+    .map(([k, v]) => `${k}=${v}`)
+    .join(',');
+}
+
+async function cmdLs(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { label: { type: 'string', multiple: true }, json: { type: 'boolean' } });
+  if (values.help) return usage(io);
+  const client = clientFor(values, io);
+  try {
+    const filter: { labels?: Record<string, string> } = {};
+    if (values.label) filter.labels = keyValues(values.label, 'label');
+    const list = await client.listSandboxes(filter);
+    if (values.json) {
+      io.out(`${JSON.stringify(list, null, 2)}\n`);
+      return 0;
+    }
+    const rows = list.map((s: SandboxInfo) => ({
+      ID: s.id,
+      STATE: s.state,
+      BACKEND: s.backend,
+      IMAGE: s.image,
+      CPU: String(s.limits.cpu),
+      'MEM MB': String(s.limits.memoryMb),
+      CREATED: s.createdAt,
+      LABELS: labelsText(s.labels),
+    }));
+    io.out(formatTable(rows, ['ID', 'STATE', 'BACKEND', 'IMAGE', 'CPU', 'MEM MB', 'CREATED', 'LABELS']));
+    return 0;
+  } finally {
+    await client.close();
+  }
+}
+
+async function cmdRm(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, {});
+  if (values.help) return usage(io);
+  if (positionals.length === 0) throw new UsageError('usage: warren rm ID...');
+  const client = clientFor(values, io);
+  let failed = 0;
+  try {
+    for (const id of positionals) {
+      try {
+        await client.deleteSandbox(id);
+        io.out(`${id}\n`);
+      } catch (err) {
+        failed++;
+        io.err(`warren: ${id}: ${describeError(err)}\n`);
+      }
+    }
+  } finally {
+    await client.close();
+  }
+  return failed === 0 ? 0 : 1;
+}
+
+async function cmdImage(args: string[], io: Io): Promise<number> {
+  const [sub, ...rest] = args;
+  const { values, positionals } = parse(rest, {
+    kind: { type: 'string' },
+    suite: { type: 'string' },
+    include: { type: 'string', multiple: true },
+    type: { type: 'string' },
+    json: { type: 'boolean' },
+  });
+  if (values.help || sub === undefined) return usage(io, sub === undefined ? 2 : 0);
+  const client = clientFor(values, io);
+  const progress = new ProgressPrinter(process.stderr);
+  try {
+    switch (sub) {
+      case 'ls': {
+        const images = await client.images.list();
+        if (values.json) {
+          io.out(`${JSON.stringify(images, null, 2)}\n`);
+          return 0;
+        }
+        io.out(
+          formatTable(
+            images.map((i) => ({ NAME: i.name, KIND: i.kind, DIGEST: i.digest.slice(0, 19), LAYERS: String(i.layers.length), SIZE: humanBytes(i.sizeBytes), CREATED: i.createdAt })),
+            ['NAME', 'KIND', 'DIGEST', 'LAYERS', 'SIZE', 'CREATED'],
+          ),
+        );
+        return 0;
+      }
+      case 'import': {
+        const [name, path] = positionals;
+        if (name === undefined || path === undefined || positionals.length > 2) throw new UsageError('usage: warren image import NAME PATH [--kind base|workspace|toolkit]');
+        const opts: Parameters<WarrenClient['images']['import']>[2] = { onProgress: (p) => progress.update(p) };
+        if (values.kind) opts.kind = values.kind as 'base';
+        if (values.type) opts.type = values.type as 'directory';
+        const image = await client.images.import(name, path, opts);
+        progress.finish();
+        io.out(`${image.name} ${image.digest}\n`);
+        return 0;
+      }
+      case 'build': {
+        const [name] = positionals;
+        if (name === undefined || positionals.length > 1) throw new UsageError('usage: warren image build NAME [--suite S] [--include PKG]...');
+        const opts: Parameters<WarrenClient['images']['build']>[1] = { onProgress: (p) => progress.update(p) };
+        if (values.suite) opts.suite = values.suite;
+        if (values.include) opts.include = values.include;
+        const image = await client.images.build(name, opts);
+        progress.finish();
+        io.out(`${image.name} ${image.digest}\n`);
+        return 0;
+      }
+      default:
+        throw new UsageError(`unknown image command ${JSON.stringify(sub)} (ls, import, build)`);
+    }
+  } finally {
+    progress.finish();
+    await client.close();
+  }
+}
+
+async function cmdAccount(args: string[], io: Io): Promise<number> {
+  const [sub, ...rest] = args;
+  const { values, positionals } = parse(rest, { role: { type: 'string' }, json: { type: 'boolean' } });
+  if (values.help) return usage(io);
+  const client = clientFor(values, io);
+  try {
+    if (sub === 'create') {
+      const [name] = positionals;
+      if (name === undefined) throw new UsageError('usage: warren account create NAME [--role admin|builder|runtime]');
+      const a = await client.createAccount(name, (values.role ?? 'runtime') as 'runtime');
+      io.out(values.json ? `${JSON.stringify(a, null, 2)}\n` : `${a.id} ${a.role}\ntoken (shown once): ${a.token}\n`);
+      return 0;
+    }
+    if (sub === 'ls') {
+      const accounts = await client.listAccounts();
+      io.out(formatTable(accounts.map((a) => ({ ID: a.id, NAME: a.name, ROLE: a.role, CREATED: a.createdAt })), ['ID', 'NAME', 'ROLE', 'CREATED']));
+      return 0;
+    }
+    throw new UsageError('usage: warren account create NAME [--role R] | warren account ls');
+  } finally {
+    await client.close();
+  }
+}
+
+async function cmdDoctor(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { json: { type: 'boolean' } });
+  if (values.help) return usage(io);
+  const client = clientFor(values, io);
+  try {
+    const report = await client.features();
+    if (values.json) {
+      io.out(`${JSON.stringify(report, null, 2)}\n`);
+    } else {
+      io.out(`node ${report.node}, kernel ${report.kernel}, cgroup v${report.cgroup.version}`);
+      io.out(report.cgroup.controllers.length ? ` (${report.cgroup.controllers.join(' ')})` : '');
+      io.out(report.cgroup.bpfHierarchy ? `, BPF hierarchy ${report.cgroup.bpfHierarchy}\n` : '\n');
+      io.out(`enforcer: ${report.enforcer}\n\n`);
+      const rows = Object.entries(report.features).map(([name, f]) => ({
+        FEATURE: name,
+        SUPPORTED: f.supported ? 'yes' : 'no',
+        REASON: f.reason ?? '',
+        'WHAT WARREN DOES': f.action ?? (f.supported ? 'uses it' : ''),
+      }));
+      io.out(formatTable(rows, ['FEATURE', 'SUPPORTED', 'REASON', 'WHAT WARREN DOES']));
+      io.out('\n');
+      const backends = Object.entries(report.backends).map(([name, b]) => ({ BACKEND: name, AVAILABLE: b.available ? 'yes' : 'no', REASON: b.reason ?? '' }));
+      io.out(formatTable(backends, ['BACKEND', 'AVAILABLE', 'REASON']));
+    }
+    return report.backends.container?.available ? 0 : 1;
+  } finally {
+    await client.close();
+  }
+}
+
+async function cmdVersion(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, {});
+  if (values.help) return usage(io);
+  io.out(`warren ${warrenVersion()} (node ${process.version})\n`);
+  if (values.url !== undefined || io.env.WARREN_URL !== undefined) {
+    const client = clientFor(values, io);
+    try {
+      const h = await client.health();
+      io.out(`server ${h.version} on node ${h.node}, up ${h.uptimeS}s\n`);
+    } finally {
+      await client.close();
+    }
+  }
+  return 0;
+}
+
+function usage(io: Io, code = 0): number {
+  (code === 0 ? io.out : io.err)(USAGE);
+  return code;
+}
+
+function humanBytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${i === 0 ? v : v.toFixed(1)} ${units[i]}`;
+}
+
+export function describeError(err: unknown): string {
+  if (err instanceof WarrenError) return `${err.code}: ${err.message}`;
+  return err instanceof Error ? err.message : String(err);
+}
+
+const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
+  up: cmdUp,
+  create: cmdCreate,
+  exec: cmdExec,
+  shell: cmdShell,
+  ls: cmdLs,
+  rm: cmdRm,
+  image: cmdImage,
+  account: cmdAccount,
+  doctor: cmdDoctor,
+  version: cmdVersion,
+};
+
+/** Run the CLI; resolves with the exit code. */
+export async function main(argv: string[], io: Io = defaultIo): Promise<number> {
+  const [command, ...args] = argv;
+  if (command === undefined || command === 'help' || command === '--help' || command === '-h') return usage(io, command === undefined ? 2 : 0);
+  if (command === '--version') return cmdVersion([], io);
+  const fn = COMMANDS[command];
+  if (fn === undefined) {
+    io.err(`warren: unknown command ${JSON.stringify(command)}\n\n${USAGE}`);
+    return 2;
+  }
+  try {
+    return await fn(args, io);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      io.err(`warren: ${err.message}\n(see warren --help)\n`);
+      return 2;
+    }
+    io.err(`warren: ${describeError(err)}\n`);
+    if (err instanceof WarrenError && err.code === 'UNAUTHENTICATED') {
+      io.err('warren: pass --token, set WARREN_TOKEN, or point --data-dir at the server data dir holding admin.token\n');
+    }
+    return 1;
+  }
+}
+
+if (require.main === module) {
+  main(process.argv.slice(2)).then(
+    (code) => {
+      process.exitCode = code;
+    },
+    (err) => {
+      process.stderr.write(`warren: ${describeError(err)}\n`);
+      process.exitCode = 1;
+    },
+  );
+}

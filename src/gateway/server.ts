@@ -1,0 +1,111 @@
+/**
+ * The Warren gateway: REST (v1) and WebSocket shells over hyper-express.
+ * Every answer is JSON; every error is `{ "error": { "code", "message" } }`
+ * with the status of its WarrenError code. The routes live in ./routes and
+ * ./ws-shell.ts; the contract is in docs/api.md.
+ */
+import { readFileSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import HyperExpress from 'hyper-express';
+import type { Database } from '../state/db';
+import { WarrenError } from '../errors';
+import type { Shim } from '../shim/types';
+import { Auth } from './auth';
+import type { GatewayContext } from './context';
+import { DEFAULT_UPLOAD_LIMIT, type Log, sendError } from './http';
+import { registerFileRoutes } from './routes/files';
+import { registerImageRoutes } from './routes/images';
+import { registerSandboxRoutes } from './routes/sandboxes';
+import { registerSystemRoutes } from './routes/system';
+import { registerShellRoutes } from './ws-shell';
+
+export interface GatewayOptions {
+  shim: Shim;
+  db: Database;
+  dataDir: string;
+  host: string;
+  /** 0 picks an ephemeral port; the real one is returned. */
+  port: number;
+  /** Origins allowed to open WebSocket shells from browsers (default: none). */
+  allowedOrigins?: string[];
+  log?: (line: string) => void;
+  /** Largest file or archive upload/download in bytes (default 256 MiB). */
+  uploadLimitBytes?: number;
+}
+
+export interface Gateway {
+  port: number;
+  url: string;
+  close(): Promise<void>;
+}
+
+let cachedVersion: string | null = null;
+
+/** Warren's version, from package.json. */
+export function warrenVersion(): string {
+  if (cachedVersion !== null) return cachedVersion;
+  for (const rel of ['../../package.json', '../../../package.json']) {
+    try {
+      const pkg = JSON.parse(readFileSync(join(__dirname, rel), 'utf8')) as { name?: string; version?: string };
+      if (pkg.name === 'warren' && typeof pkg.version === 'string') return (cachedVersion = pkg.version);
+    } catch {
+      /* try the next location */
+    }
+  }
+  return (cachedVersion = '0.0.0');
+}
+
+export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
+  const log: Log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
+  const ctx: GatewayContext = {
+    shim: opts.shim,
+    auth: new Auth(opts.db),
+    log,
+    host: { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
+    uploadLimit: opts.uploadLimitBytes ?? DEFAULT_UPLOAD_LIMIT,
+    version: warrenVersion(),
+    startedAt: Date.now(),
+  };
+
+  const app = new HyperExpress.Server({
+    auto_close: false,
+    // Limits are enforced per route from Content-Length before reading, so that
+    // oversized bodies get a proper 413 error body; hyper-express's own limit
+    // would answer an empty 413 only after swallowing the whole body.
+    max_body_length: Number.MAX_SAFE_INTEGER,
+  });
+
+  app.set_error_handler((_req, res, err) => sendError(res, err, log, true));
+
+  registerSystemRoutes(app, ctx);
+  registerSandboxRoutes(app, ctx);
+  registerFileRoutes(app, ctx);
+  registerImageRoutes(app, ctx);
+  const shells = registerShellRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
+
+  app.set_not_found_handler((req, res) => {
+    sendError(res, new WarrenError('NOT_FOUND', `no route for ${req.method} ${req.path}`), log, !req.received);
+  });
+
+  try {
+    await app.listen(opts.port, opts.host);
+  } catch (err) {
+    throw new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.port}: ${typeof err === 'string' ? err : (err as Error).message}`);
+  }
+  const port = app.port;
+  const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host === '0.0.0.0' ? '127.0.0.1' : opts.host;
+  const url = `http://${hostForUrl}:${port}`;
+
+  let closed = false;
+  return {
+    port,
+    url,
+    async close() {
+      if (closed) return;
+      closed = true;
+      shells.closeAll();
+      app.close();
+    },
+  };
+}

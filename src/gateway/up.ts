@@ -1,0 +1,82 @@
+/**
+ * `warren up` in one call: open the node's database and shim, install
+ * telemetry when asked, create the admin token on first start, and serve the
+ * gateway. Sandboxes and shell sessions outlive `close()`; a later start
+ * re-adopts them.
+ */
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { openDatabase } from '../state/db';
+import { openShim } from '../shim/node';
+import type { ImportProgress, Shim } from '../shim/types';
+import { type Telemetry, initTelemetry } from '../telemetry';
+import { Auth } from './auth';
+import { createGateway } from './server';
+
+export interface StartOptions {
+  dataDir: string;
+  host: string;
+  port: number;
+  /** OTLP/HTTP collector base URL (traces and metrics). */
+  otlpEndpoint?: string;
+  /** Progress of first-start work (building the default image). */
+  onProgress?: (p: ImportProgress) => void;
+  /** Build the Debian "default" image when missing (default true). */
+  ensureDefaultImage?: boolean;
+  allowedOrigins?: string[];
+  log?: (line: string) => void;
+  nodeId?: string;
+}
+
+export interface Warren {
+  url: string;
+  /** The admin token on the first start (print it once); null on later starts. */
+  adminToken: string | null;
+  close(): Promise<void>;
+}
+
+export async function startWarren(opts: StartOptions): Promise<Warren> {
+  mkdirSync(opts.dataDir, { recursive: true, mode: 0o700 });
+  const db = openDatabase(join(opts.dataDir, 'warren.db'));
+  let shim: Shim | null = null;
+  let telemetry: Telemetry | null = null;
+  try {
+    // Create the admin token before the (possibly long) default image build, so
+    // the operator gets it even if the build fails.
+    const adminToken = new Auth(db).ensureAdminToken(opts.dataDir);
+    const shimOpts: Parameters<typeof openShim>[0] = {
+      dataDir: opts.dataDir,
+      db,
+      onProgress: opts.onProgress,
+      ensureDefaultImage: opts.ensureDefaultImage ?? true,
+    };
+    if (opts.nodeId !== undefined) shimOpts.nodeId = opts.nodeId;
+    if (opts.log !== undefined) shimOpts.log = opts.log;
+    shim = await openShim(shimOpts);
+    if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
+    const gatewayOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
+    if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
+    if (opts.log !== undefined) gatewayOpts.log = opts.log;
+    const gateway = await createGateway(gatewayOpts);
+    const openShimRef = shim;
+    let closing: Promise<void> | null = null;
+    return {
+      url: gateway.url,
+      adminToken,
+      close() {
+        closing ??= (async () => {
+          await gateway.close();
+          await openShimRef.close();
+          if (telemetry) await telemetry.shutdown().catch(() => undefined);
+          db.close();
+        })();
+        return closing;
+      },
+    };
+  } catch (err) {
+    if (shim) await shim.close().catch(() => undefined);
+    if (telemetry) await telemetry.shutdown().catch(() => undefined);
+    db.close();
+    throw err;
+  }
+}

@@ -1,0 +1,410 @@
+/**
+ * `WS /v1/sandboxes/:id/shell` — stateful shell sessions over WebSocket.
+ * The full protocol is in docs/shell-protocol.md. In short:
+ *
+ *   upgrade  ?mode=command|pty&session=<id>&offset=<n>&cols=&rows=
+ *            auth: `Authorization: Bearer <token>` or subprotocols
+ *            `warren.v1, bearer.<token>` (the server selects `warren.v1`)
+ *   server   {"type":"hello","session","mode","offset","sandbox"}
+ *            {"type":"output","stream","offset","data"[,"encoding":"base64"]}   (command mode)
+ *            binary frames = raw terminal output                                 (pty mode)
+ *            {"type":"done","id","exitCode","timedOut","offset"}
+ *            {"type":"lost","offset","bytes"}      (pty mode: output dropped before this client saw it)
+ *            {"type":"exit","exitCode","signal"}   then close 1000
+ *            {"type":"error","code","message"[,"id"]}
+ *            {"type":"pong"[,"id"]}
+ *   client   {"type":"run","id","cmd"[,"timeoutMs"]}
+ *            {"type":"input","data"[,"encoding":"base64"]}  or binary frames (pty input)
+ *            {"type":"signal","signal":"INT"} {"type":"resize","cols","rows"}
+ *            {"type":"close"} (ends the session)  {"type":"ping"[,"id"]}
+ *
+ * A plain WebSocket close only detaches: the session lives in its holder and
+ * can be re-attached with `session=` and `offset=` (missed output is replayed
+ * from the holder's bounded buffer).
+ *
+ * Back-pressure: output is never buffered without bound. When a client's
+ * un-sent bytes exceed `maxBufferedBytes`, the attachment is detached and the
+ * socket closed with 4429; the client re-attaches from the last offset it saw.
+ */
+import { isUtf8 } from 'node:buffer';
+import type { Request, Response, Server, Websocket } from 'hyper-express';
+import { WarrenError } from '../errors';
+import type { CommandResult, SessionAttachment, SessionMode, SessionOutput } from '../shim/types';
+import { bearerFromHeader, bearerFromSubprotocols } from './auth';
+import { type GatewayContext, sandboxFor } from './context';
+import { publicError, sendError } from './http';
+import {
+  LIMITS,
+  expectNumber,
+  expectObject,
+  expectString,
+  parseSignal,
+  rejectUnknown,
+  sessionOptions,
+  validateCommandId,
+  validateShellQuery,
+} from './validation';
+
+export const SHELL_SUBPROTOCOL = 'warren.v1';
+
+/** WebSocket close codes used by the shell endpoint. */
+export const CLOSE_CODES = {
+  /** the session ended (shell exited or {"type":"close"}) */
+  SESSION_ENDED: 1000,
+  /** the gateway is shutting down; re-attach later */
+  GOING_AWAY: 1001,
+  /** the client could not keep up with output; re-attach with offset= */
+  BACKPRESSURE: 4429,
+  /** the attachment to the session failed */
+  ATTACHMENT_LOST: 4500,
+} as const;
+
+export interface ShellOptions {
+  /** Origins allowed to open shells from a browser. Requests with another Origin header are refused. */
+  allowedOrigins: readonly string[];
+  /** Un-sent bytes per client before it is dropped with 4429 (default 8 MiB). */
+  maxBufferedBytes?: number;
+  /** Largest message a client may send (default 1 MiB). */
+  maxMessageBytes?: number;
+  /** Seconds without traffic before the socket is closed; pings are sent automatically (default 120). */
+  idleTimeoutS?: number;
+}
+
+interface UpgradeContext {
+  conn: ShellConnection;
+}
+
+const RECENT_DONE = 64;
+
+class ShellConnection {
+  private ws: Websocket<unknown> | null = null;
+  private pending: { data: string | Buffer; binary: boolean }[] = [];
+  private pendingBytes = 0;
+  private closed = false;
+  private ended = false;
+  private exitSent = false;
+  /** {"type":"close"} is in progress: the attachment is ending the session itself. */
+  private closingSession = false;
+  /** Command ids reported done lately (run() resolution and onCommandDone may both report one). */
+  private readonly recentDone: string[] = [];
+  /** Next output offset the client has not been sent. */
+  private nextOffset: number;
+  private readonly openTimer: NodeJS.Timeout;
+
+  constructor(
+    readonly att: SessionAttachment,
+    readonly mode: SessionMode,
+    readonly sandboxId: string,
+    startOffset: number,
+    private readonly maxBuffered: number,
+    private readonly registry: Set<ShellConnection>,
+    private readonly log: (line: string) => void,
+  ) {
+    this.nextOffset = startOffset;
+    this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, sandbox: sandboxId });
+    att.onOutput((out) => this.onOutput(out));
+    att.onCommandDone((res) => this.reportDone(res.commandId, res));
+    att.onExit((status) => this.onExit(status));
+    registry.add(this);
+    // If the socket never opens (client vanished mid-handshake), let go of the session.
+    this.openTimer = setTimeout(() => {
+      if (this.ws === null) this.abandon();
+    }, 10_000);
+    this.openTimer.unref();
+  }
+
+  open(ws: Websocket<unknown>): void {
+    clearTimeout(this.openTimer);
+    if (this.closed) {
+      ws.close(CLOSE_CODES.ATTACHMENT_LOST, 'session attachment lost');
+      return;
+    }
+    this.ws = ws;
+    ws.on('message', (msg: ArrayBuffer, isBinary: boolean) => this.onMessage(msg, isBinary));
+    ws.on('close', () => this.onClose());
+    const queued = this.pending;
+    this.pending = [];
+    this.pendingBytes = 0;
+    ws.atomic(() => {
+      for (const m of queued) ws.send(m.data, m.binary);
+    });
+    if (this.ended) this.finish();
+    else this.checkBackpressure();
+  }
+
+  // ---------------------------------------------------------------- server -> client
+
+  private send(data: string | Buffer, binary: boolean): void {
+    if (this.closed) return;
+    const ws = this.ws;
+    if (ws === null) {
+      this.pending.push({ data, binary });
+      this.pendingBytes += data.length;
+      if (this.pendingBytes > this.maxBuffered) this.abandon();
+      return;
+    }
+    ws.atomic(() => ws.send(data, binary));
+    this.checkBackpressure();
+  }
+
+  private sendJson(obj: object): void {
+    this.send(JSON.stringify(obj), false);
+  }
+
+  private checkBackpressure(): void {
+    const ws = this.ws;
+    if (ws === null || this.closed || ws.buffered <= this.maxBuffered) return;
+    this.closed = true;
+    this.att.detach();
+    ws.close(CLOSE_CODES.BACKPRESSURE, 'slow consumer: re-attach with session= and offset=');
+  }
+
+  private onOutput(out: SessionOutput): void {
+    if (this.closed) return;
+    const end = out.offset + out.data.length;
+    if (end <= this.nextOffset && out.data.length > 0) return; // already sent (replay overlap)
+    if (this.mode === 'pty') {
+      // Binary frames carry no offsets: announce gaps (bytes the holder's buffer dropped) explicitly.
+      if (out.offset > this.nextOffset) this.sendJson({ type: 'lost', offset: out.offset, bytes: out.offset - this.nextOffset });
+      this.nextOffset = end;
+      this.send(out.data, true);
+      return;
+    }
+    this.nextOffset = end;
+    const stream = out.stream === 'stderr' ? 'stderr' : 'stdout';
+    if (isUtf8(out.data)) {
+      this.sendJson({ type: 'output', stream, offset: out.offset, data: out.data.toString('utf8') });
+    } else {
+      this.sendJson({ type: 'output', stream, offset: out.offset, data: out.data.toString('base64'), encoding: 'base64' });
+    }
+  }
+
+  private reportDone(id: string, res: CommandResult): void {
+    if (this.recentDone.includes(id)) return;
+    this.recentDone.push(id);
+    if (this.recentDone.length > RECENT_DONE) this.recentDone.shift();
+    // `offset`: where a re-attach should start so that nothing before this point is replayed.
+    const offset = Math.max(this.nextOffset, this.att.info.outputOffset);
+    this.sendJson({ type: 'done', id, exitCode: res.exitCode, timedOut: res.timedOut, offset });
+  }
+
+  private sendError(err: unknown, id?: string): void {
+    const e = publicError(err, this.log);
+    const frame: Record<string, unknown> = { type: 'error', code: e.code, message: e.message };
+    if (id !== undefined) frame.id = id;
+    this.sendJson(frame);
+  }
+
+  private onExit(status: { exitCode: number | null; signal: number | null }): void {
+    if (this.exitSent) return;
+    this.exitSent = true;
+    this.ended = true;
+    this.sendJson({ type: 'exit', exitCode: status.exitCode, signal: status.signal });
+    if (this.ws !== null) this.finish();
+  }
+
+  /** The session is over: close the socket after the queued frames. */
+  private finish(): void {
+    const ws = this.ws;
+    if (ws === null || this.closed) return;
+    this.closed = true;
+    ws.close(CLOSE_CODES.SESSION_ENDED, 'session ended');
+  }
+
+  // ---------------------------------------------------------------- client -> server
+
+  private onMessage(msg: ArrayBuffer, isBinary: boolean): void {
+    if (this.closed || this.ended) return;
+    if (isBinary) {
+      try {
+        // uWS reuses the ArrayBuffer after this callback returns: copy.
+        this.att.write(Buffer.from(new Uint8Array(msg)));
+      } catch (err) {
+        this.sendError(err);
+      }
+      return;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(Buffer.from(msg).toString('utf8'));
+    } catch {
+      this.sendError(new WarrenError('INVALID_ARGUMENT', 'text frames must be JSON objects'));
+      return;
+    }
+    let id: string | undefined;
+    try {
+      const m = expectObject(parsed, 'message');
+      switch (m.type) {
+        case 'run': {
+          rejectUnknown(m, ['type', 'id', 'cmd', 'timeoutMs']);
+          id = validateCommandId(m.id);
+          if (this.mode !== 'command') throw new WarrenError('INVALID_ARGUMENT', 'run is only available in command mode (mode=command)');
+          const cmd = expectString(m.cmd, 'cmd', { maxBytes: LIMITS.cmdBytes });
+          const timeoutMs = m.timeoutMs === undefined ? undefined : expectNumber(m.timeoutMs, 'timeoutMs', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max, true);
+          const cmdId = id;
+          this.att.run(cmdId, cmd, timeoutMs).then(
+            (res) => this.reportDone(cmdId, res),
+            (err) => {
+              // After a detach the attachment fails pending runs; nobody is listening any more.
+              if (!this.closed) this.sendError(err, cmdId);
+            },
+          );
+          return;
+        }
+        case 'input': {
+          rejectUnknown(m, ['type', 'data', 'encoding']);
+          const data = expectString(m.data, 'data', { allowEmpty: true, allowNul: true });
+          if (m.encoding !== undefined && m.encoding !== 'base64' && m.encoding !== 'utf8') {
+            throw new WarrenError('INVALID_ARGUMENT', 'encoding: must be "utf8" or "base64"', { field: 'encoding' });
+          }
+          this.att.write(m.encoding === 'base64' ? Buffer.from(data, 'base64') : data);
+          return;
+        }
+        case 'signal':
+          rejectUnknown(m, ['type', 'signal']);
+          this.att.signal(parseSignal(m.signal));
+          return;
+        case 'resize': {
+          rejectUnknown(m, ['type', 'cols', 'rows']);
+          const cols = expectNumber(m.cols, 'cols', LIMITS.terminal.min, LIMITS.terminal.max, true);
+          const rows = expectNumber(m.rows, 'rows', LIMITS.terminal.min, LIMITS.terminal.max, true);
+          this.att.resize(cols, rows);
+          return;
+        }
+        case 'close':
+          rejectUnknown(m, ['type']);
+          this.closingSession = true;
+          this.att.close().then(
+            () => this.onExit({ exitCode: null, signal: null }),
+            (err) => {
+              this.sendError(err);
+              this.onExit({ exitCode: null, signal: null });
+            },
+          );
+          return;
+        case 'ping': {
+          rejectUnknown(m, ['type', 'id']);
+          const pong: Record<string, unknown> = { type: 'pong' };
+          if (m.id !== undefined) pong.id = validateCommandId(m.id);
+          this.sendJson(pong);
+          return;
+        }
+        default:
+          throw new WarrenError('INVALID_ARGUMENT', `unknown message type ${JSON.stringify(m.type)} (run, input, signal, resize, close, ping)`, { field: 'type' });
+      }
+    } catch (err) {
+      this.sendError(err, id);
+    }
+  }
+
+  private onClose(): void {
+    this.closed = true;
+    this.registry.delete(this);
+    // Detach also after the shell exited, so the holder is not kept lingering for us.
+    if (!this.closingSession) this.att.detach();
+  }
+
+  /** Drop the attachment without a socket (handshake never completed, or overflow before open). */
+  private abandon(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.registry.delete(this);
+    this.att.detach();
+    this.pending = [];
+  }
+
+  /** Gateway shutdown: detach (the session keeps running) and tell the client to come back. */
+  shutdown(): void {
+    clearTimeout(this.openTimer);
+    if (this.closed) return;
+    this.closed = true;
+    this.registry.delete(this);
+    if (!this.closingSession) this.att.detach();
+    this.ws?.close(CLOSE_CODES.GOING_AWAY, 'gateway shutting down');
+  }
+}
+
+export interface ShellRoutes {
+  /** Live shell connections. */
+  readonly size: number;
+  closeAll(): void;
+}
+
+export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: ShellOptions): ShellRoutes {
+  const allowed = new Set(opts.allowedOrigins);
+  const maxBuffered = opts.maxBufferedBytes ?? 8 * 1024 * 1024;
+  const connections = new Set<ShellConnection>();
+  const pattern = '/v1/sandboxes/:id/shell';
+
+  app.upgrade(pattern, async (req: Request, res: Response) => {
+    try {
+      const origin = req.headers.origin;
+      if (origin !== undefined && !allowed.has(origin)) {
+        throw new WarrenError('ORIGIN_REFUSED', `origin ${JSON.stringify(origin)} may not open shells (not in allowedOrigins)`);
+      }
+      const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
+      const headerToken = bearerFromHeader(req.headers.authorization);
+      if (proto.token !== undefined && !proto.offered) {
+        throw new WarrenError('INVALID_ARGUMENT', `the bearer.<token> subprotocol must be offered together with ${SHELL_SUBPROTOCOL}`);
+      }
+      const account = ctx.auth.require(headerToken ?? proto.token);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const q = validateShellQuery(new URLSearchParams(req.path_query));
+
+      let att: SessionAttachment;
+      let startOffset: number;
+      if (q.session !== undefined) {
+        att = await ctx.shim.attachSession(info.id, q.session, q.offset ?? 0);
+        startOffset = Math.min(q.offset ?? 0, att.info.outputOffset);
+        if (att.info.mode !== q.mode && new URLSearchParams(req.path_query).has('mode')) {
+          att.detach();
+          throw new WarrenError('INVALID_ARGUMENT', `session ${q.session} is a ${att.info.mode} session (asked for mode=${q.mode})`, { field: 'mode' });
+        }
+      } else {
+        att = await ctx.shim.openSession(info.id, sessionOptions(q));
+        startOffset = att.info.outputOffset;
+      }
+      if (res.completed) {
+        // The client went away while the session was being opened.
+        att.detach();
+        return;
+      }
+      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, maxBuffered, connections, ctx.log);
+      // Select exactly our subprotocol; never echo the token back.
+      if (proto.offered) req.headers['sec-websocket-protocol'] = SHELL_SUBPROTOCOL;
+      else delete req.headers['sec-websocket-protocol'];
+      const context: UpgradeContext = { conn };
+      res.upgrade(context);
+    } catch (err) {
+      sendError(res, err, ctx.log);
+    }
+  });
+
+  app.ws(
+    pattern,
+    {
+      message_type: 'ArrayBuffer',
+      idle_timeout: opts.idleTimeoutS ?? 120,
+      // uWS drops messages past this; we close slow clients well before it.
+      max_backpressure: maxBuffered * 2 + 1024 * 1024,
+      max_payload_length: opts.maxMessageBytes ?? 1024 * 1024,
+    },
+    (ws: Websocket<unknown>) => {
+      const ctxObj = ws.context as unknown as UpgradeContext | undefined;
+      if (ctxObj?.conn === undefined) {
+        ws.close(CLOSE_CODES.ATTACHMENT_LOST, 'no session');
+        return;
+      }
+      ctxObj.conn.open(ws);
+    },
+  );
+
+  return {
+    get size() {
+      return connections.size;
+    },
+    closeAll() {
+      for (const c of [...connections]) c.shutdown();
+    },
+  };
+}

@@ -1,0 +1,391 @@
+/**
+ * The Warren TypeScript SDK.
+ *
+ *   const client = new WarrenClient({ url: 'http://127.0.0.1:7070', token });
+ *   const sb = await client.createSandbox({ image: 'default', cpu: 1, memoryMb: 512 });
+ *   const r = await sb.exec(['echo', 'hi']);          // { exitCode: 0, stdout: 'hi\n', ... }
+ *   const sh = await sb.shell({ mode: 'command' });
+ *   await sh.run('cd /tmp && export X=1');             // state persists between runs
+ *   await sh.close();
+ *   await sb.delete();
+ *
+ * HTTP goes through an undici keep-alive pool; shells use `ws`. Every failure
+ * is a WarrenError whose `code` is the server's stable code.
+ */
+import type { Readable } from 'node:stream';
+import { Pool } from 'undici';
+import { WarrenError } from '../errors';
+import type {
+  BackendName,
+  ExecResult,
+  FeatureReport,
+  FileEntry,
+  ImageInfo,
+  ImportProgress,
+  Priority,
+  SandboxInfo,
+  SessionInfo,
+} from '../shim/types';
+import { NdjsonDecoder } from './ndjson';
+import { ShellClient, type ShellOptions, errorFromBody } from './shell';
+
+export { WarrenError, ErrorCodes, type ErrorCode } from '../errors';
+export type {
+  BackendName,
+  ExecResult,
+  ExecStatus,
+  FeatureReport,
+  FileEntry,
+  ImageInfo,
+  ImportProgress,
+  Priority,
+  SandboxInfo,
+  SandboxState,
+  SessionInfo,
+  SessionMode,
+} from '../shim/types';
+export { ShellClient, type ShellOptions, type ShellOutput, type CommandOutcome, type ShellExit } from './shell';
+export { NdjsonDecoder } from './ndjson';
+
+export interface WarrenClientOptions {
+  /** Gateway base URL, e.g. http://127.0.0.1:7070 */
+  url: string;
+  token?: string;
+  /** Keep-alive connections in the pool (default 32). */
+  connections?: number;
+}
+
+export interface CreateSandboxRequest {
+  backend?: BackendName;
+  image?: string;
+  workspaces?: string[];
+  toolkits?: string[];
+  cpu?: number;
+  memoryMb?: number;
+  pids?: number;
+  diskMb?: number;
+  ttlSeconds?: number;
+  idleSeconds?: number;
+  onIdle?: 'pause' | 'hibernate' | 'delete';
+  network?: Record<string, boolean>;
+  priority?: Priority;
+  user?: string;
+  env?: Record<string, string>;
+  labels?: Record<string, string>;
+}
+
+export interface ExecOptions {
+  stdin?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  timeoutMs?: number;
+  user?: string;
+  maxOutputBytes?: number;
+}
+
+export interface Health {
+  status: 'ok';
+  node: string;
+  version: string;
+  uptimeS: number;
+}
+
+export interface AccountInfo {
+  id: string;
+  name: string;
+  role: 'admin' | 'builder' | 'runtime';
+  createdAt: string;
+}
+
+export interface ImportOptions {
+  kind?: ImageInfo['kind'];
+  /** How to read PATH (a path on the gateway's host): a rootfs directory or an OCI archive. Default: guessed from the name. */
+  type?: 'directory' | 'oci-archive';
+  onProgress?: (p: ImportProgress) => void;
+}
+
+export interface BuildOptions {
+  suite?: string;
+  include?: string[];
+  onProgress?: (p: ImportProgress) => void;
+}
+
+type Method = 'GET' | 'POST' | 'PUT' | 'DELETE';
+
+interface RequestOptions {
+  query?: Record<string, string | number | string[] | undefined>;
+  json?: unknown;
+  body?: Buffer | string;
+  headersTimeout?: number;
+  bodyTimeout?: number;
+}
+
+function queryString(query: RequestOptions['query']): string {
+  if (!query) return '';
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) {
+    if (v === undefined) continue;
+    if (Array.isArray(v)) for (const item of v) q.append(k, item);
+    else q.append(k, String(v));
+  }
+  const s = q.toString();
+  return s === '' ? '' : `?${s}`;
+}
+
+export class WarrenClient {
+  readonly url: string;
+  readonly images: ImagesApi;
+  private readonly token: string | undefined;
+  private readonly pool: Pool;
+  private readonly basePath: string;
+
+  constructor(opts: WarrenClientOptions) {
+    const u = new URL(opts.url);
+    this.url = opts.url.replace(/\/+$/, '');
+    this.basePath = u.pathname.replace(/\/+$/, '');
+    this.token = opts.token;
+    this.pool = new Pool(u.origin, {
+      connections: opts.connections ?? 32,
+      keepAliveTimeout: 30_000,
+      keepAliveMaxTimeout: 600_000,
+    });
+    this.images = new ImagesApi(this);
+  }
+
+  /** Low-level request; resolves with the raw undici response after checking the status. */
+  async request(method: Method, path: string, opts: RequestOptions = {}) {
+    const headers: Record<string, string> = {};
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
+    let body: Buffer | string | undefined = opts.body;
+    if (opts.json !== undefined) {
+      body = JSON.stringify(opts.json);
+      headers['content-type'] = 'application/json';
+    } else if (body !== undefined) {
+      headers['content-type'] = 'application/octet-stream';
+    }
+    let res;
+    try {
+      res = await this.pool.request({
+        method,
+        path: this.basePath + path + queryString(opts.query),
+        headers,
+        body,
+        headersTimeout: opts.headersTimeout ?? 300_000,
+        bodyTimeout: opts.bodyTimeout ?? 300_000,
+      });
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
+        throw new WarrenError('TIMEOUT', `no answer from Warren at ${this.url} in time (${method} ${path}): ${(err as Error).message}`);
+      }
+      throw new WarrenError('UNAVAILABLE', `cannot reach Warren at ${this.url}: ${(err as Error).message}`);
+    }
+    if (res.statusCode >= 400) {
+      const text = await res.body.text().catch(() => '');
+      throw errorFromBody(res.statusCode, text);
+    }
+    return res;
+  }
+
+  async requestJson<T>(method: Method, path: string, opts: RequestOptions = {}): Promise<T> {
+    const res = await this.request(method, path, opts);
+    if (res.statusCode === 204) {
+      await res.body.dump();
+      return undefined as T;
+    }
+    return (await res.body.json()) as T;
+  }
+
+  async requestBuffer(method: Method, path: string, opts: RequestOptions = {}): Promise<Buffer> {
+    const res = await this.request(method, path, opts);
+    return Buffer.from(await res.body.arrayBuffer());
+  }
+
+  /** Shell WebSocket URL for a sandbox. */
+  shellUrl(id: string): string {
+    return `${this.url}/v1/sandboxes/${encodeURIComponent(id)}/shell`;
+  }
+
+  get bearer(): string | undefined {
+    return this.token;
+  }
+
+  health(): Promise<Health> {
+    return this.requestJson('GET', '/v1/health');
+  }
+
+  features(): Promise<FeatureReport> {
+    return this.requestJson('GET', '/v1/features');
+  }
+
+  async createSandbox(req: CreateSandboxRequest = {}): Promise<Sandbox> {
+    const info = await this.requestJson<SandboxInfo>('POST', '/v1/sandboxes', { json: req });
+    return new Sandbox(this, info);
+  }
+
+  async getSandbox(id: string): Promise<Sandbox> {
+    return new Sandbox(this, await this.requestJson<SandboxInfo>('GET', `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  /** A handle for a sandbox id without fetching it. */
+  sandbox(id: string): Sandbox {
+    return new Sandbox(this, null, id);
+  }
+
+  async listSandboxes(filter: { labels?: Record<string, string>; owner?: string } = {}): Promise<SandboxInfo[]> {
+    const label = filter.labels ? Object.entries(filter.labels).map(([k, v]) => `${k}=${v}`) : undefined;
+    const r = await this.requestJson<{ sandboxes: SandboxInfo[] }>('GET', '/v1/sandboxes', { query: { label, owner: filter.owner } });
+    return r.sandboxes;
+  }
+
+  async deleteSandbox(id: string): Promise<void> {
+    await this.requestJson('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`);
+  }
+
+  /** Admin: create an account; the token is shown only here. */
+  createAccount(name: string, role: AccountInfo['role'] = 'runtime'): Promise<AccountInfo & { token: string }> {
+    return this.requestJson('POST', '/v1/accounts', { json: { name, role } });
+  }
+
+  async listAccounts(): Promise<AccountInfo[]> {
+    return (await this.requestJson<{ accounts: AccountInfo[] }>('GET', '/v1/accounts')).accounts;
+  }
+
+  whoami(): Promise<AccountInfo> {
+    return this.requestJson('GET', '/v1/accounts/me');
+  }
+
+  /** Close the connection pool. */
+  async close(): Promise<void> {
+    await this.pool.close();
+  }
+}
+
+export class Sandbox {
+  readonly id: string;
+  /** The last fetched description (null for handles made with client.sandbox(id) until refresh()). */
+  info: SandboxInfo | null;
+
+  constructor(
+    private readonly client: WarrenClient,
+    info: SandboxInfo | null,
+    id?: string,
+  ) {
+    this.info = info;
+    this.id = info?.id ?? id!;
+  }
+
+  get state(): SandboxInfo['state'] | undefined {
+    return this.info?.state;
+  }
+
+  private path(suffix = ''): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.id)}${suffix}`;
+  }
+
+  async refresh(): Promise<SandboxInfo> {
+    this.info = await this.client.requestJson<SandboxInfo>('GET', this.path());
+    return this.info;
+  }
+
+  /** Run a command (a string runs through /bin/sh -c; an array is argv). */
+  exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const timeout = (opts.timeoutMs ?? 300_000) + 60_000;
+    return this.client.requestJson('POST', this.path('/exec'), { json: { cmd, ...opts }, headersTimeout: timeout, bodyTimeout: timeout });
+  }
+
+  readFile(path: string): Promise<Buffer> {
+    return this.client.requestBuffer('GET', this.path('/files'), { query: { path } });
+  }
+
+  async writeFile(path: string, data: Buffer | string, mode?: number): Promise<void> {
+    const query: Record<string, string> = { path };
+    if (mode !== undefined) query.mode = mode.toString(8);
+    await this.client.requestJson('PUT', this.path('/files'), { query, body: typeof data === 'string' ? Buffer.from(data) : data });
+  }
+
+  async listDir(path = '/'): Promise<FileEntry[]> {
+    return (await this.client.requestJson<{ entries: FileEntry[] }>('GET', this.path('/files/list'), { query: { path } })).entries;
+  }
+
+  /** Extract a tar archive into directory `dir` inside the sandbox. */
+  uploadTar(dir: string, tar: Buffer): Promise<{ path: string; entries: number }> {
+    return this.client.requestJson('PUT', this.path('/files/archive'), { query: { path: dir }, body: tar });
+  }
+
+  /** A tar archive of `path` (file or directory) inside the sandbox. */
+  downloadTar(path: string): Promise<Buffer> {
+    return this.client.requestBuffer('GET', this.path('/files/archive'), { query: { path } });
+  }
+
+  async downloadTarStream(path: string): Promise<Readable> {
+    const res = await this.client.request('GET', this.path('/files/archive'), { query: { path } });
+    return res.body;
+  }
+
+  async sessions(): Promise<SessionInfo[]> {
+    return (await this.client.requestJson<{ sessions: SessionInfo[] }>('GET', this.path('/sessions'))).sessions;
+  }
+
+  /** Open (or with `session`, re-attach to) a shell session. */
+  shell(opts: ShellOptions = {}): Promise<ShellClient> {
+    return ShellClient.connect(this.client.shellUrl(this.id), this.client.bearer, opts);
+  }
+
+  delete(): Promise<void> {
+    return this.client.deleteSandbox(this.id);
+  }
+}
+
+export class ImagesApi {
+  constructor(private readonly client: WarrenClient) {}
+
+  async list(): Promise<ImageInfo[]> {
+    return (await this.client.requestJson<{ images: ImageInfo[] }>('GET', '/v1/images')).images;
+  }
+
+  /** Import a rootfs directory or OCI archive that lies on the gateway's host (admin). */
+  import(name: string, path: string, opts: ImportOptions = {}): Promise<ImageInfo> {
+    const type = opts.type ?? (/\.(tar|tar\.gz|tgz|oci)$/.test(path) ? 'oci-archive' : 'directory');
+    const body: Record<string, unknown> = { name, source: { type, path } };
+    if (opts.kind) body.kind = opts.kind;
+    return this.post(body, opts.onProgress);
+  }
+
+  /** Build a Debian image with debootstrap. */
+  build(name: string, opts: BuildOptions = {}): Promise<ImageInfo> {
+    const source: Record<string, unknown> = { type: 'debootstrap' };
+    if (opts.suite) source.suite = opts.suite;
+    if (opts.include) source.include = opts.include;
+    return this.post({ name, source }, opts.onProgress);
+  }
+
+  private async post(body: unknown, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
+    const res = await this.client.request('POST', '/v1/images', { json: body, headersTimeout: 600_000, bodyTimeout: 0 });
+    const decoder = new NdjsonDecoder();
+    let result: ImageInfo | null = null;
+    let failure: WarrenError | null = null;
+    const handle = (ev: any) => {
+      if (ev === null || typeof ev !== 'object') return;
+      if (ev.type === 'progress') {
+        const p: ImportProgress = { phase: String(ev.phase), message: String(ev.message) };
+        if (typeof ev.fraction === 'number') p.fraction = ev.fraction;
+        onProgress?.(p);
+      } else if (ev.type === 'done') {
+        result = ev.image as ImageInfo;
+      } else if (ev.type === 'error') {
+        failure = new WarrenError(ev.error?.code, String(ev.error?.message ?? 'image import failed'));
+      }
+    };
+    try {
+      for await (const chunk of res.body) for (const ev of decoder.push(chunk as Buffer)) handle(ev);
+      for (const ev of decoder.end()) handle(ev);
+    } catch (err) {
+      if (err instanceof SyntaxError) throw new WarrenError('INTERNAL', `malformed progress stream: ${err.message}`);
+      throw new WarrenError('UNAVAILABLE', `image progress stream broke: ${(err as Error).message}`);
+    }
+    if (failure) throw failure;
+    if (result === null) throw new WarrenError('UNAVAILABLE', 'image progress stream ended without a result');
+    return result;
+  }
+}

@@ -1,0 +1,380 @@
+/**
+ * Client side of the shell WebSocket protocol (docs/shell-protocol.md).
+ */
+import { EventEmitter } from 'node:events';
+import type { IncomingMessage } from 'node:http';
+import WebSocket from 'ws';
+import { WarrenError, type ErrorCode, ErrorCodes } from '../errors';
+import type { SessionMode } from '../shim/types';
+
+export interface ShellOptions {
+  mode?: SessionMode;
+  /** Attach to an existing session instead of opening a new one. */
+  session?: string;
+  /** With `session`: replay output from this offset (default 0: everything still buffered). */
+  offset?: number;
+  cols?: number;
+  rows?: number;
+  /** Handshake timeout (default 30 s). */
+  connectTimeoutMs?: number;
+  /** Output listener installed before the handshake, so replayed output right after hello is never missed. */
+  onOutput?: (out: ShellOutput) => void;
+}
+
+export interface ShellOutput {
+  stream: 'stdout' | 'stderr' | 'pty';
+  /** Absolute offset of `data` in the session's output stream. */
+  offset: number;
+  data: Buffer;
+}
+
+export interface CommandOutcome {
+  exitCode: number | null;
+  stdout: string;
+  stderr: string;
+  timedOut: boolean;
+}
+
+export interface ShellExit {
+  exitCode: number | null;
+  signal: number | null;
+}
+
+interface ActiveRun {
+  id: string;
+  stdout: Buffer[];
+  stderr: Buffer[];
+  resolve: (r: CommandOutcome) => void;
+  reject: (e: Error) => void;
+}
+
+export declare interface ShellClient {
+  on(event: 'output', listener: (out: ShellOutput) => void): this;
+  on(event: 'done', listener: (d: { id: string; exitCode: number | null; timedOut: boolean }) => void): this;
+  on(event: 'exit', listener: (e: ShellExit) => void): this;
+  on(event: 'error', listener: (e: WarrenError) => void): this;
+  on(event: 'close', listener: (code: number, reason: string) => void): this;
+  on(event: string, listener: (...args: any[]) => void): this;
+}
+
+/**
+ * One attachment to a shell session. `close()` ends the session; `detach()`
+ * only drops this connection (re-attach later with `{ session, offset }`).
+ * Events: `output`, `done`, `exit`, `error` (server error frames not tied to
+ * a `run`), `close` (code, reason).
+ */
+export class ShellClient extends EventEmitter {
+  /** Session id (use it to re-attach). */
+  session = '';
+  mode: SessionMode = 'command';
+  /** Next output offset: everything before it has been received. */
+  offset = 0;
+  closed = false;
+  closeCode: number | null = null;
+  closeReason = '';
+  exit: ShellExit | null = null;
+
+  private ws!: WebSocket;
+  private active: ActiveRun | null = null;
+  private queue: Promise<unknown> = Promise.resolve();
+  private nextId = 1;
+  private readonly closedPromise: Promise<void>;
+  private resolveClosed!: () => void;
+
+  /** Output that arrived before anyone listened (bounded); flushed to the first 'output' listener. */
+  private early: ShellOutput[] | null = [];
+  private earlyBytes = 0;
+
+  private constructor() {
+    super();
+    this.closedPromise = new Promise((r) => (this.resolveClosed = r));
+    this.on('newListener', (event: string) => {
+      if (event !== 'output' || this.early === null) return;
+      const early = this.early;
+      this.early = null;
+      if (early.length > 0) queueMicrotask(() => early.forEach((o) => this.emit('output', o)));
+    });
+  }
+
+  private emitOutput(out: ShellOutput): void {
+    if (this.early !== null) {
+      if (this.earlyBytes + out.data.length <= 1024 * 1024) {
+        this.early.push(out);
+        this.earlyBytes += out.data.length;
+      }
+      return;
+    }
+    this.emit('output', out);
+  }
+
+  /** Open the socket and wait for the server's hello. */
+  static connect(url: string, token: string | undefined, opts: ShellOptions = {}): Promise<ShellClient> {
+    const client = new ShellClient();
+    return client.start(url, token, opts);
+  }
+
+  private start(url: string, token: string | undefined, opts: ShellOptions): Promise<ShellClient> {
+    const u = new URL(url);
+    u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
+    if (opts.mode) u.searchParams.set('mode', opts.mode);
+    if (opts.session) u.searchParams.set('session', opts.session);
+    if (opts.offset !== undefined) u.searchParams.set('offset', String(opts.offset));
+    if (opts.cols !== undefined) u.searchParams.set('cols', String(opts.cols));
+    if (opts.rows !== undefined) u.searchParams.set('rows', String(opts.rows));
+    const headers: Record<string, string> = {};
+    if (token) headers.authorization = `Bearer ${token}`;
+    const ws = new WebSocket(u.toString(), {
+      headers,
+      perMessageDeflate: false,
+      handshakeTimeout: opts.connectTimeoutMs ?? 30_000,
+      maxPayload: 64 * 1024 * 1024,
+    });
+    ws.binaryType = 'nodebuffer';
+    this.ws = ws;
+    if (opts.onOutput) this.on('output', opts.onOutput);
+
+    return new Promise<ShellClient>((resolve, reject) => {
+      let settled = false;
+      const fail = (err: Error) => {
+        if (settled) return;
+        settled = true;
+        reject(err);
+      };
+      ws.on('unexpected-response', (req, res: IncomingMessage) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          fail(errorFromBody(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8')));
+          req.destroy();
+        });
+        res.on('error', (e) => fail(unavailable(e)));
+      });
+      ws.on('error', (err) => {
+        if (!settled) fail(unavailable(err));
+        else if (this.listenerCount('error') > 0) this.emit('error', unavailable(err));
+      });
+      ws.on('message', (data: Buffer, isBinary: boolean) => {
+        if (!settled) {
+          // The first frame is always hello.
+          let hello: Record<string, unknown>;
+          try {
+            hello = JSON.parse(data.toString('utf8')) as Record<string, unknown>;
+          } catch {
+            fail(new WarrenError('INTERNAL', 'shell: first frame was not a hello'));
+            ws.terminate();
+            return;
+          }
+          if (hello.type === 'error') {
+            fail(new WarrenError(hello.code as ErrorCode, String(hello.message)));
+            ws.terminate();
+            return;
+          }
+          if (hello.type !== 'hello') {
+            fail(new WarrenError('INTERNAL', `shell: expected hello, got ${String(hello.type)}`));
+            ws.terminate();
+            return;
+          }
+          this.session = String(hello.session);
+          this.mode = hello.mode === 'pty' ? 'pty' : 'command';
+          this.offset = Number(hello.offset) || 0;
+          settled = true;
+          resolve(this);
+          return;
+        }
+        this.onFrame(data, isBinary);
+      });
+      ws.on('close', (code: number, reason: Buffer) => {
+        this.closed = true;
+        this.closeCode = code;
+        this.closeReason = reason.toString('utf8');
+        if (!settled) fail(new WarrenError('UNAVAILABLE', `shell closed during the handshake (${code} ${this.closeReason})`));
+        const active = this.active;
+        this.active = null;
+        if (active) active.reject(closedError(code, this.closeReason));
+        this.emit('close', code, this.closeReason);
+        this.resolveClosed();
+      });
+    });
+  }
+
+  private onFrame(data: Buffer, isBinary: boolean): void {
+    if (isBinary) {
+      const out: ShellOutput = { stream: 'pty', offset: this.offset, data };
+      this.offset += data.length;
+      this.emitOutput(out);
+      return;
+    }
+    let m: Record<string, any>;
+    try {
+      m = JSON.parse(data.toString('utf8'));
+    } catch {
+      return;
+    }
+    switch (m.type) {
+      case 'output': {
+        const buf = m.encoding === 'base64' ? Buffer.from(String(m.data), 'base64') : Buffer.from(String(m.data), 'utf8');
+        const stream: ShellOutput['stream'] = m.stream === 'stderr' ? 'stderr' : 'stdout';
+        const offset = Number(m.offset);
+        this.offset = Math.max(this.offset, offset + buf.length);
+        if (this.active) (stream === 'stderr' ? this.active.stderr : this.active.stdout).push(buf);
+        this.emitOutput({ stream, offset, data: buf });
+        return;
+      }
+      case 'done': {
+        const id = String(m.id);
+        const d = { id, exitCode: m.exitCode ?? null, timedOut: Boolean(m.timedOut) };
+        if (typeof m.offset === 'number' && m.offset > this.offset) this.offset = m.offset;
+        const active = this.active;
+        if (active && active.id === id) {
+          this.active = null;
+          active.resolve({
+            exitCode: d.exitCode,
+            stdout: Buffer.concat(active.stdout).toString('utf8'),
+            stderr: Buffer.concat(active.stderr).toString('utf8'),
+            timedOut: d.timedOut,
+          });
+        }
+        this.emit('done', d);
+        return;
+      }
+      case 'exit':
+        this.exit = { exitCode: m.exitCode ?? null, signal: m.signal ?? null };
+        this.emit('exit', this.exit);
+        return;
+      case 'error': {
+        const err = new WarrenError(m.code as ErrorCode, String(m.message));
+        const active = this.active;
+        if (m.id !== undefined && active && active.id === String(m.id)) {
+          this.active = null;
+          active.reject(err);
+        } else if (this.listenerCount('error') > 0) {
+          this.emit('error', err);
+        }
+        return;
+      }
+      case 'lost':
+        // pty mode: the session's buffer dropped output before we saw it.
+        if (typeof m.offset === 'number' && m.offset > this.offset) this.offset = m.offset;
+        this.emit('lost', Number(m.bytes) || 0);
+        return;
+      case 'pong':
+        this.emit('pong', m);
+        return;
+      default:
+        return;
+    }
+  }
+
+  private sendJson(obj: object): void {
+    if (this.closed || this.ws.readyState !== WebSocket.OPEN) throw new WarrenError('UNAVAILABLE', 'shell connection is closed');
+    this.ws.send(JSON.stringify(obj));
+  }
+
+  /**
+   * Command mode: run one command in the session's shell (state such as cwd
+   * and variables persists between runs). Runs are queued one at a time.
+   */
+  run(cmd: string, opts: { timeoutMs?: number } = {}): Promise<CommandOutcome> {
+    const next = this.queue.then(() => this.runNow(cmd, opts));
+    this.queue = next.catch(() => undefined);
+    return next;
+  }
+
+  private runNow(cmd: string, opts: { timeoutMs?: number }): Promise<CommandOutcome> {
+    return new Promise<CommandOutcome>((resolve, reject) => {
+      const id = `c${this.nextId++}`;
+      this.active = { id, stdout: [], stderr: [], resolve, reject };
+      const msg: Record<string, unknown> = { type: 'run', id, cmd };
+      if (opts.timeoutMs !== undefined) msg.timeoutMs = opts.timeoutMs;
+      try {
+        this.sendJson(msg);
+      } catch (err) {
+        this.active = null;
+        reject(err as Error);
+      }
+    });
+  }
+
+  /** Send input: raw terminal bytes in pty mode. */
+  write(data: string | Buffer): void {
+    if (this.closed || this.ws.readyState !== WebSocket.OPEN) throw new WarrenError('UNAVAILABLE', 'shell connection is closed');
+    this.ws.send(typeof data === 'string' ? Buffer.from(data, 'utf8') : data, { binary: true });
+  }
+
+  resize(cols: number, rows: number): void {
+    this.sendJson({ type: 'resize', cols, rows });
+  }
+
+  signal(signal: string = 'INT'): void {
+    this.sendJson({ type: 'signal', signal });
+  }
+
+  /** End the session (its shell is killed) and wait for the socket to close. */
+  async close(): Promise<ShellExit | null> {
+    if (!this.closed) {
+      try {
+        this.sendJson({ type: 'close' });
+      } catch {
+        /* already closing */
+      }
+      const timer = setTimeout(() => this.ws.terminate(), 10_000);
+      await this.closedPromise;
+      clearTimeout(timer);
+    }
+    return this.exit;
+  }
+
+  /** Drop this connection; the session keeps running. Re-attach with `{ session, offset }`. */
+  async detach(): Promise<void> {
+    if (!this.closed) {
+      this.ws.close(1000, 'detach');
+      const timer = setTimeout(() => this.ws.terminate(), 5_000);
+      await this.closedPromise;
+      clearTimeout(timer);
+    }
+  }
+
+  /** Resolves when the socket is closed (by either side). */
+  waitClosed(): Promise<void> {
+    return this.closedPromise;
+  }
+}
+
+function unavailable(err: Error): WarrenError {
+  return new WarrenError('UNAVAILABLE', `shell connection failed: ${err.message}`);
+}
+
+function closedError(code: number, reason: string): WarrenError {
+  if (code === 4429) return new WarrenError('RESOURCE_EXHAUSTED', `shell dropped for back-pressure: ${reason}`);
+  return new WarrenError('UNAVAILABLE', `shell connection closed (${code}${reason ? ` ${reason}` : ''})`);
+}
+
+/** Rebuild the server's `{error:{code,message}}` (or make one from the status). */
+export function errorFromBody(status: number, text: string): WarrenError {
+  try {
+    const parsed = JSON.parse(text) as { error?: { code?: string; message?: string; details?: Record<string, unknown> } };
+    const e = parsed.error;
+    if (e && typeof e.code === 'string' && e.code in ErrorCodes) {
+      return new WarrenError(e.code as ErrorCode, String(e.message ?? ''), e.details);
+    }
+  } catch {
+    /* not JSON */
+  }
+  return new WarrenError(codeForStatus(status), `HTTP ${status}${text ? `: ${text.slice(0, 200)}` : ''}`, { status });
+}
+
+export function codeForStatus(status: number): ErrorCode {
+  switch (status) {
+    case 400: return 'INVALID_ARGUMENT';
+    case 401: return 'UNAUTHENTICATED';
+    case 403: return 'FORBIDDEN';
+    case 404: return 'NOT_FOUND';
+    case 409: return 'ALREADY_EXISTS';
+    case 413: return 'PAYLOAD_TOO_LARGE';
+    case 429: return 'RESOURCE_EXHAUSTED';
+    case 501: return 'NOT_SUPPORTED';
+    case 503: return 'UNAVAILABLE';
+    case 504: return 'TIMEOUT';
+    default: return 'INTERNAL';
+  }
+}

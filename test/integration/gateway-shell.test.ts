@@ -1,0 +1,363 @@
+/**
+ * The shell WebSocket protocol (docs/shell-protocol.md) with a raw `ws`
+ * client against a real gateway and a REAL shim. Needs root and the container
+ * backend; skips with the reason otherwise.
+ */
+import anyTest, { type ExecutionContext, type TestFn } from 'ava';
+import WebSocket from 'ws';
+import { integrationSkipReason, withGateway } from './gateway-fixture';
+
+const skip = integrationSkipReason();
+const test = (skip ? anyTest.skip : anyTest) as TestFn;
+if (skip) {
+  anyTest('gateway shell integration (skipped)', (t) => {
+    t.log(`skipped: ${skip}`);
+    t.pass();
+  });
+}
+
+interface Conn {
+  ws: WebSocket;
+  frames: Array<Record<string, any> | Buffer>;
+  next(pred?: (f: Record<string, any> | Buffer) => boolean, timeoutMs?: number): Promise<Record<string, any> | Buffer>;
+  closed: Promise<{ code: number; reason: string }>;
+}
+
+type Outcome = { ok: true; conn: Conn; protocol: string } | { ok: false; status: number; body: any };
+
+function wsUrl(httpUrl: string, id: string, query = ''): string {
+  return `${httpUrl.replace(/^http/, 'ws')}/v1/sandboxes/${id}/shell${query}`;
+}
+
+function open(url: string, opts: { token?: string; origin?: string; protocols?: string[] } = {}): Promise<Outcome> {
+  return new Promise((resolve) => {
+    const headers: Record<string, string> = {};
+    if (opts.token) headers.authorization = `Bearer ${opts.token}`;
+    const wsOpts: WebSocket.ClientOptions = { headers, perMessageDeflate: false };
+    if (opts.origin) wsOpts.origin = opts.origin;
+    const ws = new WebSocket(url, opts.protocols ?? [], wsOpts);
+    const frames: Conn['frames'] = [];
+    let waiters: Array<() => void> = [];
+    ws.on('message', (data: Buffer, isBinary: boolean) => {
+      frames.push(isBinary ? data : JSON.parse(data.toString('utf8')));
+      const w = waiters;
+      waiters = [];
+      w.forEach((f) => f());
+    });
+    const closed = new Promise<{ code: number; reason: string }>((r) => ws.on('close', (code, reason) => r({ code, reason: reason.toString() })));
+    let cursor = 0;
+    const next: Conn['next'] = (pred = () => true, timeoutMs = 10_000) =>
+      new Promise((res, rej) => {
+        const timer = setTimeout(() => rej(new Error(`timed out waiting for a frame; got ${JSON.stringify(frames.slice(cursor))}`)), timeoutMs);
+        const check = () => {
+          while (cursor < frames.length) {
+            const f = frames[cursor++]!;
+            if (pred(f)) {
+              clearTimeout(timer);
+              res(f);
+              return;
+            }
+          }
+          waiters.push(check);
+        };
+        check();
+      });
+    ws.on('open', () => resolve({ ok: true, conn: { ws, frames, next, closed }, protocol: ws.protocol }));
+    ws.on('unexpected-response', (req, res) => {
+      let body = '';
+      res.on('data', (c: Buffer) => (body += c.toString()));
+      res.on('end', () => {
+        resolve({ ok: false, status: res.statusCode ?? 0, body: JSON.parse(body) });
+        req.destroy();
+      });
+    });
+    ws.on('error', () => undefined);
+  });
+}
+
+function must(t: ExecutionContext, o: Outcome): Conn & { protocol: string } {
+  if (!o.ok) {
+    t.fail(`upgrade refused: ${o.status} ${JSON.stringify(o.body)}`);
+    throw new Error('upgrade refused');
+  }
+  return { ...o.conn, protocol: o.protocol };
+}
+
+const isType = (type: string) => (f: Record<string, any> | Buffer) => !Buffer.isBuffer(f) && f.type === type;
+
+test('upgrade auth: header, browser subprotocols, refusals', async (t) => {
+  await withGateway(
+    t,
+    async ({ url, adminToken, admin, account }) => {
+      const sb = await admin.createSandbox({ image: 'busybox' });
+      const u = wsUrl(url, sb.id);
+
+      const none = await open(u);
+      t.false(none.ok);
+      if (!none.ok) t.deepEqual([none.status, none.body.error.code], [401, 'UNAUTHENTICATED']);
+
+      const wrong = await open(u, { token: 'wrn_' + 'B'.repeat(43) });
+      if (!wrong.ok) t.deepEqual([wrong.status, wrong.body.error.code], [401, 'UNAUTHENTICATED']);
+      else t.fail('wrong token accepted');
+
+      const bob = account('runtime');
+      const other = await open(u, { token: bob.token });
+      if (!other.ok) t.deepEqual([other.status, other.body.error.code], [404, 'SANDBOX_NOT_FOUND']);
+      else t.fail("another account's token was accepted");
+
+      const foreign = await open(u, { token: adminToken, origin: 'https://evil.example' });
+      if (!foreign.ok) t.deepEqual([foreign.status, foreign.body.error.code], [403, 'ORIGIN_REFUSED']);
+      else t.fail('foreign origin accepted');
+
+      const badId = await open(wsUrl(url, 'NOT..VALID'), { token: adminToken });
+      if (!badId.ok) t.deepEqual([badId.status, badId.body.error.code], [400, 'INVALID_ID']);
+      else t.fail('bad id accepted');
+
+      const noSession = await open(wsUrl(url, sb.id, '?session=s-doesnotexist'), { token: adminToken });
+      if (!noSession.ok) t.deepEqual([noSession.status, noSession.body.error.code], [404, 'SESSION_NOT_FOUND']);
+      else t.fail('unknown session accepted');
+
+      const badQuery = await open(wsUrl(url, sb.id, '?mode=tty'), { token: adminToken });
+      if (!badQuery.ok) t.is(badQuery.body.error.code, 'INVALID_ARGUMENT');
+      else t.fail('bad mode accepted');
+
+      // browsers: token in the subprotocol list; the server selects warren.v1 and never echoes the token
+      const browser = must(t, await open(u, { protocols: ['warren.v1', `bearer.${adminToken}`], origin: 'https://ide.example' }));
+      t.is(browser.protocol, 'warren.v1');
+      t.is(((await browser.next()) as Record<string, any>).type, 'hello');
+      browser.ws.close();
+      const tokenWithoutProtocol = await open(u, { protocols: [`bearer.${adminToken}`], origin: 'https://ide.example' });
+      t.false(tokenWithoutProtocol.ok);
+
+      const header = must(t, await open(u, { token: adminToken }));
+      t.is(header.protocol, '');
+      header.ws.close();
+      await sb.delete();
+    },
+    { allowedOrigins: ['https://ide.example'] },
+  );
+});
+
+test('command mode: hello, output with offsets, done with exit codes, state persists, errors, close', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const c = must(t, await open(wsUrl(url, sb.id, '?mode=command'), { token: adminToken }));
+    const hello = (await c.next()) as Record<string, any>;
+    t.is(hello.type, 'hello');
+    t.is(hello.mode, 'command');
+    t.is(hello.sandbox, sb.id);
+    t.regex(hello.session, /^s-/);
+    t.is(typeof hello.offset, 'number');
+
+    c.ws.send(JSON.stringify({ type: 'run', id: 'c1', cmd: 'cd /tmp && export GREETING=hi && echo out && echo err >&2' }));
+    const outs: Record<string, any>[] = [];
+    let done: Record<string, any>;
+    for (;;) {
+      const f = (await c.next()) as Record<string, any>;
+      if (f.type === 'output') outs.push(f);
+      else if (f.type === 'done') {
+        done = f;
+        break;
+      }
+    }
+    t.deepEqual({ id: done.id, exitCode: done.exitCode, timedOut: done.timedOut }, { id: 'c1', exitCode: 0, timedOut: false });
+    t.is(outs.filter((o) => o.stream === 'stdout').map((o) => o.data).join(''), 'out\n');
+    t.is(outs.filter((o) => o.stream === 'stderr').map((o) => o.data).join(''), 'err\n');
+    for (const o of outs) t.true(Number.isSafeInteger(o.offset) && o.offset >= hello.offset);
+
+    c.ws.send(JSON.stringify({ type: 'run', id: 'c2', cmd: 'echo "$GREETING from $(pwd)"; exit_code_test() { return 3; }; exit_code_test' }));
+    const d2 = (await c.next(isType('done'))) as Record<string, any>;
+    t.is(d2.id, 'c2');
+    t.is(d2.exitCode, 3);
+    t.true(c.frames.some((f) => !Buffer.isBuffer(f) && f.type === 'output' && f.data.includes('hi from /tmp')));
+
+    c.ws.send(JSON.stringify({ type: 'run', id: 'bin', cmd: "printf '\\377\\376'" }));
+    const bin = (await c.next((f) => !Buffer.isBuffer(f) && f.type === 'output' && f.encoding === 'base64')) as Record<string, any>;
+    t.deepEqual(Buffer.from(bin.data, 'base64'), Buffer.from([0xff, 0xfe]));
+    await c.next(isType('done'));
+
+    c.ws.send(JSON.stringify({ type: 'run', id: 'slow', cmd: 'sleep 30', timeoutMs: 300 }));
+    const slow = (await c.next(isType('done'))) as Record<string, any>;
+    t.is(slow.id, 'slow');
+    t.true(slow.timedOut);
+
+    // protocol errors answer with error frames and keep the connection
+    c.ws.send('not json');
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'INVALID_ARGUMENT');
+    c.ws.send(JSON.stringify({ type: 'launch' }));
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'INVALID_ARGUMENT');
+    c.ws.send(JSON.stringify({ type: 'run', id: 'x', cmd: 'true', shell: 'bash' }));
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'UNKNOWN_FIELD');
+    c.ws.send(JSON.stringify({ type: 'run', id: '../x', cmd: 'true' }));
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'INVALID_ID');
+    c.ws.send(JSON.stringify({ type: 'run', id: 'big', cmd: 'true', timeoutMs: 0 }));
+    const big = (await c.next(isType('error'))) as Record<string, any>;
+    t.is(big.code, 'LIMIT_OUT_OF_RANGE');
+    t.is(big.id, 'big');
+    c.ws.send(JSON.stringify({ type: 'ping', id: 'p1' }));
+    t.deepEqual(await c.next(isType('pong')), { type: 'pong', id: 'p1' });
+    c.ws.send(JSON.stringify({ type: 'run', id: 'after', cmd: 'echo still here' }));
+    t.is(((await c.next(isType('done'))) as Record<string, any>).exitCode, 0);
+
+    // {"type":"close"} ends the session: exit frame, then close 1000
+    t.is((await sb.sessions()).filter((s) => s.id === hello.session).length, 1);
+    c.ws.send(JSON.stringify({ type: 'close' }));
+    const exit = (await c.next(isType('exit'))) as Record<string, any>;
+    t.true('exitCode' in exit && 'signal' in exit);
+    t.is((await c.closed).code, 1000);
+    await new Promise((r) => setTimeout(r, 200));
+    t.false((await sb.sessions()).some((s) => s.id === hello.session && s.alive));
+    await sb.delete();
+  });
+});
+
+test('detach and re-attach: missed output is replayed from the offset', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const a = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+    const hello = (await a.next()) as Record<string, any>;
+    a.ws.send(JSON.stringify({ type: 'run', id: 'first', cmd: 'echo first' }));
+    const firstDone = (await a.next(isType('done'))) as Record<string, any>;
+    // start a command whose output arrives while nobody is attached
+    a.ws.send(JSON.stringify({ type: 'run', id: 'later', cmd: 'sleep 0.5; echo while-detached' }));
+    a.ws.close(); // plain close: detach only
+    t.is((await a.closed).code, 1005);
+    await new Promise((r) => setTimeout(r, 1200));
+    t.true((await sb.sessions()).some((s) => s.id === hello.session && s.alive));
+
+    const b = must(t, await open(wsUrl(url, sb.id, `?session=${hello.session}&offset=${firstDone.offset}`), { token: adminToken }));
+    const hello2 = (await b.next()) as Record<string, any>;
+    t.is(hello2.session, hello.session);
+    t.is(hello2.offset, firstDone.offset);
+    const replayed = (await b.next((f) => !Buffer.isBuffer(f) && f.type === 'output' && f.data.includes('while-detached'))) as Record<string, any>;
+    t.true(replayed.offset >= firstDone.offset);
+    t.false(b.frames.some((f) => !Buffer.isBuffer(f) && f.type === 'output' && f.data.includes('first')));
+
+    // from offset 0, everything still buffered comes back
+    const c = must(t, await open(wsUrl(url, sb.id, `?session=${hello.session}&offset=0`), { token: adminToken }));
+    await c.next((f) => !Buffer.isBuffer(f) && f.type === 'output' && f.data.includes('first'));
+    b.ws.close();
+    c.ws.send(JSON.stringify({ type: 'close' }));
+    await c.closed;
+    await sb.delete();
+  });
+});
+
+async function ptyConn(t: ExecutionContext, url: string, token: string, id: string, query: string) {
+  const c = must(t, await open(wsUrl(url, id, query), { token }));
+  const text = () => Buffer.concat(c.frames.filter((f): f is Buffer => Buffer.isBuffer(f))).toString('utf8');
+  const waitFor = async (needle: string) => {
+    const deadline = Date.now() + 10_000;
+    while (!text().includes(needle)) {
+      if (Date.now() > deadline) throw new Error(`no ${JSON.stringify(needle)} in pty output: ${JSON.stringify(text())}`);
+      await c.next(() => true, 10_000).catch(() => undefined);
+    }
+  };
+  return { c, text, waitFor };
+}
+
+test('pty mode: binary frames both ways, resize, exit', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const { c, text, waitFor } = await ptyConn(t, url, adminToken, sb.id, '?mode=pty&cols=120&rows=40');
+    const hello = (await c.next()) as Record<string, any>;
+    t.is(hello.mode, 'pty');
+    c.ws.send(Buffer.from('stty size; echo pty-$((6*7))\r'), { binary: true });
+    await waitFor('pty-42');
+    t.true(text().includes('40 120'), text());
+    c.ws.send(JSON.stringify({ type: 'resize', cols: 100, rows: 30 }));
+    c.ws.send(Buffer.from('stty size\r'), { binary: true });
+    await waitFor('30 100');
+    // input as a JSON text frame works too (browsers without binary frames)
+    c.ws.send(JSON.stringify({ type: 'input', data: Buffer.from('echo b64-ok\r').toString('base64'), encoding: 'base64' }));
+    await waitFor('b64-ok');
+    // run is a command-mode message
+    c.ws.send(JSON.stringify({ type: 'run', id: 'r', cmd: 'true' }));
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'INVALID_ARGUMENT');
+    c.ws.send(Buffer.from('exit 5\r'), { binary: true });
+    const exit = (await c.next(isType('exit'))) as Record<string, any>;
+    t.is(exit.exitCode, 5);
+    t.is((await c.closed).code, 1000);
+    await sb.delete();
+  });
+});
+
+test('pty mode: signal INT interrupts the foreground command', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const { c, waitFor } = await ptyConn(t, url, adminToken, sb.id, '?mode=pty');
+    await c.next(isType('hello'));
+    c.ws.send(Buffer.from('sleep 100\r'), { binary: true });
+    await new Promise((r) => setTimeout(r, 300));
+    c.ws.send(JSON.stringify({ type: 'signal', signal: 'INT' }));
+    c.ws.send(Buffer.from('echo back-$((1+1))\r'), { binary: true });
+    await waitFor('back-2');
+    c.ws.send(JSON.stringify({ type: 'close' }));
+    await c.closed;
+    await sb.delete();
+    t.pass();
+  });
+});
+
+test.serial('exec round trip of `true` over the WebSocket: p50 <= 3 ms', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const c = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+    await c.next();
+    const samples: number[] = [];
+    for (let i = 0; i < 230; i++) {
+      const t0 = performance.now();
+      c.ws.send(JSON.stringify({ type: 'run', id: `r${i}`, cmd: 'true' }));
+      const d = (await c.next(isType('done'))) as Record<string, any>;
+      if (i >= 30) samples.push(performance.now() - t0);
+      t.is(d.exitCode, 0);
+    }
+    samples.sort((a, b) => a - b);
+    const p50 = samples[Math.floor(samples.length / 2)]!;
+    const p99 = samples[Math.floor(samples.length * 0.99)]!;
+    t.log(`round trip of true: p50 ${p50.toFixed(2)} ms, p99 ${p99.toFixed(2)} ms (${samples.length} samples)`);
+    t.true(p50 <= 3, `p50 ${p50.toFixed(2)} ms`);
+    c.ws.send(JSON.stringify({ type: 'close' }));
+    await c.closed;
+    await sb.delete();
+  });
+});
+
+test.serial('back-pressure: a client that stops reading is dropped with 4429 and can re-attach', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const c = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+    const hello = (await c.next()) as Record<string, any>;
+    const rssBefore = process.memoryUsage().rss;
+    // stop reading from the socket; the command floods output
+    (c.ws as unknown as { _socket: import('node:net').Socket })._socket.pause();
+    c.ws.send(JSON.stringify({ type: 'run', id: 'flood', cmd: 'head -c 200000000 /dev/zero | tr "\\0" x' }));
+    await new Promise((r) => setTimeout(r, 3000));
+    const grown = process.memoryUsage().rss - rssBefore;
+    (c.ws as unknown as { _socket: import('node:net').Socket })._socket.resume();
+    const closed = await c.closed;
+    t.is(closed.code, 4429);
+    t.log(`gateway process grew by ${(grown / 1048576).toFixed(1)} MiB while the client was stalled`);
+    t.true(grown < 150 * 1024 * 1024, `memory grew by ${grown} bytes`);
+    // the session survived: re-attach and run something
+    const again = must(t, await open(wsUrl(url, sb.id, `?session=${hello.session}&offset=0`), { token: adminToken }));
+    await again.next(isType('hello'));
+    again.ws.send(JSON.stringify({ type: 'signal', signal: 'KILL' }));
+    // once the flood is gone the session takes commands again
+    const deadline = Date.now() + 30_000;
+    for (let i = 0; ; i++) {
+      again.ws.send(JSON.stringify({ type: 'run', id: `alive${i}`, cmd: 'echo alive' }));
+      const f = (await again.next((x) => !Buffer.isBuffer(x) && (x.type === 'error' || x.type === 'done') && x.id === `alive${i}`, 30_000)) as Record<string, any>;
+      if (f.type === 'done') {
+        t.is(f.exitCode, 0);
+        break;
+      }
+      t.is(f.code, 'SESSION_BUSY');
+      if (Date.now() > deadline) t.fail('session stayed busy');
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    again.ws.send(JSON.stringify({ type: 'close' }));
+    await again.closed;
+    await sb.delete();
+  });
+});
