@@ -76,7 +76,7 @@ export class WarrenError extends Error {
     this.errno = errno;
   }
 
-  static [Symbol.hasInstance](value: unknown): boolean {
+  static override [Symbol.hasInstance](value: unknown): boolean {
     return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[kWarrenError] === true;
   }
 

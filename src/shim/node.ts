@@ -15,6 +15,7 @@ import { native, helperBinary } from '../native';
 import { inSpan, instruments } from '../telemetry';
 import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
 import { LayerStore } from './layers/store';
+import { nativeMounter } from './layers/sys';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
@@ -97,7 +98,7 @@ export class ShimNode implements Shim {
     this.dataDir = opts.dataDir;
     this.log = opts.log ?? (() => undefined);
     this.registry = new SandboxRegistry(opts.db);
-    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
+    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log, mounter: nativeMounter(native) });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
     this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'));
     // Unix socket paths are limited to 108 bytes: keep session sockets under a short, data-dir specific run dir.
@@ -107,7 +108,7 @@ export class ShimNode implements Shim {
   }
 
   async start(): Promise<void> {
-    await this.layers.init();
+    this.layers.init();
     await this.adoptSurvivors();
     if (this.opts.ensureDefaultImage && !this.layers.listImages().some((i) => i.name === 'default')) {
       await this.layers.buildDebian({ name: 'default', onProgress: this.opts.onProgress });
@@ -336,8 +337,13 @@ export class ShimNode implements Shim {
 
   async downloadTar(id: string, path: string): Promise<Readable> {
     const box = this.running(id);
-    // Fail early with a proper 404 instead of an empty archive.
-    closeSync(native.openInRoot(box.rootPath(), path, 'r', 0));
+    // Fail early with a proper 404 (or PATH_ESCAPE) instead of an empty archive.
+    try {
+      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0));
+    } catch (err) {
+      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE')) throw err;
+      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0));
+    }
     const proc = await box.execStream({ cmd: ['tar', '-c', '-f', '-', '-C', posix.dirname(path), posix.basename(path) || '.'], timeoutMs: 300_000 });
     proc.stdin.end();
     proc.stderr.resume();

@@ -2,8 +2,8 @@
  * The conformance suite every backend runs (container now; microvm, vm and
  * fncall later). It speaks only the Backend interface from src/shim/types.ts.
  */
-import type { TestFn } from 'ava';
-import type { Backend, BackendSandbox, ResolvedLayer, SandboxRecord, SandboxSpec } from '../../src/shim/types';
+import type { ExecutionContext, TestFn } from 'ava';
+import type { Backend, BackendName, BackendSandbox, ResolvedLayer, SandboxRecord, SandboxSpec } from '../../src/shim/types';
 import { WarrenError } from '../../src/errors';
 
 export interface BackendHarness {
@@ -17,12 +17,12 @@ export interface BackendHarness {
   close(): Promise<void>;
 }
 
-export function backendConformance(test: TestFn, name: string, open: () => Promise<BackendHarness>, skip: string | null): void {
+export function backendConformance(test: TestFn, name: BackendName, open: () => Promise<BackendHarness>, skip: string | null): void {
   const t0 = skip === null ? test.serial : test.serial.skip;
   const title = (s: string) => `${name}: ${s}${skip === null ? '' : ` (skipped: ${skip})`}`;
   let harness: BackendHarness;
 
-  async function withSandbox(t: Parameters<Parameters<TestFn>[1]>[0], fn: (box: BackendSandbox) => Promise<void>) {
+  async function withSandbox(t: ExecutionContext, fn: (box: BackendSandbox) => Promise<void>) {
     const id = harness.newId();
     const box = await harness.backend.create(id, harness.spec, harness.layers);
     try {

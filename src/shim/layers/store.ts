@@ -47,16 +47,7 @@ import { checkConfined, readTarStream, type TarEntry } from './tar';
 export type ImageKind = ImageInfo['kind'];
 const KINDS: readonly ImageKind[] = ['base', 'workspace', 'toolkit'];
 
-/** The part of a better-sqlite3 Database the store uses. */
-export interface SqlDatabase {
-  exec(sql: string): unknown;
-  prepare(sql: string): {
-    run(...params: unknown[]): { changes: number };
-    get(...params: unknown[]): unknown;
-    all(...params: unknown[]): unknown[];
-  };
-  transaction<F extends (...args: never[]) => unknown>(fn: F): F;
-}
+export type SqlDatabase = import('better-sqlite3').Database;
 
 export interface LayerStoreOptions {
   dataDir: string;
