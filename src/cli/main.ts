@@ -38,7 +38,7 @@ const COMMON = {
 const USAGE = `usage: warren <command> [options]
 
 commands:
-  up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image]
+  up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]...            prints the sandbox id
@@ -133,6 +133,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     otlp: { type: 'string' },
     'allow-origin': { type: 'string', multiple: true },
     'no-default-image': { type: 'boolean' },
+    'node-id': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -154,6 +155,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     log: (line) => io.err(`${line}\n`),
   };
   if (values.otlp) opts.otlpEndpoint = values.otlp;
+  if (values['node-id']) opts.nodeId = values['node-id'];
   if (values['allow-origin']) opts.allowedOrigins = values['allow-origin'];
   const warren = await startWarren(opts);
   progress.finish();

@@ -5,7 +5,7 @@
  *   upgrade  ?mode=command|pty&session=<id>&offset=<n>&cols=&rows=
  *            auth: `Authorization: Bearer <token>` or subprotocols
  *            `warren.v1, bearer.<token>` (the server selects `warren.v1`)
- *   server   {"type":"hello","session","mode","offset","sandbox"}
+ *   server   {"type":"hello","session","mode","offset","liveOffset","sandbox"}
  *            {"type":"output","stream","offset","data"[,"encoding":"base64"]}   (command mode)
  *            binary frames = raw terminal output                                 (pty mode)
  *            {"type":"done","id","exitCode","timedOut","offset"}
@@ -101,7 +101,7 @@ class ShellConnection {
     private readonly log: (line: string) => void,
   ) {
     this.nextOffset = startOffset;
-    this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, sandbox: sandboxId });
+    this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, liveOffset: att.info.outputOffset, sandbox: sandboxId });
     att.onOutput((out) => this.onOutput(out));
     att.onCommandDone((res) => this.reportDone(res.commandId, res));
     att.onExit((status) => this.onExit(status));

@@ -76,6 +76,8 @@ export class ShellClient extends EventEmitter {
 
   private ws!: WebSocket;
   private active: ActiveRun | null = null;
+  /** Output below this offset existed before we attached (replay). */
+  private replayEnd = 0;
   private queue: Promise<unknown> = Promise.resolve();
   private nextId = 1;
   private readonly closedPromise: Promise<void>;
@@ -177,6 +179,7 @@ export class ShellClient extends EventEmitter {
           this.session = String(hello.session);
           this.mode = hello.mode === 'pty' ? 'pty' : 'command';
           this.offset = Number(hello.offset) || 0;
+          this.replayEnd = Number(hello.liveOffset) || this.offset;
           settled = true;
           resolve(this);
           return;
@@ -216,7 +219,8 @@ export class ShellClient extends EventEmitter {
         const stream: ShellOutput['stream'] = m.stream === 'stderr' ? 'stderr' : 'stdout';
         const offset = Number(m.offset);
         this.offset = Math.max(this.offset, offset + buf.length);
-        if (this.active) (stream === 'stderr' ? this.active.stderr : this.active.stdout).push(buf);
+        // Replayed output belongs to commands from before this attachment, not to a new run.
+        if (this.active && offset >= this.replayEnd) (stream === 'stderr' ? this.active.stderr : this.active.stdout).push(buf);
         this.emitOutput({ stream, offset, data: buf });
         return;
       }

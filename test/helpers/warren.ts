@@ -109,6 +109,8 @@ export function countHostResources(scope: { dataDir: string; idPrefix: string })
   const netns = new Set<string>();
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     try {
+      // Zombies hold nothing but a pid; the parent (host init for sandboxes adopted after a crash) reaps them.
+      if (/^\d+ \(.*\) Z /.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'))) continue;
       const cmdline = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8');
       const cgroup = fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8');
       if (cmdline.includes(scope.idPrefix) || cgroup.includes(`/warren/${scope.idPrefix}`)) {

@@ -175,6 +175,7 @@ export class ContainerSandbox implements BackendSandbox {
   }
 
   async exec(req: ExecRequest): Promise<ExecResult> {
+    this.assertAlive();
     const started = performance.now();
     const maxOutput = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
     const oomBefore = native.cgroupStats(this.id).oomKills;

@@ -1,0 +1,105 @@
+/**
+ * Gateway kill -9 and restart keeps sandboxes and sessions: a real `warren up`
+ * runs in a child process, is SIGKILLed mid-session, and a second `warren up`
+ * on the same data dir re-adopts everything.
+ */
+import test from 'ava';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { skipReason } from '../../src/features';
+import { WarrenClient } from '../../src/sdk';
+import { busyboxRootfs, countHostResources } from '../helpers/warren';
+
+const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
+const it = skip === null ? test : test.skip;
+const why = skip === null ? '' : ` (skipped: ${skip})`;
+const CLI = resolve(__dirname, '../../src/cli/main.js');
+
+function startUp(dataDir: string, nodeId: string): Promise<{ child: ChildProcess; url: string }> {
+  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return new Promise((resolveUrl, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error(`warren up did not start: ${out}`)), 30_000);
+    const onData = (c: Buffer) => {
+      out += c.toString();
+      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolveUrl({ child, url: m[1]! });
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.on('exit', (code) => reject(new Error(`warren up exited ${code}: ${out}`)));
+  });
+}
+
+function kill9(child: ChildProcess): Promise<void> {
+  return new Promise((r) => {
+    child.once('exit', () => r());
+    child.kill('SIGKILL');
+  });
+}
+
+it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-crash-'));
+  const nodeId = `k${process.pid.toString(36)}`;
+  let child: ChildProcess | null = null;
+  let client: WarrenClient | null = null;
+  try {
+    const first = await startUp(dataDir, nodeId);
+    child = first.child;
+    const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+    client = new WarrenClient({ url: first.url, token });
+    await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });
+
+    const sb = await client.createSandbox({ image: 'busybox', labels: { test: 'crash' } });
+    await sb.exec('echo persisted > /tmp/state; (while :; do date +%s >> /tmp/ticks; sleep 0.2; done &) ; true');
+    const shell = await sb.shell({ mode: 'command' });
+    await shell.run('cd /tmp && export CRASH=yes');
+    const sessionId = shell.session;
+    const offset = shell.offset;
+    // output produced while no gateway is listening must be replayed after the restart
+    const pending = shell.run('sleep 1; echo produced-while-down').catch(() => undefined);
+    await new Promise((r) => setTimeout(r, 200));
+
+    await kill9(child);
+    child = null;
+    await pending;
+    await client.close();
+    await new Promise((r) => setTimeout(r, 1200));
+
+    const second = await startUp(dataDir, nodeId);
+    child = second.child;
+    client = new WarrenClient({ url: second.url, token });
+    const list = await client.listSandboxes();
+    t.deepEqual(list.map((s) => [s.id, s.state]), [[sb.id, 'running']]);
+    const again = await client.getSandbox(sb.id);
+    t.is((await again.exec('cat /tmp/state')).stdout, 'persisted\n');
+    const ticks = Number((await again.exec('wc -l < /tmp/ticks')).stdout.trim());
+    await new Promise((r) => setTimeout(r, 600));
+    t.true(Number((await again.exec('wc -l < /tmp/ticks')).stdout.trim()) > ticks, 'the background loop kept running');
+
+    const seen: string[] = [];
+    const reattached = await again.shell({ mode: 'command', session: sessionId, offset, onOutput: (o) => void seen.push(o.data.toString()) });
+    const r = await reattached.run('pwd; echo $CRASH');
+    t.is(r.stdout, '/tmp\nyes\n');
+    t.true(seen.join('').includes('produced-while-down'), `replayed: ${JSON.stringify(seen.join(''))}`);
+    await reattached.close();
+
+    await client.deleteSandbox(sb.id);
+    const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
+    t.is(left.processes, 0);
+    t.is(left.cgroups, 0);
+  } finally {
+    if (child) await kill9(child);
+    await client?.close();
+    // sandboxes that survived a failed run: a fresh node on the same data dir deletes them
+    await rm(dataDir, { recursive: true, force: true }).catch(() => undefined);
+  }
+});
