@@ -13,7 +13,7 @@ import { rm } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { startWarren } from '../src/gateway/up';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { WarrenClient } from '../src/sdk';
 import { percentile, printTable, conditions } from './stats';
 
@@ -39,10 +39,10 @@ async function runPool<T>(count: number, concurrency: number, fn: (i: number) =>
   return out;
 }
 
-async function warrenCreateExec(client: WarrenClient, concurrency: number) {
+async function warrenCreateExec(client: WarrenClient, concurrency: number, iterations = ITERATIONS) {
   const firstExec: number[] = [];
   const fullCycle: number[] = [];
-  await runPool(ITERATIONS, concurrency, async () => {
+  await runPool(iterations, concurrency, async () => {
     const t0 = performance.now();
     const sb = await client.createSandbox({ image: IMAGE, cpu: 1, memoryMb: 256 });
     const r = await sb.exec(['true']);
@@ -129,17 +129,17 @@ async function main() {
   for (const [k, v] of Object.entries(conditions())) console.log(`${k}: ${v}`);
   console.log(`image: ${IMAGE}; iterations: ${ITERATIONS}; density: ${DENSITY}; rtt iterations: ${RTT_ITERATIONS}`);
 
-  const warren = await startWarren({ dataDir, host: '127.0.0.1', port: 0, onProgress: (p) => process.stderr.write(`  ${p.phase}: ${p.message}\n`) });
+  // The gateway runs in its own process, as in production: the client's work does not share its event loop.
+  const warren = await startGatewayProcess(dataDir);
   const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
   const client = new WarrenClient({ url: warren.url, token });
   try {
     const image = (await client.images.list()).find((i) => i.name === IMAGE);
     if (!image) throw new Error(`image ${IMAGE} not found`);
+    // warm up: layer mount, page cache, JIT
+    await warrenCreateExec(client, 1, 10);
     const rootfs = join(dataDir, 'layers', 'mnt', image.layers[image.layers.length - 1]!.replace(/^sha256:/, ''));
     if (!existsSync(join(rootfs, 'bin'))) throw new Error(`expected the mounted base layer at ${rootfs}`);
-
-    // warm up: layer mount, page cache, JIT
-    await warrenCreateExec(client, 1).catch(() => undefined);
 
     const rows: Array<Record<string, string>> = [];
     const results: Record<string, unknown> = {};
@@ -186,8 +186,32 @@ async function main() {
     writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'create-exec.json'), JSON.stringify({ conditions: conditions(), results }, null, 2));
   } finally {
     for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
-    await warren.close();
+    await client.close();
+    warren.child.kill('SIGTERM');
   }
+}
+
+function startGatewayProcess(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
+  const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
+  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir], { stdio: ['ignore', 'pipe', 'pipe'] });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    const onData = (c: Buffer) => {
+      out += c.toString();
+      process.stderr.write(c);
+      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
+      if (m) {
+        child.stdout!.off('data', onData);
+        child.stderr!.off('data', onData);
+        child.stderr!.resume();
+        child.stdout!.resume();
+        resolve({ url: m[1]!, child });
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.once('exit', (code) => reject(new Error(`warren up exited with ${code}: ${out}`)));
+  });
 }
 
 main().catch((err) => {

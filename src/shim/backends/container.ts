@@ -97,17 +97,39 @@ function limitsOf(spec: SandboxSpec) {
   };
 }
 
+const ENOENT = 2;
+const EBUSY = 16;
+
+function isErrno(err: unknown, errno: number): boolean {
+  return err instanceof WarrenError && err.errno === errno;
+}
+
+/**
+ * Kill everything in the group, wait until it is empty, then remove it from every
+ * hierarchy. Hierarchies are removed one by one, so a retry may find some already
+ * gone (ENOENT): that is progress, not an error.
+ */
 async function destroyCgroup(id: string): Promise<void> {
   const deadline = Date.now() + 10_000;
   for (;;) {
-    native.cgroupKill(id);
+    let remaining = 0;
     try {
-      native.cgroupDestroy(id);
-      return;
+      native.cgroupKill(id);
+      remaining = native.cgroupProcs(id).length;
     } catch (err) {
-      if (!(err instanceof WarrenError) || err.errno !== 16 /* EBUSY */ || Date.now() > deadline) throw err;
+      if (!isErrno(err, ENOENT)) throw err;
     }
-    await new Promise((r) => setTimeout(r, 5));
+    if (remaining === 0) {
+      try {
+        native.cgroupDestroy(id);
+        return;
+      } catch (err) {
+        if (!isErrno(err, EBUSY) || Date.now() > deadline) throw err;
+      }
+    } else if (Date.now() > deadline) {
+      throw new WarrenError('CGROUP_ERROR', `cgroup ${id} still has ${remaining} processes after SIGKILL`);
+    }
+    await new Promise((r) => setTimeout(r, 2));
   }
 }
 
