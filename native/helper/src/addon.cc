@@ -1,0 +1,691 @@
+// Warren native addon: the N-API face of the helper (node-addon-api, C++17).
+//
+// This layer only converts and validates JS values, calls the C core (wn.h)
+// and turns `wn_error`s into the TypeScript WarrenError class, which
+// src/native/index.ts hands over through init(). Everything with a syscall in
+// it lives in the C files, shared with the static helper binaries.
+#include <napi.h>
+#include <uv.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "wn.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+struct Watcher;
+
+// Per-environment state (worker threads each get their own); freed with the env.
+struct AddonState {
+  Napi::FunctionReference error_ctor;
+  std::set<Watcher*> watchers;
+  bool closing = false;
+};
+
+AddonState* State(Napi::Env env) { return env.GetInstanceData<AddonState>(); }
+
+// ---- errors ---------------------------------------------------------------
+
+[[noreturn]] void ThrowCode(Napi::Env env, const char* code, const std::string& message, int errnum) {
+  AddonState* st = State(env);
+  if (st == nullptr || st->error_ctor.IsEmpty()) {
+    Napi::Error err = Napi::Error::New(env, std::string(code) + ": " + message);
+    err.Set("code", Napi::String::New(env, code));
+    if (errnum) err.Set("errno", Napi::Number::New(env, errnum));
+    throw err;
+  }
+  std::vector<napi_value> args = {
+      Napi::String::New(env, code),
+      Napi::String::New(env, message),
+      env.Undefined(),
+      errnum ? Napi::Number::New(env, errnum) : env.Undefined(),
+  };
+  Napi::Object obj = st->error_ctor.New(args);
+  throw Napi::Error(env, obj);
+}
+
+[[noreturn]] void Throw(Napi::Env env, const wn_error& e) {
+  ThrowCode(env, wn_code_name(e.code), e.msg, e.errnum);
+}
+
+[[noreturn]] void Invalid(Napi::Env env, const std::string& message) {
+  ThrowCode(env, "INVALID_ARGUMENT", message, 0);
+}
+
+// ---- argument conversion ----------------------------------------------------
+
+std::string ToStr(Napi::Env env, Napi::Value v, const std::string& what, size_t max_len = WN_MAX_PATH) {
+  if (!v.IsString()) Invalid(env, what + " must be a string");
+  std::string s = v.As<Napi::String>().Utf8Value();
+  if (s.find('\0') != std::string::npos) Invalid(env, what + " must not contain NUL");
+  if (s.size() > max_len) Invalid(env, what + " is longer than " + std::to_string(max_len) + " bytes");
+  return s;
+}
+
+int64_t ToInt(Napi::Env env, Napi::Value v, const std::string& what, int64_t min, int64_t max) {
+  if (!v.IsNumber()) Invalid(env, what + " must be a number");
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || std::floor(d) != d) Invalid(env, what + " must be an integer");
+  if (d < static_cast<double>(min) || d > static_cast<double>(max))
+    Invalid(env, what + " must be in " + std::to_string(min) + ".." + std::to_string(max));
+  return static_cast<int64_t>(d);
+}
+
+bool ToBool(Napi::Env env, Napi::Value v, const std::string& what) {
+  if (!v.IsBoolean()) Invalid(env, what + " must be a boolean");
+  return v.As<Napi::Boolean>().Value();
+}
+
+Napi::Object ToObj(Napi::Env env, Napi::Value v, const std::string& what) {
+  if (!v.IsObject() || v.IsArray() || v.IsFunction()) Invalid(env, what + " must be an object");
+  return v.As<Napi::Object>();
+}
+
+bool Has(Napi::Object o, const char* key) {
+  Napi::Value v = o.Get(key);
+  return !v.IsUndefined() && !v.IsNull();
+}
+
+std::vector<std::string> ToStrArray(Napi::Env env, Napi::Value v, const std::string& what, size_t max_items,
+                                    size_t max_len) {
+  if (!v.IsArray()) Invalid(env, what + " must be an array of strings");
+  Napi::Array a = v.As<Napi::Array>();
+  uint32_t n = a.Length();
+  if (n > max_items) Invalid(env, what + " has more than " + std::to_string(max_items) + " entries");
+  std::vector<std::string> out;
+  out.reserve(n);
+  for (uint32_t i = 0; i < n; i++) out.push_back(ToStr(env, a.Get(i), what + "[" + std::to_string(i) + "]", max_len));
+  return out;
+}
+
+std::vector<const char*> CPtrs(const std::vector<std::string>& v) {
+  std::vector<const char*> p;
+  p.reserve(v.size() + 1);
+  for (const auto& s : v) p.push_back(s.c_str());
+  p.push_back(nullptr);
+  return p;
+}
+
+Napi::Value ArgOrUndefined(const Napi::CallbackInfo& info, size_t i) {
+  return i < info.Length() ? info[i] : info.Env().Undefined();
+}
+
+std::string ArgId(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  std::string s = ToStr(info.Env(), ArgOrUndefined(info, i), what, 63);
+  if (!wn_valid_id(s.c_str())) Invalid(info.Env(), std::string(what) + " must match ^[a-z0-9][a-z0-9-]{0,62}$");
+  return s;
+}
+
+std::string ArgAbsPath(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  std::string s = ToStr(info.Env(), ArgOrUndefined(info, i), what);
+  if (!wn_valid_abs_path(s.c_str()))
+    Invalid(info.Env(), std::string(what) + " must be an absolute normalized path without '.' or '..' components");
+  return s;
+}
+
+int ArgFd(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  return static_cast<int>(ToInt(info.Env(), ArgOrUndefined(info, i), what, 0, INT32_MAX));
+}
+
+pid_t ArgPid(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  return static_cast<pid_t>(ToInt(info.Env(), ArgOrUndefined(info, i), what, 1, WN_PID_MAX));
+}
+
+void ParseLimits(Napi::Env env, Napi::Value v, wn_cg_limits* l) {
+  wn_cg_limits_init(l);
+  if (v.IsUndefined()) return;
+  Napi::Object o = ToObj(env, v, "limits");
+  const int64_t big = int64_t(1) << 53;
+  if (Has(o, "cpuQuotaUs")) l->cpu_quota_us = ToInt(env, o.Get("cpuQuotaUs"), "cpuQuotaUs", -1, big);
+  if (Has(o, "cpuPeriodUs")) l->cpu_period_us = ToInt(env, o.Get("cpuPeriodUs"), "cpuPeriodUs", 1000, 1000000);
+  if (Has(o, "memoryBytes")) l->memory_bytes = ToInt(env, o.Get("memoryBytes"), "memoryBytes", -1, big);
+  if (Has(o, "memorySwapBytes")) l->memory_swap_bytes = ToInt(env, o.Get("memorySwapBytes"), "memorySwapBytes", -1, big);
+  if (Has(o, "pidsMax")) l->pids_max = ToInt(env, o.Get("pidsMax"), "pidsMax", -1, WN_PID_MAX);
+  wn_error e;
+  if (wn_cg_limits_check(l, &e) < 0) Throw(env, e);
+}
+
+void RequireInit(Napi::Env env) {
+  AddonState* st = State(env);
+  if (st == nullptr || st->error_ctor.IsEmpty())
+    throw Napi::Error::New(env, "warren_native: init(WarrenError) was not called (load it through src/native/index.ts)");
+}
+
+// ---- init / version ----------------------------------------------------------
+
+Napi::Value Init(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "init(WarrenError): a class is required");
+  State(env)->error_ctor = Napi::Persistent(info[0].As<Napi::Function>());
+  return env.Undefined();
+}
+
+// ---- cgroups -------------------------------------------------------------------
+
+Napi::Value CgroupLayout(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  const wn_cg_layout* l;
+  wn_error e;
+  if (wn_cg_layout_get(&l, &e) < 0) Throw(env, e);
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("version", Napi::Number::New(env, l->version));
+  Napi::Object roots = Napi::Object::New(env);
+  for (int r = 0; r < WN_CG_NROLES; r++) {
+    if (l->version == 2 && r != WN_CG_UNIFIED) continue;
+    char path[512];
+    if (wn_cg_path(l, r, nullptr, path, sizeof path) == 0) roots.Set(wn_cg_role_names[r], Napi::String::New(env, path));
+  }
+  out.Set("roots", roots);
+  return out;
+}
+
+Napi::Value CgroupCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_cg_limits lim;
+  ParseLimits(env, ArgOrUndefined(info, 1), &lim);
+  wn_error e;
+  if (wn_cg_create(name.c_str(), &lim, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value CgroupUpdate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_cg_limits lim;
+  ParseLimits(env, ArgOrUndefined(info, 1), &lim);
+  wn_error e;
+  if (wn_cg_update(name.c_str(), &lim, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value CgroupStats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_cg_stats st;
+  wn_error e;
+  if (wn_cg_stats_read(name.c_str(), &st, &e) < 0) Throw(env, e);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("memoryCurrentBytes", Napi::Number::New(env, static_cast<double>(st.memory_current)));
+  o.Set("memoryPeakBytes", Napi::Number::New(env, static_cast<double>(st.memory_peak)));
+  o.Set("oomKills", Napi::Number::New(env, static_cast<double>(st.oom_kills)));
+  o.Set("cpuUsageUs", Napi::Number::New(env, static_cast<double>(st.cpu_usage_us)));
+  o.Set("pidsCurrent", Napi::Number::New(env, static_cast<double>(st.pids_current)));
+  o.Set("frozen", Napi::Boolean::New(env, st.frozen != 0));
+  return o;
+}
+
+Napi::Value CgroupProcs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  pid_t* pids = nullptr;
+  size_t n = 0;
+  wn_error e;
+  if (wn_cg_procs(name.c_str(), &pids, &n, &e) < 0) Throw(env, e);
+  std::unique_ptr<pid_t, decltype(&free)> guard(pids, &free);
+  Napi::Array a = Napi::Array::New(env, n);
+  for (size_t i = 0; i < n; i++) a.Set(static_cast<uint32_t>(i), Napi::Number::New(env, pids[i]));
+  return a;
+}
+
+Napi::Value CgroupFreeze(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  bool frozen = ToBool(env, ArgOrUndefined(info, 1), "frozen");
+  wn_error e;
+  if (wn_cg_freeze(name.c_str(), frozen, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value CgroupKill(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_error e;
+  int n = wn_cg_kill(name.c_str(), &e);
+  if (n < 0) Throw(env, e);
+  return Napi::Number::New(env, n);
+}
+
+Napi::Value CgroupDestroy(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_error e;
+  if (wn_cg_destroy(name.c_str(), &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value CgroupExists(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  wn_error e;
+  int r = wn_cg_exists(name.c_str(), &e);
+  if (r < 0) Throw(env, e);
+  return Napi::Boolean::New(env, r == 1);
+}
+
+Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  pid_t pid = ArgPid(info, 1, "pid");
+  wn_error e;
+  if (wn_cg_attach(name.c_str(), pid, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+// ---- processes -------------------------------------------------------------------
+
+Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  Napi::Object o = ToObj(env, ArgOrUndefined(info, 0), "spec");
+  std::string id = ToStr(env, o.Get("id"), "id", 63);
+  std::string hostname = ToStr(env, o.Get("hostname"), "hostname", 63);
+  std::vector<std::string> lowers = ToStrArray(env, o.Get("lowerDirs"), "lowerDirs", WN_MAX_LOWER_DIRS, WN_MAX_PATH);
+  std::string upper = ToStr(env, o.Get("upperDir"), "upperDir");
+  std::string work = ToStr(env, o.Get("workDir"), "workDir");
+  std::string rootfs = ToStr(env, o.Get("rootfsDir"), "rootfsDir");
+  std::string init = ToStr(env, o.Get("initPath"), "initPath");
+  std::string network = ToStr(env, o.Get("network"), "network", 32);
+  if (network != "loopback") Invalid(env, "network must be 'loopback'");
+  bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
+  bool core_sched = ToBool(env, o.Get("coreSched"), "coreSched");
+  uint64_t shm = 0;
+  if (Has(o, "shmBytes")) shm = static_cast<uint64_t>(ToInt(env, o.Get("shmBytes"), "shmBytes", 4096, int64_t(1) << 40));
+
+  std::vector<const char*> lower_ptrs = CPtrs(lowers);
+  wn_spawn_spec s{};
+  s.id = id.c_str();
+  s.hostname = hostname.c_str();
+  s.lower_dirs = lower_ptrs.data();
+  s.n_lower = lowers.size();
+  s.upper_dir = upper.c_str();
+  s.work_dir = work.c_str();
+  s.rootfs_dir = rootfs.c_str();
+  s.init_path = init.c_str();
+  s.sched_idle = sched_idle;
+  s.core_sched = core_sched;
+  s.shm_bytes = shm;
+  wn_error e;
+  if (wn_spawn_spec_check(&s, &e) < 0) Throw(env, e);
+  wn_spawn_result r{};
+  if (wn_spawn_sandbox(&s, &r, &e) < 0) Throw(env, e);
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("pid", Napi::Number::New(env, r.pid));
+  out.Set("pidfd", Napi::Number::New(env, r.pidfd));
+  out.Set("startTime", Napi::Number::New(env, static_cast<double>(r.start_time)));
+  return out;
+}
+
+Napi::Value Exec(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  Napi::Object o = ToObj(env, ArgOrUndefined(info, 0), "spec");
+  pid_t init_pid = static_cast<pid_t>(ToInt(env, o.Get("initPid"), "initPid", 1, WN_PID_MAX));
+  std::string cgroup = ToStr(env, o.Get("cgroup"), "cgroup", 63);
+  std::vector<std::string> argv = ToStrArray(env, o.Get("argv"), "argv", WN_MAX_ARGS, WN_MAX_ARG_LEN);
+  std::vector<std::string> envv = ToStrArray(env, o.Get("env"), "env", WN_MAX_ARGS, WN_MAX_ARG_LEN);
+  std::string cwd = ToStr(env, o.Get("cwd"), "cwd");
+  uid_t uid = static_cast<uid_t>(ToInt(env, o.Get("uid"), "uid", 0, 4294967294LL));
+  gid_t gid = static_cast<gid_t>(ToInt(env, o.Get("gid"), "gid", 0, 4294967294LL));
+  bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
+  bool status_pipe = Has(o, "statusPipe") && ToBool(env, o.Get("statusPipe"), "statusPipe");
+
+  wn_exec_spec s{};
+  s.stdio = WN_STDIO_PIPES;
+  if (Has(o, "pty")) {
+    Napi::Object pty = ToObj(env, o.Get("pty"), "pty");
+    s.stdio = WN_STDIO_PTY;
+    s.pty_cols = static_cast<int>(ToInt(env, pty.Get("cols"), "pty.cols", 1, 10000));
+    s.pty_rows = static_cast<int>(ToInt(env, pty.Get("rows"), "pty.rows", 1, 10000));
+  }
+  std::vector<const char*> argv_ptrs = CPtrs(argv);
+  std::vector<const char*> env_ptrs = CPtrs(envv);
+  s.init_pid = init_pid;
+  s.cgroup = cgroup.c_str();
+  s.argv = argv_ptrs.data();
+  s.argc = argv.size();
+  s.envp = env_ptrs.data();
+  s.envc = envv.size();
+  s.cwd = cwd.c_str();
+  s.uid = uid;
+  s.gid = gid;
+  s.sched_idle = sched_idle;
+  s.status_pipe = status_pipe;
+  wn_error e;
+  if (wn_exec_spec_check(&s, &e) < 0) Throw(env, e);
+  wn_exec_result r{};
+  if (wn_exec(&s, &r, &e) < 0) Throw(env, e);
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("pid", Napi::Number::New(env, r.pid));
+  out.Set("pidfd", Napi::Number::New(env, r.pidfd));
+  if (r.stdin_fd >= 0) out.Set("stdin", Napi::Number::New(env, r.stdin_fd));
+  if (r.stdout_fd >= 0) out.Set("stdout", Napi::Number::New(env, r.stdout_fd));
+  if (r.stderr_fd >= 0) out.Set("stderr", Napi::Number::New(env, r.stderr_fd));
+  if (r.status_fd >= 0) out.Set("status", Napi::Number::New(env, r.status_fd));
+  if (r.pty_fd >= 0) out.Set("ptyFd", Napi::Number::New(env, r.pty_fd));
+  return out;
+}
+
+// ---- watchExit ------------------------------------------------------------------------
+
+struct Watcher {
+  uv_poll_t poll;
+  int fd = -1;  // our dup of the caller's pidfd
+  napi_env env = nullptr;
+  AddonState* state = nullptr;
+  Napi::FunctionReference callback;
+  std::unique_ptr<Napi::AsyncContext> async;
+};
+
+void WatcherClosed(uv_handle_t* h) {
+  Watcher* w = static_cast<Watcher*>(h->data);
+  if (w->fd >= 0) close(w->fd);
+  delete w;
+}
+
+void StopWatcher(Watcher* w) {
+  w->state->watchers.erase(w);
+  uv_poll_stop(&w->poll);
+  uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), WatcherClosed);
+}
+
+void OnPidfdReadable(uv_poll_t* handle, int status, int events) {
+  Watcher* w = static_cast<Watcher*>(handle->data);
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  int r = waitid(P_PIDFD, static_cast<id_t>(w->fd), &si, WEXITED | WNOHANG);
+  if (status == 0 && r == 0 && si.si_pid == 0) return;  // not exited yet (spurious wakeup)
+  bool known = status == 0 && r == 0;
+  int exit_code = -1, sig = -1;
+  if (known) {
+    if (si.si_code == CLD_EXITED)
+      exit_code = si.si_status;
+    else
+      sig = si.si_status;
+  }
+  Napi::Env env(w->env);
+  Napi::FunctionReference cb = std::move(w->callback);
+  std::unique_ptr<Napi::AsyncContext> async = std::move(w->async);
+  StopWatcher(w);
+  if (cb.IsEmpty()) return;
+  Napi::HandleScope scope(env);
+  Napi::Object st = Napi::Object::New(env);
+  st.Set("exitCode", exit_code >= 0 ? Napi::Value(Napi::Number::New(env, exit_code)) : env.Null());
+  st.Set("signal", sig >= 0 ? Napi::Value(Napi::Number::New(env, sig)) : env.Null());
+  try {
+    cb.MakeCallback(env.Global(), {st}, *async);
+  } catch (const Napi::Error& err) {
+    napi_fatal_exception(env, err.Value());
+  }
+}
+
+Napi::Value WatchExit(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  int pidfd = ArgFd(info, 0, "pidfd");
+  if (info.Length() < 2 || !info[1].IsFunction()) Invalid(env, "callback must be a function");
+  AddonState* st = State(env);
+  uv_loop_t* loop = nullptr;
+  if (napi_get_uv_event_loop(env, &loop) != napi_ok || loop == nullptr)
+    ThrowCode(env, "NATIVE_ERROR", "no libuv loop", 0);
+  int fd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) ThrowCode(env, "NATIVE_ERROR", std::string("watchExit: dup pidfd: ") + wn_errno_name(errno), errno);
+  auto w = std::make_unique<Watcher>();
+  w->fd = fd;
+  w->env = env;
+  w->state = st;
+  w->callback = Napi::Persistent(info[1].As<Napi::Function>());
+  w->async = std::make_unique<Napi::AsyncContext>(env, "warren.watchExit");
+  int rc = uv_poll_init(loop, &w->poll, fd);
+  if (rc < 0) {
+    close(fd);
+    ThrowCode(env, "NATIVE_ERROR", std::string("watchExit: uv_poll_init: ") + uv_strerror(rc), -rc);
+  }
+  w->poll.data = w.get();
+  rc = uv_poll_start(&w->poll, UV_READABLE, OnPidfdReadable);
+  if (rc < 0) {
+    Watcher* raw = w.release();
+    raw->callback.Reset();
+    uv_close(reinterpret_cast<uv_handle_t*>(&raw->poll), WatcherClosed);
+    ThrowCode(env, "NATIVE_ERROR", std::string("watchExit: uv_poll_start: ") + uv_strerror(rc), -rc);
+  }
+  st->watchers.insert(w.release());
+  return env.Undefined();
+}
+
+// ---- small process helpers ------------------------------------------------------------
+
+Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  pid_t pid = ArgPid(info, 0, "pid");
+  int fd = wn_pidfd_open(pid, 0);
+  if (fd < 0) {
+    wn_error e;
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "pidfd_open %d", static_cast<int>(pid));
+    Throw(env, e);
+  }
+  return Napi::Number::New(env, fd);
+}
+
+Napi::Value PidfdSendSignal(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  int fd = ArgFd(info, 0, "pidfd");
+  int sig = static_cast<int>(ToInt(env, ArgOrUndefined(info, 1), "signal", 0, 64));
+  if (wn_pidfd_send_signal(fd, sig) < 0) {
+    wn_error e;
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "pidfd_send_signal %d to pidfd %d", sig, fd);
+    Throw(env, e);
+  }
+  return env.Undefined();
+}
+
+Napi::Value ProcessStartTime(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  pid_t pid = ArgPid(info, 0, "pid");
+  uint64_t t = 0;
+  wn_error e;
+  if (wn_process_start_time(pid, &t, &e) < 0) Throw(env, e);
+  return Napi::Number::New(env, static_cast<double>(t));
+}
+
+Napi::Value PtyResize(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  int fd = ArgFd(info, 0, "ptyFd");
+  int cols = static_cast<int>(ToInt(env, ArgOrUndefined(info, 1), "cols", 1, 10000));
+  int rows = static_cast<int>(ToInt(env, ArgOrUndefined(info, 2), "rows", 1, 10000));
+  wn_error e;
+  if (wn_pty_resize(fd, cols, rows, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value Close(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  int fd = ArgFd(info, 0, "fd");
+  if (fd < 3) Invalid(env, "refusing to close stdio fd " + std::to_string(fd));
+  if (close(fd) < 0 && errno != EINTR) {
+    wn_error e;
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "close fd %d", fd);
+    Throw(env, e);
+  }
+  return env.Undefined();
+}
+
+// ---- filesystem ------------------------------------------------------------------------
+
+Napi::Value OpenInRoot(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string root = ArgAbsPath(info, 0, "rootDir");
+  std::string path = ToStr(env, ArgOrUndefined(info, 1), "path");
+  std::string flags = ToStr(env, ArgOrUndefined(info, 2), "flags", 8);
+  int how;
+  if (flags == "r")
+    how = WN_OPEN_READ;
+  else if (flags == "w")
+    how = WN_OPEN_WRITE;
+  else if (flags == "a")
+    how = WN_OPEN_APPEND;
+  else if (flags == "dir")
+    how = WN_OPEN_DIR;
+  else
+    Invalid(env, "flags must be 'r', 'w', 'a' or 'dir'");
+  mode_t mode = static_cast<mode_t>(ToInt(env, ArgOrUndefined(info, 3), "mode", 0, 07777));
+  wn_error e;
+  int fd = wn_open_in_root(root.c_str(), path.c_str(), how, mode, &e);
+  if (fd < 0) Throw(env, e);
+  return Napi::Number::New(env, fd);
+}
+
+Napi::Value MkdirInRoot(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string root = ArgAbsPath(info, 0, "rootDir");
+  std::string path = ToStr(env, ArgOrUndefined(info, 1), "path");
+  mode_t mode = static_cast<mode_t>(ToInt(env, ArgOrUndefined(info, 2), "mode", 0, 07777));
+  bool recursive = ToBool(env, ArgOrUndefined(info, 3), "recursive");
+  wn_error e;
+  if (wn_mkdir_in_root(root.c_str(), path.c_str(), mode, recursive, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+// ---- mounts ------------------------------------------------------------------------------
+
+Napi::Value Mount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string source = ToStr(env, ArgOrUndefined(info, 0), "source");
+  std::string target = ArgAbsPath(info, 1, "target");
+  std::string fstype = ToStr(env, ArgOrUndefined(info, 2), "fstype", 32);
+  std::vector<std::string> flags = ToStrArray(env, ArgOrUndefined(info, 3), "flags", 16, 16);
+  std::string data = ToStr(env, ArgOrUndefined(info, 4), "data", 4095);
+  unsigned f = 0;
+  for (const auto& fl : flags) {
+    if (fl == "ro")
+      f |= WN_MNT_RO;
+    else if (fl == "nosuid")
+      f |= WN_MNT_NOSUID;
+    else if (fl == "nodev")
+      f |= WN_MNT_NODEV;
+    else if (fl == "noexec")
+      f |= WN_MNT_NOEXEC;
+    else if (fl == "bind")
+      f |= WN_MNT_BIND;
+    else if (fl == "rec")
+      f |= WN_MNT_REC;
+    else if (fl == "private")
+      f |= WN_MNT_PRIVATE;
+    else
+      Invalid(env, "unknown mount flag '" + fl + "'");
+  }
+  wn_error e;
+  if (wn_mount(source.c_str(), target.c_str(), fstype.c_str(), f, data.c_str(), &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+Napi::Value Umount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string target = ArgAbsPath(info, 0, "target");
+  bool detach = ToBool(env, ArgOrUndefined(info, 1), "detach");
+  wn_error e;
+  if (wn_umount(target.c_str(), detach, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+// ---- scheduling -----------------------------------------------------------------------------
+
+Napi::Value CoreSchedSupported(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), wn_core_sched_supported() != 0);
+}
+
+Napi::Value SetSchedIdle(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  pid_t pid = ArgPid(info, 0, "pid");
+  wn_error e;
+  if (wn_set_sched_idle(pid, &e) < 0) Throw(env, e);
+  return env.Undefined();
+}
+
+// ---- module ----------------------------------------------------------------------------------
+
+void Cleanup(AddonState* st) {
+  st->closing = true;
+  std::set<Watcher*> ws;
+  ws.swap(st->watchers);
+  for (Watcher* w : ws) {
+    w->callback.Reset();
+    w->async.reset();
+    uv_poll_stop(&w->poll);
+    uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), WatcherClosed);
+  }
+}
+
+Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
+  auto* st = new AddonState();
+  env.SetInstanceData<AddonState>(st);
+  env.AddCleanupHook(Cleanup, st);
+
+  exports.Set("version", Napi::String::New(env, kVersion));
+  struct Fn {
+    const char* name;
+    Napi::Value (*fn)(const Napi::CallbackInfo&);
+  };
+  static const Fn fns[] = {
+      {"init", Init},
+      {"cgroupLayout", CgroupLayout},
+      {"cgroupCreate", CgroupCreate},
+      {"cgroupUpdate", CgroupUpdate},
+      {"cgroupStats", CgroupStats},
+      {"cgroupProcs", CgroupProcs},
+      {"cgroupFreeze", CgroupFreeze},
+      {"cgroupKill", CgroupKill},
+      {"cgroupDestroy", CgroupDestroy},
+      {"cgroupExists", CgroupExists},
+      {"cgroupAttach", CgroupAttach},
+      {"spawnSandbox", SpawnSandbox},
+      {"exec", Exec},
+      {"watchExit", WatchExit},
+      {"pidfdOpen", PidfdOpen},
+      {"pidfdSendSignal", PidfdSendSignal},
+      {"processStartTime", ProcessStartTime},
+      {"ptyResize", PtyResize},
+      {"close", Close},
+      {"openInRoot", OpenInRoot},
+      {"mkdirInRoot", MkdirInRoot},
+      {"mount", Mount},
+      {"umount", Umount},
+      {"coreSchedSupported", CoreSchedSupported},
+      {"setSchedIdle", SetSchedIdle},
+  };
+  for (const auto& f : fns) exports.Set(f.name, Napi::Function::New(env, f.fn, f.name));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(warren_native, InitModule)

@@ -1,0 +1,113 @@
+/**
+ * The one loader of the native helper.
+ *
+ * Loads build/Release/warren_native.node (node-gyp output of binding.gyp),
+ * hands it the WarrenError class so C++ throws `new WarrenError(code, message,
+ * details, errno)`, and exposes it as `native` (loaded on first use). Also
+ * locates the static helper binaries in native/helper/out/.
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+
+import { WarrenError } from '../errors';
+import type { NativeAddon } from './types';
+
+export type HelperBinary = 'warren-init' | 'warren-nsexec' | 'warren-session';
+
+interface RawAddon extends NativeAddon {
+  init(errorClass: typeof WarrenError): void;
+}
+
+/** The repository root: the nearest ancestor of this file holding binding.gyp (works from src/ and dist/src/). */
+function findRepoRoot(): string {
+  let dir = __dirname;
+  for (;;) {
+    if (fs.existsSync(path.join(dir, 'binding.gyp'))) return dir;
+    const parent = path.dirname(dir);
+    if (parent === dir) return path.resolve(__dirname, '..', '..');
+    dir = parent;
+  }
+}
+
+let repoRoot: string | undefined;
+function root(): string {
+  repoRoot ??= findRepoRoot();
+  return repoRoot;
+}
+
+let loaded: RawAddon | undefined;
+
+/** Load the addon now (idempotent). Throws NATIVE_ERROR listing every path tried. */
+export function loadNative(): NativeAddon {
+  if (loaded) return loaded;
+  const candidates: string[] = [];
+  if (process.env.WARREN_NATIVE_ADDON) candidates.push(path.resolve(process.env.WARREN_NATIVE_ADDON));
+  candidates.push(
+    path.join(root(), 'build', 'Release', 'warren_native.node'),
+    path.join(root(), 'build', 'Debug', 'warren_native.node'),
+  );
+  const failures: string[] = [];
+  for (const file of candidates) {
+    if (!fs.existsSync(file)) {
+      failures.push(`${file}: not found`);
+      continue;
+    }
+    try {
+      // eslint-disable-next-line @typescript-eslint/no-var-requires
+      const addon = require(file) as RawAddon;
+      addon.init(WarrenError);
+      loaded = addon;
+      return addon;
+    } catch (err) {
+      failures.push(`${file}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+  throw new WarrenError(
+    'NATIVE_ERROR',
+    `cannot load the native addon warren_native (build it with "npx node-gyp rebuild"); tried: ${failures.join('; ')}`,
+    { tried: candidates },
+  );
+}
+
+/** Whether the addon can be loaded here (never throws). */
+export function nativeAvailable(): boolean {
+  try {
+    loadNative();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The native addon, loaded on first property access. */
+export const native: NativeAddon = new Proxy({} as NativeAddon, {
+  get(_target, prop) {
+    const addon = loadNative() as unknown as Record<string | symbol, unknown>;
+    const value = addon[prop];
+    return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(addon) : value;
+  },
+  has(_target, prop) {
+    return prop in (loadNative() as object);
+  },
+});
+
+/** Absolute path of a static helper binary in native/helper/out (override the folder with WARREN_HELPER_DIR). */
+export function helperBinary(name: HelperBinary): string {
+  if (name !== 'warren-init' && name !== 'warren-nsexec' && name !== 'warren-session') {
+    throw new WarrenError('INVALID_ARGUMENT', `unknown helper binary ${String(name)}`);
+  }
+  const dir = process.env.WARREN_HELPER_DIR
+    ? path.resolve(process.env.WARREN_HELPER_DIR)
+    : path.join(root(), 'native', 'helper', 'out');
+  const file = path.join(dir, name);
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+  } catch {
+    throw new WarrenError(
+      'NATIVE_ERROR',
+      `helper binary ${name} is missing or not executable at ${file} (build it with "make -C native/helper")`,
+      { path: file },
+    );
+  }
+  return file;
+}

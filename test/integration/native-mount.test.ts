@@ -1,0 +1,120 @@
+/** mount/umount through the addon: tmpfs with flags, bind + ro remount, private, file-backed EROFS, errors. */
+import test from 'ava';
+import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+
+import { isRoot, native, warrenErrorOf } from '../helpers/native-fixtures';
+
+const maybe = isRoot ? test : test.skip;
+
+function mountLine(target: string): string | undefined {
+  return fs
+    .readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .reverse()
+    .find((l) => l.split(' ')[4] === target);
+}
+
+function tmp(): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), 'warren-native-mnt-'));
+}
+
+maybe('tmpfs with flags and data, then umount', (t) => {
+  const dir = tmp();
+  try {
+    native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev', 'noexec'], 'size=1m,mode=0750');
+    const line = mountLine(dir)!;
+    t.truthy(line);
+    t.regex(line, /nosuid,nodev,noexec/);
+    t.regex(line, /size=1024k/);
+    native.umount(dir, false);
+    t.is(mountLine(dir), undefined);
+  } finally {
+    try {
+      native.umount(dir, true);
+    } catch {
+      /* not mounted */
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+maybe('bind + ro is remounted read-only; private changes propagation', (t) => {
+  const src = tmp();
+  const dst = tmp();
+  try {
+    fs.writeFileSync(path.join(src, 'f'), 'x');
+    native.mount(src, dst, '', ['bind', 'ro', 'nosuid'], '');
+    t.regex(mountLine(dst)!, / ro,nosuid/);
+    t.is(fs.readFileSync(path.join(dst, 'f'), 'utf8'), 'x');
+    t.throws(() => fs.writeFileSync(path.join(dst, 'g'), 'y'), { code: 'EROFS' });
+    native.mount('', dst, '', ['private'], '');
+    t.notRegex(mountLine(dst)!, /shared:/);
+    native.umount(dst, true);
+    t.is(mountLine(dst), undefined);
+  } finally {
+    for (const d of [dst]) {
+      try {
+        native.umount(d, true);
+      } catch {
+        /* not mounted */
+      }
+    }
+    fs.rmSync(src, { recursive: true, force: true });
+    fs.rmSync(dst, { recursive: true, force: true });
+  }
+});
+
+const hasErofs = fs.existsSync('/usr/bin/mkfs.erofs') || fs.existsSync('/sbin/mkfs.erofs') || fs.existsSync('/usr/sbin/mkfs.erofs');
+(isRoot && hasErofs ? test : test.skip)('file-backed EROFS layer mounts read-only', (t) => {
+  const base = tmp();
+  const content = path.join(base, 'content');
+  const image = path.join(base, 'layer.erofs');
+  const mnt = path.join(base, 'mnt');
+  fs.mkdirSync(content);
+  fs.mkdirSync(mnt);
+  fs.writeFileSync(path.join(content, 'hello.txt'), 'from erofs\n');
+  try {
+    execFileSync('mkfs.erofs', ['--quiet', image, content]);
+    native.mount(image, mnt, 'erofs', ['ro', 'nodev', 'nosuid'], '');
+    t.is(fs.readFileSync(path.join(mnt, 'hello.txt'), 'utf8'), 'from erofs\n');
+    t.regex(mountLine(mnt)!, /erofs/);
+    native.umount(mnt, false);
+  } finally {
+    try {
+      native.umount(mnt, true);
+    } catch {
+      /* not mounted */
+    }
+    fs.rmSync(base, { recursive: true, force: true });
+  }
+});
+
+maybe('mount errors: MOUNT_ERROR with errno and the step; bad input is INVALID_ARGUMENT', (t) => {
+  const dir = tmp();
+  try {
+    const nodev = warrenErrorOf(t, () => native.mount('none', dir, 'nosuchfs', [], ''));
+    t.is(nodev.code, 'MOUNT_ERROR');
+    t.is(nodev.errno, 19);
+    t.regex(nodev.message, new RegExp(`mount nosuchfs none on ${dir}: ENODEV`));
+    const notmounted = warrenErrorOf(t, () => native.umount(dir, false));
+    t.is(notmounted.code, 'MOUNT_ERROR');
+    t.is(notmounted.errno, 22);
+    for (const args of [
+      ['tmpfs', 'relative', 'tmpfs', [], ''],
+      ['tmpfs', '/a/../b', 'tmpfs', [], ''],
+      ['tmpfs', dir, 'tmpfs', ['remount'], ''],
+      ['tmpfs', dir, 'tm pfs', [], ''],
+      ['tm;pfs', dir, 'tmpfs', [], ''],
+      ['tmpfs', dir, 'tmpfs', [], 'a\0b'],
+      ['/src', dir, '', ['bind'], 'size=1'],
+    ] as const) {
+      const e = warrenErrorOf(t, () => native.mount(args[0], args[1], args[2], [...args[3]] as never, args[4]));
+      t.is(e.code, 'INVALID_ARGUMENT', JSON.stringify(args));
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
