@@ -41,7 +41,8 @@ import { assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from '
 import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveImage, type ArchiveImage } from './oci';
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
 import { RootfsBuilder } from './rootfs';
-import { SyscallMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
+import { native } from '../../native';
+import { nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
 import { checkConfined, readTarStream, type TarEntry } from './tar';
 
 export type ImageKind = ImageInfo['kind'];
@@ -184,7 +185,7 @@ export class LayerStore {
     this.db = opts.db;
     this.log = opts.log ?? (() => undefined);
     this.cacheDir = opts.cacheDir ?? process.env.WARREN_CACHE_DIR ?? DEFAULT_CACHE_DIR;
-    this.mounter = opts.mounter ?? new SyscallMounter(this.log);
+    this.mounter = opts.mounter ?? nativeMounter(native, this.log);
     this.compression = opts.compression ?? 'lz4hc';
   }
 

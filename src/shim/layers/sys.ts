@@ -5,9 +5,8 @@
  *
  * util-linux mount(8) turns a regular file into a loop device before calling
  * mount(2); a file-backed EROFS mount (Linux 6.12+) needs the file path passed
- * to mount(2) as is. The native helper does that when it is loaded (pass
- * `nativeMounter(addon)` to the store); without it these calls go through
- * perl's `syscall` (perl-base is part of every Debian system).
+ * to mount(2) as is, which the native helper does. lsetxattr(2) goes through
+ * perl's `syscall` (perl-base is an essential Debian package).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
@@ -23,31 +22,21 @@ export interface LayerMounter {
   readonly description: string;
 }
 
-const MS_RDONLY = 1;
-const MNT_DETACH = 2;
 const ENOTBLK = 15;
 
-// mount, umount2, lsetxattr
-const SYSCALLS: Record<string, [number, number, number]> = {
-  x64: [165, 166, 189],
-  arm64: [40, 39, 6],
-  riscv64: [40, 39, 6],
-  loong64: [40, 39, 6],
+// lsetxattr
+const SYSCALLS: Record<string, [number]> = {
+  x64: [189],
+  arm64: [6],
+  riscv64: [6],
+  loong64: [6],
 };
 
 const PERL = String.raw`
 use strict;
-my ($nr_mount, $nr_umount2, $nr_lsetxattr) = split(/,/, shift @ARGV);
+my ($nr_lsetxattr) = split(/,/, shift @ARGV);
 my $op = shift @ARGV;
-if ($op eq 'mount') {
-  my ($src, $dst, $fs, $flags) = @ARGV;
-  my $r = syscall($nr_mount, $src, $dst, $fs, $flags + 0, 0);
-  if ($r != 0) { my $e = $! + 0; print STDERR "$!\n"; exit($e || 1); }
-} elsif ($op eq 'umount') {
-  my ($dst, $flags) = @ARGV;
-  my $r = syscall($nr_umount2, $dst, $flags + 0);
-  if ($r != 0) { my $e = $! + 0; print STDERR "$!\n"; exit($e || 1); }
-} elsif ($op eq 'xattrs') {
+if ($op eq 'xattrs') {
   my $n = 0;
   while (my $line = <STDIN>) {
     chomp $line;
@@ -61,7 +50,7 @@ if ($op eq 'mount') {
 
 function syscallNumbers(): string {
   const nr = SYSCALLS[process.arch];
-  if (nr === undefined) throw new WarrenError('NOT_SUPPORTED', `layer mounts without the native helper are not supported on ${process.arch}`);
+  if (nr === undefined) throw new WarrenError('NOT_SUPPORTED', `restoring extended attributes is not supported on ${process.arch}`);
   return nr.join(',');
 }
 
@@ -75,40 +64,27 @@ function mountError(what: string, status: number, stderr: string): WarrenError {
   return new WarrenError('MOUNT_ERROR', `${what}: ${stderr || `errno ${status}`}`, { errno: status }, status);
 }
 
-/** mount(2) through perl; falls back to a loop device on kernels without file-backed EROFS. */
-export class SyscallMounter implements LayerMounter {
-  readonly description = 'mount(2) via perl syscall';
-  constructor(private readonly log: (msg: string) => void = () => undefined) {}
-
-  mountErofs(file: string, target: string): void {
-    const r = perl(['mount', file, target, 'erofs', String(MS_RDONLY)]);
-    if (r.status === 0) return;
-    if (r.status === ENOTBLK) {
-      // Kernel < 6.12 (or EROFS_FS_BACKED_BY_FILE off): only block devices. Use a loop device, autocleared on umount.
-      this.log(`file-backed EROFS mounts unsupported here; using a loop device for ${file}`);
-      try {
-        execFileSync('mount', ['-t', 'erofs', '-o', 'ro,loop', file, target], { stdio: ['ignore', 'ignore', 'pipe'] });
-        return;
-      } catch (err) {
-        const e = err as { stderr?: Buffer; status?: number };
-        throw mountError(`mount -o loop ${file} ${target}`, e.status ?? 1, String(e.stderr ?? '').trim());
-      }
-    }
-    throw mountError(`mount erofs ${file} on ${target}`, r.status, r.stderr);
-  }
-
-  umount(target: string, detach = false): void {
-    const r = perl(['umount', target, String(detach ? MNT_DETACH : 0)]);
-    if (r.status !== 0) throw mountError(`umount ${target}`, r.status, r.stderr);
-  }
-}
-
-/** Use the native helper's mount(2)/umount2(2). */
-export function nativeMounter(addon: Pick<NativeAddon, 'mount' | 'umount'>): LayerMounter {
+/**
+ * mount(2)/umount2(2) through the native helper. On kernels without file-backed
+ * EROFS (< 6.12) mount(2) answers ENOTBLK; then a loop device is used, which the
+ * kernel frees on umount (autoclear).
+ */
+export function nativeMounter(addon: Pick<NativeAddon, 'mount' | 'umount'>, log: (msg: string) => void = () => undefined): LayerMounter {
   return {
     description: 'native helper',
     mountErofs(file, target) {
-      addon.mount(file, target, 'erofs', ['ro'], '');
+      try {
+        addon.mount(file, target, 'erofs', ['ro'], '');
+      } catch (err) {
+        if (!(err instanceof WarrenError) || err.errno !== ENOTBLK) throw err;
+        log(`file-backed EROFS mounts unsupported here; using a loop device for ${file}`);
+        try {
+          execFileSync('mount', ['-t', 'erofs', '-o', 'ro,loop', file, target], { stdio: ['ignore', 'ignore', 'pipe'] });
+        } catch (e) {
+          const x = e as { stderr?: Buffer; status?: number };
+          throw mountError(`mount -o loop ${file} ${target}`, x.status ?? 1, String(x.stderr ?? '').trim());
+        }
+      }
     },
     umount(target, detach = false) {
       addon.umount(target, detach);
