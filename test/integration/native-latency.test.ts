@@ -82,5 +82,6 @@ maybe('p50 of spawnSandbox + exec(true) + wait over 50 iterations', async (t) =>
   t.log(line);
   console.log(`[native latency] ${line}`);
   if (pct(total, 50) > 5) t.log('NOTE: p50 is above the 5 ms target');
-  t.pass();
+  // A loose ceiling: this machine is shared with other test files; bench/ measures it properly.
+  t.true(pct(total, 50) < 50, `p50 ${pct(total, 50).toFixed(2)} ms`);
 });

@@ -1,0 +1,54 @@
+#!/usr/bin/env node
+// Project rules the type checker cannot see. Exits non-zero with one line per finding.
+'use strict';
+const fs = require('node:fs');
+const path = require('node:path');
+
+const root = path.resolve(__dirname, '..');
+const findings = [];
+
+function walk(dir, exts, out = []) {
+  for (const entry of fs.readdirSync(dir, { withFileTypes: true })) {
+    if (entry.name === 'node_modules' || entry.name === 'dist' || entry.name === 'build' || entry.name === 'out') continue;
+    const p = path.join(dir, entry.name);
+    if (entry.isDirectory()) walk(p, exts, out);
+    else if (exts.some((e) => entry.name.endsWith(e))) out.push(p);
+  }
+  return out;
+}
+
+// 1. Tests assert behaviour: no focused tests, no bare t.pass(), every skip says why.
+for (const file of walk(path.join(root, 'test'), ['.ts'])) {
+  const lines = fs.readFileSync(file, 'utf8').split('\n');
+  lines.forEach((line, i) => {
+    const where = `${path.relative(root, file)}:${i + 1}`;
+    if (/\btest(\.serial)?\.only\(/.test(line)) findings.push(`${where}: focused test (.only)`);
+    if (/\bt\.pass\(\)/.test(line)) findings.push(`${where}: t.pass() asserts nothing`);
+  });
+}
+
+// 2. Every error code the native helper can throw is a stable code of src/errors.ts.
+const errorsTs = fs.readFileSync(path.join(root, 'src/errors.ts'), 'utf8');
+const known = new Set([...errorsTs.matchAll(/^\s{2}([A-Z_]+): \d{3},$/gm)].map((m) => m[1]));
+for (const file of walk(path.join(root, 'native/helper/src'), ['.c', '.cc', '.h'])) {
+  const text = fs.readFileSync(file, 'utf8');
+  for (const m of text.matchAll(/(?:return|ThrowCode\(env,)\s*"([A-Z][A-Z_]+)"/g)) {
+    if (m[1] !== 'OK' && !known.has(m[1])) findings.push(`${path.relative(root, file)}: native error code ${m[1]} is not in src/errors.ts`);
+  }
+}
+
+// 3. No stray debugging output in library code (the CLI and benchmarks print on purpose).
+for (const file of walk(path.join(root, 'src'), ['.ts'])) {
+  const rel = path.relative(root, file);
+  if (rel.startsWith('src/cli/')) continue;
+  fs.readFileSync(file, 'utf8').split('\n').forEach((line, i) => {
+    if (/^\s*console\.(log|debug)\(/.test(line)) findings.push(`${rel}:${i + 1}: console.${/console\.(\w+)/.exec(line)[1]} in library code`);
+  });
+}
+
+if (findings.length > 0) {
+  for (const f of findings) console.error(f);
+  console.error(`lint: ${findings.length} finding(s)`);
+  process.exit(1);
+}
+console.log('lint: ok');
