@@ -98,6 +98,7 @@ function limitsOf(spec: SandboxSpec) {
 }
 
 const ENOENT = 2;
+const EAGAIN = 11;
 const EBUSY = 16;
 
 function isErrno(err: unknown, errno: number): boolean {
@@ -184,6 +185,17 @@ export class ContainerSandbox implements BackendSandbox {
     this.assertAlive();
     const user = resolveUser(this.rootPath(), req.user ?? this.spec.user);
     const argv = typeof req.cmd === 'string' ? ['/bin/sh', '-c', req.cmd] : req.cmd;
+    try {
+      return this.nativeExec(argv, req, user);
+    } catch (err) {
+      if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && err.errno === EAGAIN) {
+        throw new WarrenError('RESOURCE_EXHAUSTED', `sandbox ${this.id} is at its pids limit (${this.spec.pids}); nothing new can start until processes exit`, { limit: 'pids' }, EAGAIN);
+      }
+      throw err;
+    }
+  }
+
+  private nativeExec(argv: string[], req: Pick<ExecRequest, 'env' | 'cwd'>, user: SandboxUser): ExecProcess {
     return native.exec({
       initPid: this.runtime.pid,
       cgroup: this.id,
