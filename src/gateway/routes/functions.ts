@@ -1,0 +1,159 @@
+/**
+ * FnCall routes: pools under /v1/functions, invoke / judge / batch, and the
+ * SandboxFusion-compatible POST /run_code. See docs/fncall.md.
+ *
+ * 429 answers (a saturated pool queue, an account over its concurrency quota)
+ * carry Retry-After in seconds.
+ */
+import type { Request, Response, Server } from 'hyper-express';
+import { WarrenError, asWarrenError } from '../../errors';
+import type { FnCallManager } from '../../shim/fncall/manager';
+import { sandboxErrorResponse, toRunCodeResponse, validateRunCode } from '../../shim/fncall/sandboxfusion';
+import { FN_LIMITS, validateBatch, validateInvoke, validateJudge, validatePoolName } from '../../shim/fncall/wire';
+import { type Account, bearerFromHeader, can, requirePermission } from '../auth';
+import { type GatewayContext, authed, open } from '../context';
+import { publicError, queryOf, readJson, rejectUnknownQuery, sendEmpty, sendJson, writeError } from '../http';
+
+/** The node's FnCall manager (ShimNode.functions); NOT_SUPPORTED on shims without one. */
+export function fncallOf(ctx: GatewayContext): FnCallManager {
+  const fn = (ctx.shim as unknown as { functions?: FnCallManager }).functions;
+  if (fn === undefined) throw new WarrenError('NOT_SUPPORTED', 'this node has no FnCall pools');
+  return fn;
+}
+
+/** Add Retry-After to 429s before the error is written by the common handler. */
+async function withRetryAfter(res: Response, fn: () => Promise<void>): Promise<void> {
+  try {
+    await fn();
+  } catch (err) {
+    if (err instanceof WarrenError && err.code === 'RESOURCE_EXHAUSTED') {
+      const s = Number(err.details?.retryAfterS ?? 1);
+      res.header('retry-after', String(Number.isFinite(s) && s > 0 ? Math.ceil(s) : 1));
+    }
+    throw err;
+  }
+}
+
+function requireRun(account: Account): void {
+  requirePermission(account, 'sandboxes');
+}
+
+export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
+  app.get(
+    '/v1/functions',
+    authed(ctx, (req, res) => {
+      rejectUnknownQuery(queryOf(req), []);
+      sendJson(res, 200, { pools: fncallOf(ctx).listPools() });
+    }),
+  );
+
+  app.post(
+    '/v1/functions',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), ['wait']);
+      requirePermission(account, 'buildImages');
+      const fn = fncallOf(ctx);
+      const stats = fn.createPool(await readJson(req));
+      // ?wait=1: answer once min containers are warm (the first start may build the judge image).
+      if (queryOf(req).get('wait') === '1') {
+        await fn.waitWarm(stats.name);
+        sendJson(res, 201, fn.pool(stats.name).stats());
+        return;
+      }
+      sendJson(res, 201, stats);
+    }),
+  );
+
+  app.get(
+    '/v1/functions/:pool',
+    authed(ctx, (req, res) => {
+      rejectUnknownQuery(queryOf(req), []);
+      sendJson(res, 200, fncallOf(ctx).pool(validatePoolName(req.path_parameters.pool)).stats());
+    }),
+  );
+
+  app.delete(
+    '/v1/functions/:pool',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      requirePermission(account, 'buildImages');
+      await fncallOf(ctx).deletePool(validatePoolName(req.path_parameters.pool));
+      sendEmpty(res, 204);
+    }),
+  );
+
+  app.post(
+    '/v1/functions/:pool/invoke',
+    authed(ctx, (req, res, account) =>
+      withRetryAfter(res, async () => {
+        rejectUnknownQuery(queryOf(req), []);
+        requireRun(account);
+        const fn = fncallOf(ctx);
+        const pool = validatePoolName(req.path_parameters.pool);
+        const body = validateInvoke(await readJson(req, FN_LIMITS.bodyBytes));
+        fn.checkLimits(pool, body);
+        sendJson(res, 200, await fn.invoke(pool, account.id, body));
+      }),
+    ),
+  );
+
+  app.post(
+    '/v1/functions/:pool/judge',
+    authed(ctx, (req, res, account) =>
+      withRetryAfter(res, async () => {
+        rejectUnknownQuery(queryOf(req), []);
+        requireRun(account);
+        const fn = fncallOf(ctx);
+        const pool = validatePoolName(req.path_parameters.pool);
+        const body = validateJudge(await readJson(req, FN_LIMITS.bodyBytes));
+        fn.checkLimits(pool, body);
+        sendJson(res, 200, await fn.judge(pool, account.id, body));
+      }),
+    ),
+  );
+
+  app.post(
+    '/v1/functions/:pool/batch',
+    authed(ctx, (req, res, account) =>
+      withRetryAfter(res, async () => {
+        rejectUnknownQuery(queryOf(req), []);
+        requireRun(account);
+        const fn = fncallOf(ctx);
+        const pool = validatePoolName(req.path_parameters.pool);
+        const body = validateBatch(await readJson(req, FN_LIMITS.bodyBytes));
+        body.invocations.forEach((inv) => fn.checkLimits(pool, inv));
+        sendJson(res, 200, { results: await fn.batch(pool, account.id, body.invocations, body.concurrency) });
+      }),
+    ),
+  );
+
+  // SandboxFusion-compatible. Its clients send no token: anonymous calls are refused unless
+  // the node's fncall.json sets runCodeAnonymous (they then run as the account "anonymous").
+  app.post(
+    '/run_code',
+    open(ctx, async (req: Request, res: Response) => {
+      const fn = fncallOf(ctx);
+      const token = bearerFromHeader(req.headers.authorization);
+      let accountId = 'anonymous';
+      if (token !== undefined || !fn.runCodeAnonymous) {
+        const account = ctx.auth.require(token);
+        if (!can(account, 'sandboxes')) throw new WarrenError('FORBIDDEN', `role "${account.role}" may not run code`);
+        accountId = account.id;
+      }
+      await withRetryAfter(res, async () => {
+        const body = validateRunCode(await readJson(req, FN_LIMITS.bodyBytes));
+        const pool = fn.runCodePool();
+        // SandboxFusion's default memory limit is "none": use the pool's.
+        fn.checkLimits(pool, body);
+        try {
+          sendJson(res, 200, toRunCodeResponse(await fn.invoke(pool, accountId, body)));
+        } catch (err) {
+          const e = asWarrenError(err);
+          if (e.status < 500 || e.code === 'RESOURCE_EXHAUSTED') throw e;
+          sendJson(res, 200, sandboxErrorResponse(publicError(e, ctx.log).message));
+        }
+      });
+    }),
+  );
+  void writeError;
+}

@@ -1,0 +1,481 @@
+/**
+ * One warm pool container and what runs in it.
+ *
+ * A pool container is an ordinary container sandbox (overlay over the image's
+ * EROFS layers, its own cgroup and namespaces, loopback-only network) that is
+ * never handed out: invocations run in it directly with the native exec.
+ *
+ * Isolation between invocations (docs/fncall.md):
+ * - Each invocation runs as an unprivileged user (nobody) in a private mount
+ *   namespace and a new IPC namespace of its own: the root is remounted
+ *   read-only, /tmp and /dev/shm are fresh size-limited tmpfs mounts that vanish
+ *   with the invocation, and only /work (the work dir, HOME) is writable.
+ * - After each invocation the container is reset and the reset is verified:
+ *   every process except pid 1 is killed and the cgroup must hold only pid 1;
+ *   /work is emptied and must be empty; and the overlay's upper dir must hold
+ *   exactly what it held when the container was made (nothing written anywhere
+ *   else survives). A container that fails a check is destroyed and replaced.
+ * - The environment is built from scratch for every exec.
+ */
+import { BoundedCollector, pumpInto } from '../output';
+import { fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
+import { join, posix } from 'node:path';
+import { Socket } from 'node:net';
+import { WarrenError } from '../../errors';
+import { native } from '../../native';
+import type { ExecProcess, ExitStatus } from '../../native/types';
+import { ContainerBackend, type ContainerSandbox, DEFAULT_PATH } from '../backends/container';
+import type { ResolvedLayer, SandboxSpec } from '../types';
+import type { InputFile, LimitHit, StepResult, InvokeStatus } from './types';
+
+export const WORK_DIR = '/work';
+/** nobody:nogroup */
+export const RUN_UID = 65534;
+export const RUN_GID = 65534;
+const SIGKILL = 9;
+const SIGXCPU = 24;
+const MIB = 1024 * 1024;
+const TMPFS_MAGIC = 0x01021994;
+
+export interface StepOptions {
+  argv: string[];
+  env: Record<string, string>;
+  stdin: Buffer;
+  wallMs: number;
+  cpuMs: number;
+  maxOutputBytes: number;
+  memoryMb: number;
+  fileSizeBytes: number;
+  tmpfsBytes: number;
+  /** Cores of the container (to schedule CPU-time checks). */
+  cpu: number;
+}
+
+export class PoolContainer {
+  /** Paths (relative) in the overlay upper dir right after setup. */
+  private baseline = '';
+  private memoryMb: number;
+  private dead = false;
+  readonly createdAt = Date.now();
+  lastUsed = Date.now();
+  uses = 0;
+
+  private constructor(
+    readonly box: ContainerSandbox,
+    memoryMb: number,
+  ) {
+    this.memoryMb = memoryMb;
+    void box.ended.then(() => {
+      this.dead = true;
+    });
+  }
+
+  get id(): string {
+    return this.box.id;
+  }
+
+  get pid(): number {
+    return this.box.pid;
+  }
+
+  get alive(): boolean {
+    return !this.dead;
+  }
+
+  get ended(): Promise<void> {
+    return this.box.ended;
+  }
+
+  private get root(): string {
+    return `/proc/${this.box.pid}/root`;
+  }
+
+  private get upperDir(): string {
+    return join(this.box.runtime.dir, 'upper');
+  }
+
+  static async create(backend: ContainerBackend, id: string, spec: SandboxSpec, layers: ResolvedLayer[], workBytes: number): Promise<PoolContainer> {
+    const box = await backend.create(id, spec, layers);
+    const c = new PoolContainer(box, spec.memoryMb);
+    try {
+      // The work dir is a size-limited tmpfs of the run user, mounted once in the container's own
+      // mount namespace (its size counts against the container's memory); the rest stays root's.
+      try {
+        native.mkdirInRoot(c.root, WORK_DIR, 0o755, false);
+      } catch (err) {
+        if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+      }
+      await c.mountWork(workBytes);
+      c.baseline = snapshot(c.upperDir);
+    } catch (err) {
+      await box.destroy().catch(() => undefined);
+      throw err;
+    }
+    return c;
+  }
+
+  private async mountWork(sizeBytes: number): Promise<void> {
+    const proc = native.exec({
+      initPid: this.box.pid,
+      cgroup: this.id,
+      argv: ['/bin/true'],
+      env: [`PATH=${DEFAULT_PATH}`],
+      cwd: '/',
+      uid: 0,
+      gid: 0,
+      schedIdle: false,
+      isolate: { inPlace: true, tmpfs: [{ path: WORK_DIR, sizeBytes, mode: 0o755, uid: RUN_UID, gid: RUN_GID }] },
+    });
+    const status = await new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
+    native.close(proc.pidfd);
+    for (const fd of [proc.stdin, proc.stdout, proc.stderr]) if (fd !== undefined) native.close(fd);
+    const st = statfsSync(`${this.root}${WORK_DIR}`);
+    if (status.exitCode !== 0 || st.type !== TMPFS_MAGIC) {
+      throw new WarrenError('MOUNT_ERROR', `could not mount the work dir tmpfs in pool container ${this.id} (exit ${status.exitCode}, fs type 0x${st.type.toString(16)})`);
+    }
+  }
+
+  /** Write the invocation's input files under /work (owned by the run user). */
+  writeFiles(files: InputFile[]): void {
+    for (const f of files) {
+      const full = posix.join(WORK_DIR, f.path);
+      const parent = posix.dirname(full);
+      if (parent !== WORK_DIR) this.mkdirs(parent);
+      const fd = native.openInRoot(this.root, full, 'w', f.mode);
+      try {
+        let off = 0;
+        while (off < f.data.length) off += writeSync(fd, f.data, off, f.data.length - off);
+        fchownSync(fd, RUN_UID, RUN_GID);
+      } finally {
+        closeSync(fd);
+      }
+    }
+  }
+
+  private mkdirs(dir: string): void {
+    let cur = WORK_DIR;
+    for (const part of dir.slice(WORK_DIR.length + 1).split('/')) {
+      cur = `${cur}/${part}`;
+      try {
+        native.mkdirInRoot(this.root, cur, 0o755, false);
+        const fd = native.openInRoot(this.root, cur, 'dir', 0);
+        try {
+          fchownSync(fd, RUN_UID, RUN_GID);
+        } finally {
+          closeSync(fd);
+        }
+      } catch (err) {
+        if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+      }
+    }
+  }
+
+  /** Read files the program left in /work (regular files only, confined to the container's root). */
+  readFiles(paths: string[], maxBytes: number): Record<string, string> {
+    const out: Record<string, string> = {};
+    for (const p of paths) {
+      let fd: number;
+      try {
+        fd = native.openInRoot(this.root, posix.join(WORK_DIR, p), 'r', 0);
+      } catch {
+        continue;
+      }
+      try {
+        const st = fstatSync(fd);
+        if (!st.isFile() || st.size > maxBytes) continue;
+        const buf = Buffer.alloc(st.size);
+        let n = 0;
+        while (n < buf.length) {
+          const r = readSync(fd, buf, n, buf.length - n, null);
+          if (r === 0) break;
+          n += r;
+        }
+        out[p] = buf.subarray(0, n).toString('base64');
+      } finally {
+        closeSync(fd);
+      }
+    }
+    return out;
+  }
+
+  /** Run one program to completion under the step's limits. */
+  async run(o: StepOptions): Promise<StepResult> {
+    if (this.dead) return internalError('the pool container is gone');
+    if (o.memoryMb !== this.memoryMb) {
+      const bytes = o.memoryMb * MIB;
+      native.cgroupUpdate(this.id, { memoryBytes: bytes, memorySwapBytes: bytes });
+      this.memoryMb = o.memoryMb;
+    }
+    resetMemoryPeak(this.id);
+    const before = native.cgroupStats(this.id);
+    const started = performance.now();
+    const env = { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody', ...o.env };
+    let proc: ExecProcess;
+    try {
+      proc = native.exec({
+        initPid: this.box.pid,
+        cgroup: this.id,
+        argv: o.argv,
+        env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
+        cwd: WORK_DIR,
+        uid: RUN_UID,
+        gid: RUN_GID,
+        schedIdle: false,
+        isolate: {
+          ipc: true,
+          readOnlyRoot: true,
+          writable: [WORK_DIR],
+          tmpfs: [
+            { path: '/tmp', sizeBytes: o.tmpfsBytes, mode: 0o1777 },
+            { path: '/dev/shm', sizeBytes: o.tmpfsBytes, mode: 0o1777 },
+          ],
+          rlimits: { cpuSeconds: Math.ceil(o.cpuMs / 1000) + 1, fileSizeBytes: o.fileSizeBytes, coreBytes: 0, openFiles: 1024 },
+        },
+      });
+    } catch (err) {
+      if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && (err.errno === 2 || err.errno === 13)) {
+        const msg = `warren: ${o.argv[0]}: ${err.errno === 2 ? 'command not found' : 'permission denied'}\n`;
+        return { ...emptyStep(), status: 'runtime_error', exitCode: err.errno === 2 ? 127 : 126, stderr: msg, wallMs: ms(performance.now() - started) };
+      }
+      if (this.dead || (err instanceof WarrenError && err.code === 'SANDBOX_NOT_RUNNING')) return internalError('the pool container is gone');
+      throw err;
+    }
+
+    let limit: LimitHit | undefined;
+    const kill = (why: LimitHit) => {
+      if (limit === undefined) limit = why;
+      try {
+        process.kill(-proc.pid, SIGKILL);
+      } catch {
+        /* gone */
+      }
+      try {
+        native.pidfdSendSignal(proc.pidfd, SIGKILL);
+      } catch {
+        /* gone */
+      }
+    };
+    const stdout = new BoundedCollector(o.maxOutputBytes, () => kill('maxOutputBytes'));
+    const stderr = new BoundedCollector(o.maxOutputBytes, () => kill('maxOutputBytes'));
+    const outDone = pumpInto(proc.stdout!, stdout);
+    const errDone = pumpInto(proc.stderr!, stderr);
+    const stdin = new Socket({ fd: proc.stdin!, readable: false, writable: true });
+    stdin.on('error', () => undefined);
+    if (o.stdin.length > 0) stdin.end(o.stdin);
+    else stdin.end();
+
+    const exited = new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
+    const wallTimer = setTimeout(() => kill('wallMs'), o.wallMs);
+    // CPU time: the container runs one invocation at a time, so its cgroup's usage is the invocation's.
+    // Check when the budget could first be spent at full speed, then again for what is left.
+    let cpuTimer: NodeJS.Timeout | null = null;
+    const cpuCheck = () => {
+      let used = 0;
+      try {
+        used = (native.cgroupStats(this.id).cpuUsageUs - before.cpuUsageUs) / 1000;
+      } catch {
+        return;
+      }
+      if (used >= o.cpuMs) kill('cpuMs');
+      else cpuTimer = setTimeout(cpuCheck, Math.max(2, (o.cpuMs - used) / Math.max(o.cpu, 0.01)));
+    };
+    cpuTimer = setTimeout(cpuCheck, Math.max(2, o.cpuMs / Math.max(o.cpu, 1)));
+    const status = await Promise.race([exited, this.box.ended.then(() => null)]);
+    clearTimeout(wallTimer);
+    if (cpuTimer) clearTimeout(cpuTimer);
+    const wallMs = ms(performance.now() - started);
+    if (status === null) {
+      native.close(proc.pidfd);
+      stdout.stop();
+      stderr.stop();
+      return { ...internalError('the pool container died during the invocation'), wallMs };
+    }
+    native.close(proc.pidfd);
+    if (status.signal === SIGKILL && limit === undefined && !this.dead) {
+      // Killed by nobody we know of: when the container's pid 1 died, its pid namespace took the program along.
+      await Promise.race([this.box.ended, new Promise((r) => setTimeout(r, 50))]);
+    }
+    // Background children may hold the pipes: they are killed now (the reset kills them anyway).
+    await this.killLeftovers();
+    await Promise.race([Promise.all([outDone, errDone]), new Promise((r) => setTimeout(r, 100))]);
+    stdout.stop();
+    stderr.stop();
+
+    let after = before;
+    try {
+      after = native.cgroupStats(this.id);
+    } catch {
+      /* the container died just now; reported below */
+    }
+    const cpuMs = ms((after.cpuUsageUs - before.cpuUsageUs) / 1000);
+    if (limit === undefined && cpuMs > o.cpuMs) limit = 'cpuMs';
+    if (limit === undefined && status.signal === SIGXCPU) limit = 'cpuMs';
+    const oom = after.oomKills > before.oomKills;
+    if (oom && limit === undefined) limit = 'memoryMb';
+    let st: InvokeStatus;
+    if (this.dead) st = 'internal_error';
+    else if (oom) st = 'memory_limit';
+    else if (limit === 'maxOutputBytes') st = 'output_limit';
+    else if (limit === 'wallMs' || limit === 'cpuMs') st = 'timeout';
+    else if (status.signal !== null) st = 'signal';
+    else if (status.exitCode !== 0) st = 'runtime_error';
+    else st = 'ok';
+    const r: StepResult = {
+      status: st,
+      exitCode: status.exitCode,
+      signal: status.signal,
+      stdout: '',
+      stderr: '',
+      truncated: stdout.truncated || stderr.truncated,
+      wallMs,
+      cpuMs,
+      memPeakBytes: after.memoryPeakBytes,
+    };
+    const out = textResult(stdout.bytes(), stdout.truncated);
+    const err = textResult(stderr.bytes(), stderr.truncated);
+    r.stdout = out.text;
+    r.stderr = err.text;
+    if (out.base64 !== undefined) r.stdoutBase64 = out.base64;
+    if (err.base64 !== undefined) r.stderrBase64 = err.base64;
+    if (limit !== undefined) r.limit = limit;
+    if (st === 'internal_error') r.message = 'the pool container died during the invocation';
+    return r;
+  }
+
+  /** Kill every process of the container except its pid 1; true when only pid 1 is left. */
+  async killLeftovers(deadlineMs = 2000): Promise<boolean> {
+    const deadline = Date.now() + deadlineMs;
+    let frozen = false;
+    try {
+      for (;;) {
+        if (this.dead) return false;
+        const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid);
+        if (others.length === 0) return true;
+        if (Date.now() > deadline) return false;
+        if (!frozen && others.length > 1) {
+          // Freeze so a fork bomb cannot outrun the kills; pid 1 (the reaper) is thawed with the rest.
+          try {
+            native.cgroupFreeze(this.id, true);
+            frozen = true;
+          } catch {
+            /* kill anyway */
+          }
+        }
+        for (const p of others) {
+          try {
+            process.kill(p, SIGKILL);
+          } catch {
+            /* already gone */
+          }
+        }
+        if (frozen) {
+          native.cgroupFreeze(this.id, false);
+          frozen = false;
+        }
+        await new Promise((r) => setTimeout(r, 1));
+      }
+    } catch {
+      return false;
+    } finally {
+      if (frozen) {
+        try {
+          native.cgroupFreeze(this.id, false);
+        } catch {
+          /* destroyed below */
+        }
+      }
+    }
+  }
+
+  /**
+   * Reset after an invocation and verify it. False means the container must
+   * not be reused (the caller destroys it).
+   */
+  async reset(): Promise<{ ok: boolean; reason?: string }> {
+    if (this.dead) return { ok: false, reason: 'container died' };
+    if (!(await this.killLeftovers())) return { ok: false, reason: 'processes survived the kill' };
+    const work = `${this.root}${WORK_DIR}`;
+    try {
+      const entries = readdirSync(work);
+      if (entries.length > 0) {
+        // Nothing runs in the container any more, so nothing can swap a path under the rm.
+        await Promise.all(entries.map((e) => rm(join(work, e), { recursive: true, force: true })));
+        if (readdirSync(work).length !== 0) return { ok: false, reason: '/work could not be emptied' };
+      }
+      const st = lstatSync(work);
+      if (!st.isDirectory() || st.uid !== RUN_UID) return { ok: false, reason: '/work was replaced' };
+      const now = snapshot(this.upperDir);
+      if (now !== this.baseline) return { ok: false, reason: 'the root filesystem changed outside /work' };
+    } catch (err) {
+      return { ok: false, reason: `reset failed: ${(err as Error).message}` };
+    }
+    this.lastUsed = Date.now();
+    this.uses++;
+    return { ok: true };
+  }
+
+  destroy(): Promise<void> {
+    this.dead = true;
+    return this.box.destroy();
+  }
+}
+
+/** A cheap fingerprint of a directory tree: relative paths, types and sizes. */
+function snapshot(dir: string): string {
+  const out: string[] = [];
+  const walk = (d: string, rel: string) => {
+    for (const name of readdirSync(d).sort()) {
+      const p = join(d, name);
+      const st = lstatSync(p);
+      const r = `${rel}/${name}`;
+      out.push(`${r}:${st.mode.toString(8)}:${st.isDirectory() ? '' : st.size}`);
+      if (st.isDirectory()) walk(p, r);
+    }
+  };
+  walk(dir, '');
+  return out.join('\n');
+}
+
+/** cgroup v1 keeps a resettable high-water mark; v2 has no reset (memory.peak since the group was made). */
+function resetMemoryPeak(id: string): void {
+  const layout = native.cgroupLayout();
+  if (layout.version !== 1 || layout.roots.memory === undefined) return;
+  try {
+    writeFileSync(join(layout.roots.memory, id, 'memory.max_usage_in_bytes'), '0');
+  } catch {
+    /* the peak then covers the container's earlier invocations too */
+  }
+}
+
+function ms(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}
+
+export function emptyStep(): StepResult {
+  return { status: 'ok', exitCode: null, signal: null, stdout: '', stderr: '', truncated: false, wallMs: 0, cpuMs: 0, memPeakBytes: 0 };
+}
+
+export function internalError(message: string): StepResult {
+  return { ...emptyStep(), status: 'internal_error', message };
+}
+
+/** Text (U+FFFD for invalid sequences), plus the exact bytes in base64 when they are not valid UTF-8. */
+export function textResult(buf: Buffer, truncated: boolean): { text: string; base64?: string } {
+  const out: { text: string; base64?: string } = { text: buf.toString('utf8') };
+  // A truncated stream may end inside a multi-byte character; that alone is not "binary".
+  let valid = isUtf8(buf);
+  if (!valid && truncated) {
+    for (let cut = 1; cut <= 3 && !valid; cut++) valid = isUtf8(buf.subarray(0, buf.length - cut));
+  }
+  if (!valid) out.base64 = buf.toString('base64');
+  return out;
+}
+
+function isUtf8(b: Buffer): boolean {
+  const f = (require('node:buffer') as { isUtf8?: (b: Buffer) => boolean }).isUtf8;
+  if (f) return f(b);
+  return Buffer.from(b.toString('utf8'), 'utf8').equals(b);
+}
+
+

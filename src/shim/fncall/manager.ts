@@ -1,0 +1,400 @@
+/**
+ * The FnCall manager: the node's warm pools, invocation (compile + run),
+ * judge, batch, SandboxFusion's run_code, and admission (per-pool bounded
+ * queues, per-account concurrency).
+ *
+ * Pools come from `<dataDir>/fncall.json` ({ pools: [...] }, see
+ * docs/fncall.md) and from the API. Pool containers are not sandboxes: they are
+ * not in the registry, and a restarted node destroys leftovers and makes new
+ * ones (a warm container holds no state worth keeping).
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import os from 'node:os';
+import { WarrenError, asWarrenError } from '../../errors';
+import { inSpan } from '../../telemetry';
+import { ContainerBackend } from '../backends/container';
+import type { LayerStore } from '../layers/store';
+import { check, verdictOf } from './checkers';
+import { type PoolContainer, internalError } from './container';
+import { DEFAULT_COMPILE_TIMEOUT_MS, LANGUAGES } from './languages';
+import { Pool } from './pool';
+import type { FnCallConfig, InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, JudgeTestResult, PoolSpec, PoolStats, StepResult } from './types';
+import { validateConfig, validatePoolSpec } from './wire';
+
+export const JUDGE_IMAGE = 'judge';
+export const JUDGE_PACKAGES = ['python3', 'gcc', 'g++', 'libc6-dev'];
+const DEFAULT_ACCOUNT_CONCURRENCY = 64;
+const FETCH_FILE_LIMIT = 16 * 1024 * 1024;
+
+export interface FnCallOptions {
+  dataDir: string;
+  nodeId: string;
+  layers: LayerStore;
+  log: (line: string) => void;
+  config?: FnCallConfig;
+  onProgress?: (p: { phase: string; message: string; fraction?: number }) => void;
+}
+
+export class FnCallManager {
+  private readonly pools = new Map<string, Pool>();
+  private readonly backend: ContainerBackend;
+  private readonly dir: string;
+  private readonly inflight = new Map<string, number>();
+  private config: FnCallConfig = {};
+  private imageBuild: Promise<void> | null = null;
+  private readonly host = { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) };
+
+  constructor(private readonly opts: FnCallOptions) {
+    this.dir = join(opts.dataDir, 'fncall');
+    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
+    this.backend = new ContainerBackend(this.dir, 'warren-fncall');
+  }
+
+  /** Change node-level settings at run time (accountConcurrency, runCodePool, runCodeAnonymous). */
+  updateConfig(cfg: Omit<FnCallConfig, 'pools'>): void {
+    this.config = { ...this.config, ...cfg };
+  }
+
+  get accountConcurrency(): number {
+    return this.config.accountConcurrency ?? DEFAULT_ACCOUNT_CONCURRENCY;
+  }
+
+  get runCodeAnonymous(): boolean {
+    return this.config.runCodeAnonymous === true;
+  }
+
+  /** Clean up after a crash, read the config, start the configured pools (warming happens in the background). */
+  async start(): Promise<void> {
+    for (const id of readdirSync(this.dir)) {
+      if (!/^fn-[a-z0-9-]+$/.test(id)) continue;
+      this.opts.log(`fncall: removing leftover pool container ${id}`);
+      await this.backend.cleanup(id).catch((err) => this.opts.log(`fncall: cleanup ${id}: ${(err as Error).message}`));
+    }
+    const file = join(this.opts.dataDir, 'fncall.json');
+    let cfg = this.opts.config;
+    if (cfg === undefined && existsSync(file)) {
+      try {
+        cfg = validateConfig(JSON.parse(readFileSync(file, 'utf8')));
+      } catch (err) {
+        throw new WarrenError('INVALID_ARGUMENT', `${file}: ${(err as Error).message}`);
+      }
+    }
+    this.config = cfg ?? {};
+    for (const p of this.config.pools ?? []) this.createPool(p, 'config');
+  }
+
+  createPool(body: unknown, source: 'api' | 'config' = 'api'): PoolStats {
+    const spec = validatePoolSpec(body, this.host);
+    if (this.pools.has(spec.name)) throw new WarrenError('ALREADY_EXISTS', `pool ${spec.name} already exists`, { pool: spec.name });
+    // Unknown images fail now (except "judge", built on first use).
+    if (spec.image !== JUDGE_IMAGE) this.opts.layers.resolveImage(spec.image);
+    for (const l of spec.layers) this.opts.layers.resolveLayer(l, 'toolkit');
+    const pool = new Pool(spec, {
+      backend: this.backend,
+      nodeId: this.opts.nodeId,
+      log: this.opts.log,
+      prepare: (s) => this.prepare(s),
+    });
+    this.pools.set(spec.name, pool);
+    pool.start();
+    this.opts.log(`fncall: pool ${spec.name} (${source}): image ${spec.image}, ${spec.min}..${spec.max} containers`);
+    return pool.stats();
+  }
+
+  private async prepare(spec: PoolSpec) {
+    if (spec.image === JUDGE_IMAGE) await this.ensureJudgeImage();
+    const image = this.opts.layers.resolveImage(spec.image);
+    const digests = [...spec.layers.map((l) => this.opts.layers.resolveLayer(l, 'toolkit').digest), ...image.layers];
+    const layers = await this.opts.layers.acquire(digests);
+    return { layers, release: () => this.opts.layers.release(digests) };
+  }
+
+  /** Build the "judge" image (python3, gcc, g++) once; the node cache makes later builds instant. */
+  ensureJudgeImage(): Promise<void> {
+    if (this.opts.layers.listImages().some((i) => i.name === JUDGE_IMAGE)) return Promise.resolve();
+    this.imageBuild ??= (async () => {
+      this.opts.log(`fncall: building the ${JUDGE_IMAGE} image (${JUDGE_PACKAGES.join(', ')}); cached for later starts`);
+      await this.opts.layers.buildDebian({
+        name: JUDGE_IMAGE,
+        include: JUDGE_PACKAGES,
+        onProgress: (p) => {
+          this.opts.onProgress?.(p);
+          if (p.fraction === undefined || p.fraction === 1) this.opts.log(`fncall: image ${JUDGE_IMAGE}: ${p.phase}: ${p.message}`);
+        },
+      });
+    })().finally(() => {
+      this.imageBuild = null;
+    });
+    return this.imageBuild;
+  }
+
+  pool(name: string): Pool {
+    const p = this.pools.get(name);
+    if (p === undefined) throw new WarrenError('NOT_FOUND', `no pool ${JSON.stringify(name).slice(0, 40)}`, { pool: name });
+    return p;
+  }
+
+  listPools(): PoolStats[] {
+    return [...this.pools.values()].map((p) => p.stats());
+  }
+
+  async deletePool(name: string): Promise<void> {
+    const p = this.pool(name);
+    this.pools.delete(name);
+    await p.close();
+  }
+
+  /** The pool for POST /run_code, made with defaults on first use. */
+  runCodePool(): string {
+    const name = this.config.runCodePool ?? 'run-code';
+    if (!this.pools.has(name)) {
+      try {
+        this.createPool({ name, image: JUDGE_IMAGE, min: 1 }, 'config');
+      } catch (err) {
+        if (!(err instanceof WarrenError && err.code === 'ALREADY_EXISTS')) throw err;
+      }
+    }
+    return name;
+  }
+
+  // ---------------------------------------------------------------- admission
+
+  /** Take one of the account's concurrency slots; with `wait`, wait for one instead of refusing. */
+  private async admit(account: string, wait: boolean): Promise<() => void> {
+    const limit = this.accountConcurrency;
+    for (;;) {
+      const n = this.inflight.get(account) ?? 0;
+      if (n < limit) {
+        this.inflight.set(account, n + 1);
+        let done = false;
+        return () => {
+          if (done) return;
+          done = true;
+          const m = (this.inflight.get(account) ?? 1) - 1;
+          if (m <= 0) this.inflight.delete(account);
+          else this.inflight.set(account, m);
+        };
+      }
+      if (!wait) {
+        throw new WarrenError('RESOURCE_EXHAUSTED', `account ${account} already has ${n} invocations running (quota ${limit})`, { account, quota: limit, retryAfterS: 1 });
+      }
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  }
+
+  private async withContainer<T>(poolName: string, account: string, opts: { wait: boolean }, fn: (c: PoolContainer, queueMs: number, pool: Pool) => Promise<T>): Promise<T> {
+    const pool = this.pool(poolName);
+    const release = await this.admit(account, opts.wait);
+    const t0 = performance.now();
+    let c: PoolContainer;
+    try {
+      c = await pool.acquire({ bypassQueueLimit: opts.wait });
+    } catch (err) {
+      release();
+      throw err;
+    }
+    const queueMs = performance.now() - t0;
+    try {
+      return await fn(c, queueMs, pool);
+    } finally {
+      release();
+      void pool.release(c, performance.now() - t0);
+    }
+  }
+
+  // ---------------------------------------------------------------- invoke
+
+  invoke(poolName: string, account: string, req: InvokeRequest, opts: { wait?: boolean } = {}): Promise<InvokeResult> {
+    return inSpan('warren.fncall.invoke', { 'warren.fncall.pool': poolName, 'warren.fncall.language': req.language ?? 'cmd' }, async (span) => {
+      const result = await this.withContainer(poolName, account, { wait: opts.wait ?? false }, async (c, queueMs, pool) => {
+        span.setAttribute('warren.fncall.container', c.id);
+        return this.runIn(c, pool, req, queueMs);
+      });
+      span.setAttribute('warren.fncall.status', result.status);
+      span.setAttribute('warren.fncall.wall_ms', result.wallMs);
+      span.setAttribute('warren.fncall.cpu_ms', result.cpuMs);
+      return result;
+    });
+  }
+
+  private limitsFor(pool: Pool, req: Pick<InvokeRequest, 'timeoutMs' | 'cpuMs' | 'memoryMb' | 'maxOutputBytes'>) {
+    const l = pool.spec.limits;
+    const check = (field: string, v: number | undefined, max: number, dflt: number) => {
+      if (v === undefined) return dflt;
+      if (v > max) throw new WarrenError('LIMIT_OUT_OF_RANGE', `${field} ${v} exceeds pool ${pool.spec.name}'s ceiling of ${max}`, { field, min: 1, max });
+      return v;
+    };
+    const wallMs = check('timeoutMs', req.timeoutMs, l.maxTimeoutMs, l.timeoutMs);
+    return {
+      wallMs,
+      cpuMs: check('cpuMs', req.cpuMs, l.maxTimeoutMs, wallMs),
+      memoryMb: check('memoryMb', req.memoryMb, l.memoryMb, l.memoryMb),
+      maxOutputBytes: check('maxOutputBytes', req.maxOutputBytes, 64 * 1024 * 1024, l.maxOutputBytes),
+      fileSizeBytes: l.fileSizeBytes,
+      tmpfsBytes: l.tmpfsBytes,
+      cpu: l.cpu,
+    };
+  }
+
+  /** Check limits against the pool before queueing (a bad request must not wait for a container). */
+  checkLimits(poolName: string, req: Pick<InvokeRequest, 'timeoutMs' | 'cpuMs' | 'memoryMb' | 'maxOutputBytes'>): void {
+    this.limitsFor(this.pool(poolName), req);
+  }
+
+  private async compile(c: PoolContainer, pool: Pool, req: InvokeRequest): Promise<StepResult | undefined> {
+    const lang = LANGUAGES[req.language!];
+    c.writeFiles([...req.files, { path: lang.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
+    if (!lang.compile) return undefined;
+    const l = this.limitsFor(pool, req);
+    const wallMs = Math.min(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, pool.spec.limits.maxTimeoutMs);
+    return c.run({
+      argv: lang.compile,
+      env: {},
+      stdin: Buffer.alloc(0),
+      wallMs,
+      cpuMs: wallMs,
+      memoryMb: pool.spec.limits.memoryMb,
+      maxOutputBytes: 1024 * 1024,
+      fileSizeBytes: Math.max(l.fileSizeBytes, 256 * 1024 * 1024),
+      tmpfsBytes: Math.max(l.tmpfsBytes, 256 * 1024 * 1024),
+      cpu: l.cpu,
+    });
+  }
+
+  private async runIn(c: PoolContainer, pool: Pool, req: InvokeRequest, queueMs: number): Promise<InvokeResult> {
+    const l = this.limitsFor(pool, req);
+    const base = { pool: pool.spec.name, queueMs: Math.round(queueMs * 1000) / 1000 };
+    try {
+      let argv = req.cmd;
+      let compile: StepResult | undefined;
+      if (req.language !== undefined) {
+        compile = await this.compile(c, pool, req);
+        if (compile !== undefined && compile.status !== 'ok') {
+          return { ...compile, compile, phase: 'compile', ...base };
+        }
+        argv = LANGUAGES[req.language].run;
+      } else {
+        c.writeFiles(req.files);
+      }
+      const run = await c.run({ argv: argv!, env: req.env, stdin: req.stdin, ...l });
+      const result: InvokeResult = { ...run, phase: 'run', ...base };
+      if (compile !== undefined) result.compile = compile;
+      if (req.fetchFiles.length > 0 && run.status !== 'internal_error') result.files = c.readFiles(req.fetchFiles, FETCH_FILE_LIMIT);
+      return result;
+    } catch (err) {
+      const e = asWarrenError(err);
+      if (e.status < 500) throw e;
+      this.opts.log(`fncall: invocation in ${c.id} failed: ${e.code}: ${e.message}`);
+      return { ...internalError(e.message), phase: 'run', ...base };
+    }
+  }
+
+  // ---------------------------------------------------------------- judge
+
+  judge(poolName: string, account: string, req: JudgeRequest): Promise<JudgeResult> {
+    return inSpan('warren.fncall.judge', { 'warren.fncall.pool': poolName, 'warren.fncall.language': req.language, 'warren.fncall.tests': req.tests.length }, async (span) => {
+      const r = await this.withContainer(poolName, account, { wait: false }, async (c, _q, pool) => {
+        const base: JudgeResult = { verdict: 'AC', passed: 0, total: req.tests.length, ran: 0, tests: [], maxWallMs: 0, maxCpuMs: 0, maxMemPeakBytes: 0, pool: poolName };
+        const inv: InvokeRequest = { code: req.code, language: req.language, files: [], stdin: Buffer.alloc(0), env: {}, fetchFiles: [] };
+        for (const k of ['timeoutMs', 'cpuMs', 'memoryMb', 'maxOutputBytes', 'compileTimeoutMs'] as const) if (req[k] !== undefined) inv[k] = req[k];
+        const l = this.limitsFor(pool, inv);
+        let compile: StepResult | undefined;
+        try {
+          compile = await this.compile(c, pool, inv);
+        } catch (err) {
+          const e = asWarrenError(err);
+          if (e.status < 500) throw e;
+          compile = internalError(e.message);
+        }
+        if (compile !== undefined) base.compile = compile;
+        if (compile !== undefined && compile.status !== 'ok') {
+          base.verdict = compile.status === 'internal_error' ? 'IE' : 'CE';
+          return base;
+        }
+        const argv = LANGUAGES[req.language].run;
+        for (const [index, t] of req.tests.entries()) {
+          let run: StepResult;
+          try {
+            run = await c.run({ argv, env: {}, stdin: t.stdin, ...l });
+          } catch (err) {
+            run = internalError(asWarrenError(err).message);
+          }
+          // Between tests of one submission: no process survives, files (the binary) stay.
+          if (!(await c.killLeftovers())) run = internalError('processes survived the kill');
+          let verdict = verdictOf(run.status);
+          if (verdict === 'AC' && !check(req.checker, run.stdout, t.expected)) verdict = 'WA';
+          const tr: JudgeTestResult = {
+            index,
+            verdict,
+            status: run.status,
+            exitCode: run.exitCode,
+            signal: run.signal,
+            wallMs: run.wallMs,
+            cpuMs: run.cpuMs,
+            memPeakBytes: run.memPeakBytes,
+            stdout: run.stdout.slice(0, 1024),
+            stderr: run.stderr.slice(0, 1024),
+          };
+          base.tests.push(tr);
+          base.ran++;
+          base.maxWallMs = Math.max(base.maxWallMs, run.wallMs);
+          base.maxCpuMs = Math.max(base.maxCpuMs, run.cpuMs);
+          base.maxMemPeakBytes = Math.max(base.maxMemPeakBytes, run.memPeakBytes);
+          if (verdict === 'AC') base.passed++;
+          else {
+            if (base.verdict === 'AC') base.verdict = verdict;
+            if (req.stopOnFirstFailure) break;
+          }
+          if (run.status === 'internal_error') break;
+        }
+        return base;
+      });
+      span.setAttribute('warren.fncall.verdict', r.verdict);
+      return r;
+    });
+  }
+
+  // ---------------------------------------------------------------- batch
+
+  /**
+   * Many invocations, at most `concurrency` at a time (default: the pool's max):
+   * the batch waits for containers instead of being refused, so it never floods
+   * the pool's queue. Results come back in request order; an invocation that
+   * fails before running has `{ error: { code, message } }` in its place.
+   */
+  async batch(poolName: string, account: string, reqs: InvokeRequest[], concurrency?: number): Promise<Array<InvokeResult | { error: { code: string; message: string } }>> {
+    const pool = this.pool(poolName);
+    const width = Math.max(1, Math.min(concurrency ?? pool.spec.max, pool.spec.max, this.accountConcurrency));
+    const out: Array<InvokeResult | { error: { code: string; message: string } }> = new Array(reqs.length);
+    let next = 0;
+    await inSpan('warren.fncall.batch', { 'warren.fncall.pool': poolName, 'warren.fncall.size': reqs.length }, () =>
+      Promise.all(
+        Array.from({ length: Math.min(width, reqs.length) }, async () => {
+          for (;;) {
+            const i = next++;
+            if (i >= reqs.length) return;
+            try {
+              out[i] = await this.invoke(poolName, account, reqs[i]!, { wait: true });
+            } catch (err) {
+              const e = asWarrenError(err);
+              out[i] = { error: { code: e.code, message: e.message } };
+            }
+          }
+        }),
+      ),
+    );
+    return out;
+  }
+
+  /** Wait until a pool has `min` warm containers. */
+  waitWarm(name: string, timeoutMs?: number): Promise<void> {
+    return this.pool(name).waitWarm(timeoutMs);
+  }
+
+  async close(): Promise<void> {
+    const pools = [...this.pools.values()];
+    this.pools.clear();
+    await Promise.all(pools.map((p) => p.close()));
+  }
+}
