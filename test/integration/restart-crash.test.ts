@@ -4,47 +4,21 @@
  * on the same data dir re-adopts everything.
  */
 import test from 'ava';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
-import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { skipReason } from '../../src/features';
 import { WarrenClient } from '../../src/sdk';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
+import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { removeTree } from '../../src/shim/layers/sys';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
 const it = skip === null ? test : test.skip;
 const why = skip === null ? '' : ` (skipped: ${skip})`;
-const CLI = resolve(__dirname, '../../src/cli/main.js');
 
-function startUp(dataDir: string, nodeId: string): Promise<{ child: ChildProcess; url: string }> {
-  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  return new Promise((resolveUrl, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error(`warren up did not start: ${out}`)), 30_000);
-    const onData = (c: Buffer) => {
-      out += c.toString();
-      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolveUrl({ child, url: m[1]! });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.on('exit', (code) => reject(new Error(`warren up exited ${code}: ${out}`)));
-  });
-}
-
-function kill9(child: ChildProcess): Promise<void> {
-  return new Promise((r) => {
-    child.once('exit', () => r());
-    child.kill('SIGKILL');
-  });
-}
+const startUp = (dataDir: string, nodeId: string) => startWarrenProcess(dataDir, nodeId);
 
 it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-crash-'));
@@ -99,7 +73,7 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) =
   } finally {
     if (child) await kill9(child);
     await client?.close();
-    // sandboxes that survived a failed run: a fresh node on the same data dir deletes them
-    await rm(dataDir, { recursive: true, force: true }).catch(() => undefined);
+    // unmounts the layers the node left mounted, then deletes the data dir
+    removeTree(dataDir);
   }
 });

@@ -1,0 +1,231 @@
+/**
+ * Pause and resume at the cgroup level: freeze, then give the memory back.
+ *
+ * - cgroup v2: `cgroup.freeze`, `memory.swap.max` raised from 0 to the
+ *   sandbox's limit, then `memory.reclaim` of the group's whole usage (swap or
+ *   zswap takes the anonymous pages; EAGAIN only means "not all of it").
+ *   Resume sets `memory.swap.max` back to 0.
+ * - cgroup v1: the freezer, then lower `memory.limit_in_bytes` as far as the
+ *   kernel lets it: the write reclaims synchronously (anonymous pages go to
+ *   swap, e.g. a zram device, page cache is dropped) and fails with EBUSY when
+ *   the group cannot get under the new limit; we then settle just above what
+ *   is left. memory+swap (`memory.memsw.limit_in_bytes`) stays at the
+ *   sandbox's limit, so swapped pages never exceed what the sandbox was given.
+ *
+ * Resume restores the limit and thaws; pages come back from swap on touch.
+ *
+ * The reclaiming writes block in the kernel for as long as reclaim takes
+ * (about a second for 200 MiB), so they are done with asynchronous file
+ * writes on the libuv thread pool, never on the event loop. Freezing and
+ * thawing go through the native helper.
+ */
+import { readFileSync } from 'node:fs';
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { WarrenError } from '../../errors';
+import { native } from '../../native';
+
+const MIB = 1024 * 1024;
+const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,62}$/;
+
+export interface PauseReport {
+  /** Memory charged to the sandbox before and after (bytes). */
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  releasedBytes: number;
+  /** Bytes of the sandbox in swap after the pause (v1 memsw - usage; v2 memory.swap.current), when known. */
+  swapBytes: number | null;
+  /** How memory was given back. */
+  reclaim: 'memory.reclaim' | 'limit' | 'none';
+  /** Why nothing (or less) was reclaimed, when that is the case. */
+  note?: string;
+  /** The v1 limit held while paused (bytes), to be restored by resume. */
+  pausedLimitBytes?: number;
+  freezeMs: number;
+  reclaimMs: number;
+  durationMs: number;
+}
+
+export interface ResumeReport {
+  thawMs: number;
+  durationMs: number;
+}
+
+/**
+ * The kernel operations pause and resume use; the default is the native
+ * helper plus cgroup file writes. Tests substitute a fake cgroup tree to check
+ * the v2 path on v1 hosts (and the EBUSY fallback of the v1 path).
+ */
+export interface CgroupOps {
+  layout(): { version: 1 | 2; roots: Record<string, string> };
+  memoryCurrent(id: string): number;
+  freeze(id: string, frozen: boolean): void;
+  write(path: string, value: string): Promise<void>;
+  read(path: string): Promise<string>;
+  swapTotal(): number;
+}
+
+export const nativeCgroupOps: CgroupOps = {
+  layout: () => native.cgroupLayout(),
+  memoryCurrent: (id) => native.cgroupStats(id).memoryCurrentBytes,
+  freeze: (id, frozen) => native.cgroupFreeze(id, frozen),
+  write: (path, value) => writeFile(path, value),
+  read: (path) => readFile(path, 'utf8'),
+  swapTotal: () => swapTotalBytes(),
+};
+
+function check(id: string): void {
+  if (!SANDBOX_ID_RE.test(id)) throw new WarrenError('INVALID_ID', `invalid sandbox id ${JSON.stringify(id)}`);
+}
+
+function memoryDir(ops: CgroupOps, id: string): { version: 1 | 2; dir: string } {
+  const layout = ops.layout();
+  const root = layout.version === 2 ? layout.roots.unified ?? layout.roots.memory : layout.roots.memory;
+  if (root === undefined) throw new WarrenError('NOT_SUPPORTED', 'no memory cgroup controller on this node');
+  return { version: layout.version, dir: join(root, id) };
+}
+
+async function readNumber(ops: CgroupOps, path: string): Promise<number | null> {
+  try {
+    const text = (await ops.read(path)).trim();
+    if (text === 'max') return Number.MAX_SAFE_INTEGER;
+    const n = Number(text);
+    return Number.isFinite(n) ? n : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Total swap space on this node (bytes), from /proc/swaps. */
+export function swapTotalBytes(): number {
+  try {
+    return readFileSync('/proc/swaps', 'utf8')
+      .split('\n')
+      .slice(1)
+      .filter((l) => l.trim() !== '')
+      .reduce((n, l) => n + Number(l.split(/\s+/)[2] ?? 0) * 1024, 0);
+  } catch {
+    return 0;
+  }
+}
+
+function errnoOf(err: unknown): string | undefined {
+  return (err as NodeJS.ErrnoException).code;
+}
+
+/**
+ * Freeze the sandbox's cgroup and push its memory out. `limitBytes` is the
+ * sandbox's configured memory limit (restored by resume).
+ */
+export async function pauseCgroup(id: string, limitBytes: number, opts: { reclaim?: boolean; ops?: CgroupOps } = {}): Promise<PauseReport> {
+  check(id);
+  const ops = opts.ops ?? nativeCgroupOps;
+  const started = performance.now();
+  const { version, dir } = memoryDir(ops, id);
+  const before = ops.memoryCurrent(id);
+  ops.freeze(id, true);
+  const frozen = performance.now();
+  let reclaim: PauseReport['reclaim'] = 'none';
+  let note: string | undefined;
+  let pausedLimitBytes: number | undefined;
+  try {
+    if (opts.reclaim === false) {
+      note = 'reclaim not requested';
+    } else if (version === 2) {
+      reclaim = 'memory.reclaim';
+      // Sandboxes run with memory.swap.max = 0; while paused they may swap up to their limit.
+      await ops.write(join(dir, 'memory.swap.max'), String(limitBytes)).catch(() => undefined);
+      try {
+        await ops.write(join(dir, 'memory.reclaim'), String(Math.max(before, MIB)));
+      } catch (err) {
+        if (errnoOf(err) === 'ENOENT') {
+          reclaim = 'none';
+          note = 'memory.reclaim is missing (kernel < 5.19)';
+        } else if (errnoOf(err) !== 'EAGAIN') throw err;
+        // EAGAIN: could not reclaim all of it (no swap for anonymous pages); what went, went.
+      }
+      if (ops.swapTotal() === 0) note = 'no swap on this node: only page cache was reclaimed';
+    } else if (ops.swapTotal() === 0) {
+      // Lowering the limit without swap can only drop page cache and takes the
+      // kernel's full retry loop to give up: not worth freezing longer for.
+      note = 'no swap on this node (enable a zram swap device): memory stays resident';
+    } else {
+      reclaim = 'limit';
+      pausedLimitBytes = await lowerLimitV1(ops, dir, limitBytes);
+    }
+  } catch (err) {
+    // Leave the sandbox as it was.
+    if (pausedLimitBytes !== undefined) await ops.write(join(dir, 'memory.limit_in_bytes'), String(limitBytes)).catch(() => undefined);
+    ops.freeze(id, false);
+    throw err instanceof WarrenError ? err : new WarrenError('CGROUP_ERROR', `reclaiming memory of ${id}: ${(err as Error).message}`);
+  }
+  const reclaimed = performance.now();
+  const after = ops.memoryCurrent(id);
+  let swapBytes: number | null = null;
+  if (version === 1) {
+    const memsw = await readNumber(ops, join(dir, 'memory.memsw.usage_in_bytes'));
+    const usage = await readNumber(ops, join(dir, 'memory.usage_in_bytes'));
+    if (memsw !== null && usage !== null) swapBytes = Math.max(0, memsw - usage);
+  } else {
+    swapBytes = await readNumber(ops, join(dir, 'memory.swap.current'));
+  }
+  const report: PauseReport = {
+    memoryBeforeBytes: before,
+    memoryAfterBytes: after,
+    releasedBytes: Math.max(0, before - after),
+    swapBytes,
+    reclaim,
+    freezeMs: round(frozen - started),
+    reclaimMs: round(reclaimed - frozen),
+    durationMs: round(performance.now() - started),
+  };
+  if (note !== undefined) report.note = note;
+  if (pausedLimitBytes !== undefined) report.pausedLimitBytes = pausedLimitBytes;
+  return report;
+}
+
+/**
+ * v1: ask for 1 MiB; when the kernel answers EBUSY (kernel memory, locked or
+ * unswappable pages stay), settle a little above what is left. Returns the
+ * limit now in force.
+ */
+async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Promise<number> {
+  const file = join(dir, 'memory.limit_in_bytes');
+  let target = MIB;
+  for (let attempt = 0; attempt < 4; attempt++) {
+    try {
+      await ops.write(file, String(target));
+      return target;
+    } catch (err) {
+      if (errnoOf(err) !== 'EBUSY') throw err;
+    }
+    const usage = (await readNumber(ops, join(dir, 'memory.usage_in_bytes'))) ?? limitBytes;
+    target = Math.ceil((usage + (attempt + 1) * MIB) / (64 * 1024)) * 64 * 1024;
+    if (target >= limitBytes) break;
+  }
+  await ops.write(file, String(limitBytes));
+  return limitBytes;
+}
+
+/** Restore the memory limit and thaw. */
+export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBytes: number | undefined, ops: CgroupOps = nativeCgroupOps): Promise<ResumeReport> {
+  check(id);
+  const started = performance.now();
+  const { version, dir } = memoryDir(ops, id);
+  if (version === 1 && pausedLimitBytes !== undefined && pausedLimitBytes !== limitBytes) {
+    // memsw stayed at limitBytes, so raising memory back to it is always allowed.
+    await ops.write(join(dir, 'memory.limit_in_bytes'), String(limitBytes));
+  }
+  if (version === 2) {
+    // Pages already in swap stay there until touched; no new swap-out once running again.
+    await ops.write(join(dir, 'memory.swap.max'), '0').catch(() => undefined);
+  }
+  const t = performance.now();
+  ops.freeze(id, false);
+  const now = performance.now();
+  return { thawMs: round(now - t), durationMs: round(now - started) };
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 1000) / 1000;
+}

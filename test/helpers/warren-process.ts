@@ -1,0 +1,43 @@
+/**
+ * A real `warren up` in a child process, for tests that kill -9 the gateway
+ * and start it again on the same data dir.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { resolve } from 'node:path';
+
+const CLI = resolve(__dirname, '../../src/cli/main.js');
+
+export interface WarrenProcess {
+  child: ChildProcess;
+  url: string;
+}
+
+export function startWarrenProcess(dataDir: string, nodeId: string, extraArgs: string[] = [], log?: string[]): Promise<WarrenProcess> {
+  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId, ...extraArgs], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return new Promise((resolveUrl, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error(`warren up did not start: ${out}`)), 30_000);
+    const onData = (c: Buffer) => {
+      out += c.toString();
+      log?.push(c.toString());
+      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolveUrl({ child, url: m[1]! });
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', onData);
+    child.on('exit', (code) => reject(new Error(`warren up exited ${code}: ${out}`)));
+  });
+}
+
+export function kill9(child: ChildProcess): Promise<void> {
+  return new Promise((r) => {
+    if (child.exitCode !== null || child.signalCode !== null) return r();
+    child.once('exit', () => r());
+    child.kill('SIGKILL');
+  });
+}

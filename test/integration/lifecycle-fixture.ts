@@ -1,0 +1,109 @@
+/**
+ * Fixtures for the lifecycle tests: a static "memhog" program that holds N MiB
+ * of anonymous memory filled with a known pattern and checks it on SIGUSR1,
+ * and a real zram swap device that is always removed afterwards.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ZramSwap } from '../../src/shim/lifecycle/swap';
+
+const MEMHOG_C = String.raw`
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* memhog MiB statusfile [random%]: every 4 KiB page gets random% of pseudo-random bytes
+   (xorshift, seeded by the page number) and a constant fill after that, so the
+   compressibility is known; SIGUSR1 re-reads every page and reports ok/bad. */
+static volatile sig_atomic_t check = 0;
+static void on_usr1(int s) { (void)s; check = 1; }
+static void fill(unsigned char *pg, size_t page, size_t nrand) {
+  uint64_t x = page * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t j = 0; j < nrand; j++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; pg[j] = (unsigned char)x; }
+  memset(pg + nrand, (int)(page * 7 % 251), 4096 - nrand);
+}
+int main(int argc, char **argv) {
+  if (argc < 3) return 2;
+  size_t mib = strtoul(argv[1], 0, 10), n = mib << 20, pct = argc > 3 ? strtoul(argv[3], 0, 10) : 0;
+  size_t nrand = 4096 * (pct > 100 ? 100 : pct) / 100;
+  unsigned char *p = malloc(n), ref[4096];
+  if (!p) return 3;
+  for (size_t i = 0; i < n / 4096; i++) fill(p + i * 4096, i, nrand);
+  signal(SIGUSR1, on_usr1);
+  FILE *f = fopen(argv[2], "w"); fprintf(f, "ready\n"); fclose(f);
+  for (;;) {
+    usleep(20000);
+    if (!check) continue;
+    check = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n / 4096; i++) { fill(ref, i, nrand); if (memcmp(ref, p + i * 4096, 4096)) bad++; }
+    f = fopen(argv[2], "w"); fprintf(f, bad ? "bad %zu\n" : "ok\n", bad); fclose(f);
+  }
+}
+`;
+
+let memhogPath: string | null = null;
+
+/** A static binary: `memhog MiB statusfile [random%]` (writes "ready", then "ok"/"bad N" after each SIGUSR1). */
+export function memhogBinary(): Buffer {
+  if (memhogPath === null) {
+    const dir = mkdtempSync(join(tmpdir(), 'warren-memhog-'));
+    writeFileSync(join(dir, 'memhog.c'), MEMHOG_C);
+    execFileSync('gcc', ['-O1', '-static', '-o', join(dir, 'memhog'), join(dir, 'memhog.c')]);
+    memhogPath = join(dir, 'memhog');
+    process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+  }
+  return readFileSync(memhogPath);
+}
+
+export function memhogSkipReason(): string | null {
+  try {
+    memhogBinary();
+    return null;
+  } catch (err) {
+    return `cannot build the memhog fixture with gcc -static: ${(err as Error).message.split('\n')[0]}`;
+  }
+}
+
+/** Run `fn` with a real zram swap device of `mb` MiB; the device is swapped off and removed afterwards. */
+export async function withZramSwap<T>(mb: number, fn: (swap: ZramSwap) => Promise<T>): Promise<T> {
+  const stateDir = mkdtempSync(join(tmpdir(), 'warren-zram-'));
+  const swap = new ZramSwap(stateDir);
+  await swap.setup({ sizeBytes: mb * 1024 * 1024 });
+  try {
+    return await fn(swap);
+  } finally {
+    const dev = swap.devicePath!;
+    await swap.teardown();
+    rmSync(stateDir, { recursive: true, force: true });
+    if (readFileSync('/proc/swaps', 'utf8').includes(dev)) throw new Error(`${dev} is still a swap device`);
+    if (existsSync(`/sys/block/${dev.slice(5)}`)) throw new Error(`${dev} was not removed`);
+  }
+}
+
+export function zramSkipReason(): string | null {
+  const s = ZramSwap.supported();
+  return s.ok ? null : s.reason!;
+}
+
+/**
+ * A busybox root with a /work tree to modify and delete from (sandboxes may
+ * write under /work, /root, /tmp, /home with the default confinement profile):
+ * /work/app/{keep.txt, modify.txt, delete.txt, deldir/x, opaque/{a,b}}.
+ */
+export async function packBaseRootfs(): Promise<string> {
+  const { busyboxRootfs } = await import('../helpers/warren');
+  const dir = mkdtempSync(join(tmpdir(), 'warren-packbase-'));
+  execFileSync('cp', ['-a', '--no-target-directory', await busyboxRootfs(), dir]);
+  const app = join(dir, 'work', 'app');
+  for (const d of ['deldir', 'opaque']) execFileSync('mkdir', ['-p', join(app, d)]);
+  for (const [f, text] of Object.entries({ 'keep.txt': 'keep', 'modify.txt': 'original', 'delete.txt': 'doomed', 'deldir/x': 'x', 'opaque/a': 'a', 'opaque/b': 'b' })) {
+    writeFileSync(join(app, f), `${text}\n`);
+  }
+  process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}

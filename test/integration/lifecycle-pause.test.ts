@@ -1,0 +1,101 @@
+/**
+ * Pause gives memory back (freeze + reclaim into a real zram swap device) and
+ * resume restores everything: processes (a memory pattern intact, a background
+ * counter that keeps counting), files and shell sessions. Requests to a paused
+ * sandbox resume it transparently; a label selector pauses a whole job.
+ */
+import test from 'ava';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { skipReason } from '../../src/features';
+import { countHostResources, spec, withShim } from '../helpers/warren';
+import { memhogBinary, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
+
+const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer') ?? zramSkipReason() ?? memhogSkipReason();
+const it = skip === null ? test.serial : test.skip;
+const why = skip === null ? '' : ` (skipped: ${skip})`;
+const MIB = 1024 * 1024;
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+it(`pause releases the memory of a sandbox holding 200 MiB and resume restores it exactly${why}`, async (t) => {
+  await withZramSwap(1024, async (swap) => {
+    await withShim(t, async ({ shim, dataDir }) => {
+      const sb = await shim.createSandbox(spec({ memoryMb: 512 }));
+      t.log(`sandbox ${sb.id}`);
+      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
+      await shim.exec(sb.id, { cmd: '(memhog 200 /tmp/hog 50 >/dev/null 2>&1 &); (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &); echo keep > /root/file' });
+      for (let i = 0; i < 200 && (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout !== 'ready\n'; i++) await sleep(50);
+      const session = await shim.openSession(sb.id, { mode: 'command' });
+      t.is((await session.run('c1', 'cd /root && export PAUSED=no')).exitCode, 0);
+
+      const paused = await shim.pauseSandbox(sb.id);
+      t.log(`pause: ${JSON.stringify(paused)}`);
+      t.is(paused.state, 'paused');
+      t.is(paused.reclaim === 'limit' || paused.reclaim === 'memory.reclaim', true);
+      t.true(paused.memoryBeforeBytes > 200 * MIB, `before: ${paused.memoryBeforeBytes}`);
+      t.true(paused.releasedBytes > 180 * MIB, `released ${(paused.releasedBytes / MIB).toFixed(1)} MiB`);
+      t.true(paused.memoryAfterBytes < 24 * MIB, `after: ${(paused.memoryAfterBytes / MIB).toFixed(1)} MiB`);
+      t.is(shim.getSandbox(sb.id).state, 'paused');
+      const usage = await swap.usage();
+      t.true(usage !== null && usage.origDataBytes > 150 * MIB, `zram holds ${JSON.stringify(usage)}`);
+
+      // Frozen: the counter does not move while paused (read from the host, which does not resume it).
+      const upperCount = () => readFileSync(join(dataDir, 'sandboxes', sb.id, 'upper', 'tmp', 'count'), 'utf8');
+      const frozenAt = upperCount();
+      await sleep(300);
+      t.is(upperCount(), frozenAt, 'nothing runs while paused');
+      t.is(shim.getSandbox(sb.id).state, 'paused', 'reading metadata does not resume');
+      t.true(Number((await shim.readFile(sb.id, '/tmp/count', 100)).toString()) >= Number(frozenAt));
+      t.is(shim.getSandbox(sb.id).state, 'running', 'a file request resumed it transparently');
+
+      // Pause again and let a session command resume it.
+      await shim.pauseSandbox(sb.id);
+      const count1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
+      await sleep(300);
+      const count2 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
+      t.true(count2 > count1, `the background counter keeps counting after resume (${count1} -> ${count2})`);
+      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n', 'all 200 MiB came back intact');
+      t.is((await shim.readFile(sb.id, '/root/file', 100)).toString(), 'keep\n');
+
+      await shim.pauseSandbox(sb.id);
+      const out: string[] = [];
+      session.onOutput((o) => void out.push(o.data.toString()));
+      const r = await session.run('c2', 'pwd; echo $PAUSED');
+      t.is(r.exitCode, 0);
+      await sleep(50);
+      t.true(out.join('').includes('/root\nno\n'), `session state survived: ${JSON.stringify(out.join(''))}`);
+      t.is(shim.getSandbox(sb.id).state, 'running');
+      session.detach();
+
+      const resumed = await shim.resumeSandbox(sb.id);
+      t.false(resumed.changed);
+      await shim.deleteSandbox(sb.id);
+    });
+  });
+});
+
+it(`a label selector pauses and resumes every sandbox of a job${why}`, async (t) => {
+  await withZramSwap(256, async () => {
+    await withShim(t, async ({ shim, dataDir }) => {
+      const a = await shim.createSandbox(spec({ labels: { job: 'j1' } }));
+      const b = await shim.createSandbox(spec({ labels: { job: 'j1' } }));
+      const c = await shim.createSandbox(spec({ labels: { job: 'j2' } }));
+      const results = await shim.pauseSandboxes({ labels: { job: 'j1' } });
+      t.deepEqual(results.map((r) => r.id).sort(), [a.id, b.id].sort());
+      t.is(shim.getSandbox(a.id).state, 'paused');
+      t.is(shim.getSandbox(b.id).state, 'paused');
+      t.is(shim.getSandbox(c.id).state, 'running');
+      const again = await shim.pauseSandboxes({ labels: { job: 'j1' } });
+      t.true(again.every((r) => !r.changed));
+      const resumed = await shim.resumeSandboxes({ labels: { job: 'j1' } });
+      t.true(resumed.every((r) => r.changed && r.state === 'running'));
+      // Deleting a paused sandbox works and leaves nothing.
+      await shim.pauseSandbox(a.id);
+      for (const s of [a, b, c]) await shim.deleteSandbox(s.id);
+      const left = countHostResources({ dataDir, idPrefix: `${a.id.split('-')[0]}-` });
+      t.is(left.processes, 0);
+      t.is(left.cgroups, 0);
+    });
+  });
+});

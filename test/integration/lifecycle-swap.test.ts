@@ -1,0 +1,45 @@
+/** Swap for paused sandboxes: a real zram device (adopted across restarts, removed by teardown) and zswap toggling. */
+import test from 'ava';
+import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ZramSwap, setZswap } from '../../src/shim/lifecycle/swap';
+import { rootSkipReason } from '../helpers/warren';
+import { zramSkipReason } from './lifecycle-fixture';
+
+const skip = rootSkipReason() ?? zramSkipReason();
+const it = skip === null ? test.serial : test.skip;
+const why = skip === null ? '' : ` (skipped: ${skip})`;
+const swaps = () => readFileSync('/proc/swaps', 'utf8');
+
+it(`a zram swap device is created, adopted by a restarted node, and removed without a trace${why}`, async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'warren-zramtest-'));
+  const first = new ZramSwap(dir);
+  try {
+    const st = await first.setup({ sizeBytes: 64 * 1024 * 1024 });
+    const dev = `/dev/zram${st.device}`;
+    t.true(swaps().includes(dev));
+    t.is(Number(readFileSync(`/sys/block/zram${st.device}/disksize`, 'utf8')), 64 * 1024 * 1024);
+    // a restarted gateway (same state dir) adopts the device instead of adding another
+    const second = new ZramSwap(dir);
+    t.is((await second.setup({ sizeBytes: 64 * 1024 * 1024 })).device, st.device);
+    await second.teardown();
+    t.false(swaps().includes(dev));
+    t.false(existsSync(`/sys/block/zram${st.device}`));
+    t.false(existsSync(join(dir, 'zram.json')));
+    await first.teardown(); // idempotent
+  } finally {
+    await first.teardown().catch(() => undefined);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+(skip === null && existsSync('/sys/module/zswap/parameters/enabled') ? test.serial : test.skip)(`zswap can be turned on and put back${why}`, async (t) => {
+  const before = await setZswap(true);
+  try {
+    t.regex(readFileSync('/sys/module/zswap/parameters/enabled', 'utf8'), /^[Y1]/);
+  } finally {
+    await setZswap(before);
+  }
+  t.is(/^[Y1]/.test(readFileSync('/sys/module/zswap/parameters/enabled', 'utf8')), before);
+});

@@ -1,0 +1,109 @@
+/**
+ * The pause/resume decisions against a fake cgroup: the cgroup v2 path
+ * (swap.max opened, memory.reclaim, EAGAIN tolerated, swap.max closed on
+ * resume) cannot run on this v1 host, and the v1 EBUSY fallback is hard to
+ * provoke for real. The real v1 path is tested in
+ * test/integration/lifecycle-pause.test.ts.
+ */
+import test from 'ava';
+import { type CgroupOps, pauseCgroup, resumeCgroup } from '../../src/shim/lifecycle/memory';
+
+const MIB = 1024 * 1024;
+
+function fake(version: 1 | 2, opts: { swap?: number; usage: number; after: number; busyBelow?: number; reclaimErr?: string }) {
+  const writes: Array<[string, string]> = [];
+  const frozen: boolean[] = [];
+  let usage = opts.usage;
+  const files: Record<string, string> = {
+    '/cg/s1/memory.swap.current': String(opts.usage - opts.after),
+    '/cg/s1/memory.memsw.usage_in_bytes': String(opts.usage),
+  };
+  const ops: CgroupOps = {
+    layout: () => ({ version, roots: (version === 2 ? { unified: '/cg' } : { memory: '/cg' }) as Record<string, string> }),
+    memoryCurrent: () => usage,
+    freeze: (_id, f) => void frozen.push(f),
+    async write(path, value) {
+      writes.push([path.replace('/cg/s1/', ''), value]);
+      if (path.endsWith('memory.reclaim')) {
+        usage = opts.after;
+        if (opts.reclaimErr) throw Object.assign(new Error(opts.reclaimErr), { code: opts.reclaimErr });
+      }
+      if (path.endsWith('memory.limit_in_bytes')) {
+        const v = Number(value);
+        if (opts.busyBelow !== undefined && v < opts.busyBelow) {
+          usage = opts.after;
+          throw Object.assign(new Error('EBUSY'), { code: 'EBUSY' });
+        }
+        if (v < opts.usage) usage = opts.after;
+      }
+    },
+    async read(path) {
+      if (path.endsWith('memory.usage_in_bytes')) return String(usage);
+      const f = files[path];
+      if (f === undefined) throw Object.assign(new Error('ENOENT'), { code: 'ENOENT' });
+      return f;
+    },
+    swapTotal: () => opts.swap ?? 1024 * MIB,
+  };
+  return { ops, writes, frozen };
+}
+
+test('v2: freeze, open swap.max to the limit, reclaim the whole usage; resume closes swap.max and thaws', async (t) => {
+  const f = fake(2, { usage: 200 * MIB, after: 3 * MIB });
+  const r = await pauseCgroup('s1', 512 * MIB, { ops: f.ops });
+  t.deepEqual(f.writes, [
+    ['memory.swap.max', String(512 * MIB)],
+    ['memory.reclaim', String(200 * MIB)],
+  ]);
+  t.deepEqual(f.frozen, [true]);
+  t.is(r.reclaim, 'memory.reclaim');
+  t.is(r.releasedBytes, 197 * MIB);
+  t.is(r.swapBytes, 197 * MIB);
+  t.is(r.note, undefined);
+  f.writes.length = 0;
+  await resumeCgroup('s1', 512 * MIB, r.pausedLimitBytes, f.ops);
+  t.deepEqual(f.writes, [['memory.swap.max', '0']]);
+  t.deepEqual(f.frozen, [true, false]);
+});
+
+test('v2: EAGAIN (could not reclaim everything) is not an error; no swap is reported', async (t) => {
+  const f = fake(2, { usage: 100 * MIB, after: 60 * MIB, reclaimErr: 'EAGAIN', swap: 0 });
+  const r = await pauseCgroup('s1', 256 * MIB, { ops: f.ops });
+  t.is(r.releasedBytes, 40 * MIB);
+  t.regex(r.note ?? '', /no swap/);
+  t.deepEqual(f.frozen, [true]);
+});
+
+test('v2: any other reclaim failure thaws the sandbox and throws CGROUP_ERROR', async (t) => {
+  const f = fake(2, { usage: 100 * MIB, after: 60 * MIB, reclaimErr: 'EIO' });
+  const err = await t.throwsAsync(pauseCgroup('s1', 256 * MIB, { ops: f.ops }));
+  t.is((err as { code?: string }).code, 'CGROUP_ERROR');
+  t.deepEqual(f.frozen, [true, false]);
+});
+
+test('v1: lower the limit to 1 MiB; on EBUSY settle just above what is left; resume restores the limit', async (t) => {
+  const f = fake(1, { usage: 200 * MIB, after: 3 * MIB, busyBelow: 4 * MIB });
+  const r = await pauseCgroup('s1', 512 * MIB, { ops: f.ops });
+  t.deepEqual(
+    f.writes.map(([k]) => k),
+    ['memory.limit_in_bytes', 'memory.limit_in_bytes'],
+  );
+  t.is(f.writes[0]![1], String(MIB));
+  t.is(Number(f.writes[1]![1]), 4 * MIB, 'usage (3 MiB) + 1 MiB, rounded to 64 KiB');
+  t.is(r.pausedLimitBytes, 4 * MIB);
+  t.is(r.reclaim, 'limit');
+  t.is(r.releasedBytes, 197 * MIB);
+  f.writes.length = 0;
+  await resumeCgroup('s1', 512 * MIB, r.pausedLimitBytes, f.ops);
+  t.deepEqual(f.writes, [['memory.limit_in_bytes', String(512 * MIB)]]);
+  t.deepEqual(f.frozen, [true, false]);
+});
+
+test('v1 without swap: freeze only, and say why', async (t) => {
+  const f = fake(1, { usage: 200 * MIB, after: 200 * MIB, swap: 0 });
+  const r = await pauseCgroup('s1', 512 * MIB, { ops: f.ops });
+  t.deepEqual(f.writes, []);
+  t.is(r.reclaim, 'none');
+  t.regex(r.note ?? '', /zram/);
+  t.is(r.pausedLimitBytes, undefined);
+});
