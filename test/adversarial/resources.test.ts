@@ -1,0 +1,111 @@
+/**
+ * Adversarial suite, part 2: resource exhaustion (research/security_anchors.md B.13-B.21).
+ * Each attack runs in sandbox A; the test asserts that A hits its own wall and that
+ * sandbox B (the neighbour) and the host are unaffected.
+ */
+import { statfsSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { native } from '../../src/native';
+import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
+import { box, sharedNode } from './helpers';
+
+// This file's policy: small rlimits so the walls are reachable quickly.
+const policyDir = mkdtempSync(join(tmpdir(), 'warren-policy-res-'));
+cpSync(BUNDLED_POLICY_DIR, policyDir, { recursive: true });
+writeFileSync(
+  join(policyDir, 'profiles.yaml'),
+  readFileSync(join(policyDir, 'profiles.yaml'), 'utf8').replace('fileSizeMb: 4096', 'fileSizeMb: 8').replace('openFiles: 4096', 'openFiles: 256'),
+);
+usePolicyStore(new PolicyStore(policyDir));
+
+const node = sharedNode(2, { memoryMb: 96, pids: 64, diskMb: 48 });
+const { it } = node;
+
+/** The neighbour still answers promptly and can use its disk. */
+async function neighbourHealthy(t: import('ava').ExecutionContext): Promise<void> {
+  const b = node.boxes[1]!;
+  const started = performance.now();
+  const r = await b.sh('echo alive; dd if=/dev/zero of=/tmp/n bs=1M count=4 2>/dev/null && rm /tmp/n && echo wrote');
+  t.is(r.stdout, 'alive\nwrote\n');
+  t.true(performance.now() - started < 5000, 'neighbour exec took more than 5 s');
+}
+
+it.serial('exhaustion: a fork bomb is stopped by pids.max; the neighbour and the host are unaffected', async (t) => {
+  const c = await box(node.shim, { memoryMb: 96, pids: 64, diskMb: 48 });
+  try {
+    const r = await c.sh('bomb() { bomb | bomb & }; bomb; sleep 3; echo survived', { timeoutMs: 8000 });
+    t.log(`bomb: ${r.status}`);
+    t.true(native.cgroupStats(c.id).pidsCurrent <= 64, `pids.current ${native.cgroupStats(c.id).pidsCurrent}`);
+    await neighbourHealthy(t);
+  } finally {
+    // the bombed sandbox can still be deleted
+    await node.shim.deleteSandbox(c.id);
+  }
+  t.false(native.cgroupExists(c.id));
+});
+
+it.serial('exhaustion: filling the writable layer gives ENOSPC inside the sandbox only; host free space unchanged', async (t) => {
+  const a = node.boxes[0]!;
+  const hostBefore = statfsSync('/var/lib').bavail * statfsSync('/var/lib').bsize;
+  // files of 7 MiB each (under this policy's 8 MiB RLIMIT_FSIZE) until the 48 MiB layer is full
+  const r = await a.sh('for i in $(seq 1 12); do dd if=/dev/zero of=/root/fill$i bs=1M count=7 2>&1 || { echo rc=1; break; }; done; df -m / | tail -1');
+  t.regex(r.stdout, /No space left on device/);
+  t.regex(r.stdout, /rc=1/);
+  const hostAfter = statfsSync('/var/lib').bavail * statfsSync('/var/lib').bsize;
+  t.true(hostBefore - hostAfter < 40 * 1024 * 1024, `host lost ${(hostBefore - hostAfter) >> 20} MiB`);
+  await neighbourHealthy(t);
+  await a.sh('rm -f /root/fill*');
+});
+
+it.serial('exhaustion: millions of empty files run out of inodes inside the sandbox only', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.sh('mkdir -p /tmp/many && cd /tmp/many && i=0; while [ $i -lt 40 ]; do seq -f "f$i-%g" 1 500 | xargs touch 2>/dev/null || { echo full; break; }; i=$((i+1)); done; ls | wc -l', { timeoutMs: 60_000 });
+  t.regex(r.stdout, /full/);
+  await neighbourHealthy(t);
+  await a.sh('rm -rf /tmp/many');
+});
+
+it.serial('exhaustion: a file larger than RLIMIT_FSIZE is cut at the limit (SIGXFSZ)', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.sh('dd if=/dev/zero of=/tmp/big bs=1M count=20 2>/dev/null; echo rc=$?; ls -l /tmp/big; ulimit -f', { timeoutMs: 20_000 });
+  t.regex(r.stdout, /rc=(153|1)\b/); // 128 + SIGXFSZ(25), or EFBIG
+  t.regex(r.stdout, / 8388608 /);
+  await a.sh('rm -f /tmp/big');
+});
+
+it.serial('exhaustion: fd exhaustion stops at RLIMIT_NOFILE with EMFILE', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.attack('fds');
+  t.regex(r.out, /^OPENED 25\d EMFILE$/);
+  await neighbourHealthy(t);
+});
+
+it.serial('exhaustion: a memory balloon is OOM-killed inside its cgroup and reported as oom', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.sh('head -c 400m /dev/zero | tail -c 300m > /dev/null', { timeoutMs: 30_000 });
+  t.true(native.cgroupStats(a.id).oomKills > 0, `status ${r.status}`);
+  await neighbourHealthy(t);
+  t.is((await a.sh('echo still-here')).stdout, 'still-here\n');
+});
+
+it.serial('exhaustion: /dev/shm is bounded (ENOSPC), not host memory', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.sh('for i in $(seq 1 12); do dd if=/dev/zero of=/dev/shm/x$i bs=1M count=7 2>&1 || break; done; rm -f /dev/shm/x*');
+  t.regex(r.stdout, /No space left on device/);
+});
+
+it.serial('exhaustion: a stdout flood is truncated with a flag; the caller keeps bounded memory', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await node.shim.exec(a.id, { cmd: 'head -c 50000000 /dev/zero', maxOutputBytes: 1 << 20, timeoutMs: 30_000 });
+  t.true(r.truncated);
+  t.is(r.stdout.length, 1 << 20);
+});
+
+it.serial('exhaustion: a busy loop past its timeout is killed with status timeout', async (t) => {
+  const a = node.boxes[0]!;
+  const r = await a.sh('while :; do :; done', { timeoutMs: 500 });
+  t.is(r.status, 'timeout');
+  await neighbourHealthy(t);
+});
