@@ -10,7 +10,9 @@
         "native/helper/src/nsexec.c",
         "native/helper/src/rootfs.c",
         "native/helper/src/misc.c",
-        "native/helper/src/clone.c"
+        "native/helper/src/clone.c",
+        "native/helper/src/confine.c",
+        "native/helper/src/seccomp.c"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",

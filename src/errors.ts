@@ -18,6 +18,8 @@ export const ErrorCodes = {
   ARCHIVE_ESCAPE: 400,
   INVALID_ARCHIVE: 400,
   LIMIT_OUT_OF_RANGE: 400,
+  /** A security policy file is malformed, half-written, symlinked or contradictory (issue 5). */
+  POLICY_INVALID: 400,
   // 401/403: who you are and what you may do
   UNAUTHENTICATED: 401,
   FORBIDDEN: 403,
@@ -37,8 +39,12 @@ export const ErrorCodes = {
   // 413/429: too much
   PAYLOAD_TOO_LARGE: 413,
   RESOURCE_EXHAUSTED: 429,
+  /** An account quota (concurrent sandboxes, cpu, memory) would be exceeded. */
+  QUOTA_EXCEEDED: 429,
   // 501: this node or kernel cannot
   NOT_SUPPORTED: 501,
+  /** No confinement enforcer (AppArmor, Landlock) and seccomp here, and unconfined sandboxes are not allowed (issue 5). */
+  CONFINEMENT_UNAVAILABLE: 501,
   // 5xx: ours
   INTERNAL: 500,
   NATIVE_ERROR: 500,

@@ -96,7 +96,7 @@ function activeLsms(): string[] {
   return m ? m[1]!.split(',') : [];
 }
 
-function loadNative(): { coreSchedSupported(): boolean } | null {
+function loadNative(): { coreSchedSupported(): boolean; landlockAbi(): number; seccompSupported(): boolean; bpfLsmProbe(): number } | null {
   try {
     // eslint-disable-next-line @typescript-eslint/no-var-requires
     return (require('./native') as typeof import('./native')).native;
@@ -164,19 +164,37 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
       ? yes('each sandbox gets its own core-scheduling cookie when asked')
       : no('prctl(PR_SCHED_CORE) is refused by this kernel (EINVAL: built without CONFIG_SCHED_CORE)', 'SCHED_IDLE only; SMT siblings are shared between sandboxes');
   },
-  seccomp: () =>
-    /Seccomp:\s*\d/.test(readText('/proc/self/status') ?? '') ? yes() : no('kernel without CONFIG_SECCOMP', 'sandboxes rely on capabilities and namespaces only'),
+  // issue 5: probed by trying (through the native helper), not by reading securityfs (often not mounted).
+  seccomp: () => {
+    const n = loadNative();
+    if (n !== null) {
+      return n.seccompSupported()
+        ? yes('default filter (denylist, EPERM) on every sandbox process; see policies/seccomp.yaml')
+        : no('seccomp(SECCOMP_GET_ACTION_AVAIL) failed: kernel without CONFIG_SECCOMP_FILTER', 'sandboxes are refused unless the policy allows unconfined ones');
+    }
+    return /Seccomp:\s*\d/.test(readText('/proc/self/status') ?? '') ? yes() : no('kernel without CONFIG_SECCOMP', 'sandboxes rely on capabilities and namespaces only');
+  },
   landlock: () => {
-    const lsms = activeLsms();
-    if (lsms.includes('landlock')) return yes();
-    if (existsSync('/sys/kernel/security/landlock')) return yes();
-    return no('landlock is not an active LSM', 'another enforcer is needed');
+    const n = loadNative();
+    if (n === null) return no('native helper not loaded', 'cannot probe landlock_create_ruleset');
+    const abi = n.landlockAbi();
+    if (abi >= 1) return yes(`ABI ${abi}: filesystem rules${abi >= 6 ? ', signal and abstract-unix scoping' : ''} on every sandbox process (policies/profiles.yaml)`);
+    const why = abi === -38 ? 'ENOSYS: kernel built without CONFIG_SECURITY_LANDLOCK' : abi === -95 ? 'EOPNOTSUPP: landlock is not an active LSM (lsm= boot parameter)' : `landlock_create_ruleset failed (errno ${-abi})`;
+    return no(why, 'AppArmor is needed as the enforcer');
   },
   apparmor: () =>
     existsSync('/sys/module/apparmor/parameters/enabled') && (readText('/sys/module/apparmor/parameters/enabled') ?? '').startsWith('Y')
-      ? yes()
-      : no('AppArmor is not built into this kernel', 'profiles are compiled (apparmor_parser -Q) but not loaded'),
-  'bpf-lsm': () => (activeLsms().includes('bpf') ? yes() : no('bpf is not an active LSM', 'not used')),
+      ? yes('profiles in apparmor/ are loaded (apparmor_parser -r) and applied on exec')
+      : no('AppArmor is not built into this kernel', 'profiles are compiled (apparmor_parser -Q -K) in CI but not loaded; Landlock enforces their intent'),
+  'bpf-lsm': () => {
+    const n = loadNative();
+    const listed = activeLsms().includes('bpf');
+    if (n === null) return listed ? yes('listed as an active LSM') : no('bpf is not an active LSM', 'not used');
+    const r = n.bpfLsmProbe();
+    if (r === 0) return yes('BPF-LSM programs can be loaded; Warren ships none (Landlock + seccomp cover the policy)');
+    const name = r === -1 ? 'EPERM' : `errno ${-r}`;
+    return no(`BPF_PROG_LOAD of an LSM program is refused here (${name}${listed ? ', although bpf is an active LSM' : ''})`, 'not used; Landlock + seccomp enforce the policy');
+  },
   'memory-reclaim': () =>
     cgroupVersion() === 2 ? yes('memory.reclaim') : no('cgroup v1 has no memory.reclaim', 'pause lowers memory.limit_in_bytes to push pages to swap'),
   zram: () => (existsSync('/sys/class/zram-control') || existsSync('/sys/block/zram0') ? yes() : no('zram module not loaded', 'pause frees memory only where swap exists')),
@@ -187,7 +205,9 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
       execFileSync(bin, ['check'], { stdio: 'pipe', timeout: 10_000 });
       return yes();
     } catch (err) {
-      const out = String((err as { stderr?: Buffer }).stderr ?? '').split('\n').find((l) => l.trim() !== '') ?? 'criu check failed';
+      // criu prints generic "exited, status=1" lines first; the cause is the first line naming a subsystem.
+      const lines = String((err as { stderr?: Buffer }).stderr ?? '').split('\n').map((l) => l.trim()).filter(Boolean);
+      const out = lines.find((l) => !/exited, status=/.test(l)) ?? lines[0] ?? 'criu check failed';
       return no(out.trim(), 'hibernate is refused with NOT_SUPPORTED; pause (freeze + reclaim) still works');
     }
   },
@@ -198,8 +218,17 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
   'mkfs-erofs': () => (hasBinary('mkfs.erofs') ? yes() : no('erofs-utils is not installed', 'images cannot be imported')),
 };
 
+/** Features the operator masks (WARREN_FEATURES_DISABLE=landlock,apparmor): treated as missing (fallback testing, incident response). */
+function disabledByOperator(name: FeatureName): boolean {
+  return (process.env.WARREN_FEATURES_DISABLE ?? '').split(',').map((s) => s.trim()).includes(name);
+}
+
 export function feature(name: FeatureName): FeatureStatus {
   let status = cache.get(name);
+  if (status === undefined && disabledByOperator(name)) {
+    status = no('disabled by WARREN_FEATURES_DISABLE', 'treated as missing');
+    cache.set(name, status);
+  }
   if (status === undefined) {
     try {
       status = probes[name]();
@@ -242,6 +271,11 @@ export function containerBackendStatus(): { available: boolean; reason?: string 
 
 function backendStatus(backend: BackendName): { available: boolean; reason?: string } {
   if (backend === 'container') return containerBackendStatus();
+  if (backend === 'fncall') {
+    const c = containerBackendStatus();
+    // FnCall runs in warm containers and is reached through /v1/functions, not POST /v1/sandboxes.
+    return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code' } : c;
+  }
   return { available: false, reason: `${backend} backend is not implemented in this build` };
 }
 
@@ -262,8 +296,24 @@ export function featureReport(nodeId: string): FeatureReport {
     cgroup: { version, controllers, bpfHierarchy: bpf.supported ? (bpf.action ?? null) : null },
     features,
     backends,
-    enforcer: 'namespaces+capabilities+no_new_privs',
+    enforcer: activeEnforcer().description,
   };
+}
+
+/**
+ * issue 5: which LSM enforcer confines sandboxes here. AppArmor where the kernel has it, Landlock
+ * otherwise (both when both are there); BPF-LSM is probed and reported, never used.
+ */
+export function activeEnforcer(): { lsm: 'apparmor' | 'landlock' | 'apparmor+landlock' | 'none'; seccomp: boolean; landlockAbi: number; description: string } {
+  const aa = has('apparmor');
+  const n = loadNative();
+  const abi = n === null || !has('landlock') ? 0 : Math.max(0, n.landlockAbi());
+  const ll = abi >= 1;
+  const sc = has('seccomp');
+  const lsm = aa && ll ? 'apparmor+landlock' : aa ? 'apparmor' : ll ? 'landlock' : 'none';
+  const parts = [aa ? 'apparmor' : null, ll ? `landlock (ABI ${abi})` : null, sc ? 'seccomp' : null].filter((x) => x !== null);
+  const description = `${parts.length ? parts.join(' + ') : 'none'}; namespaces+capabilities+no_new_privs`;
+  return { lsm, seccomp: sc, landlockAbi: abi, description };
 }
 
 export function assertBackendAvailable(backend: BackendName): void {

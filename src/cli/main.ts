@@ -39,16 +39,24 @@ const USAGE = `usage: warren <command> [options]
 
 commands:
   up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID]
+     [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
-         [--workspace W]... [--toolkit T]...            prints the sandbox id
+         [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
+                                                        prints the sandbox id
   exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] -- CMD [ARG...]
   shell ID [--session S] [--mode pty|command]      interactive terminal (Ctrl-] detaches)
   ls [--label K=V]... [--json]
   rm ID...
   image ls [--json] | image import NAME PATH [--kind K] | image build NAME [--suite S] [--include PKG]...
   account create NAME [--role admin|builder|runtime]
-  doctor [--json]                                  what this node's kernel supports
+  doctor [--json]                                  what this node's kernel supports and which enforcer is active
+  policy validate [DIR] | apply | show             the security policy (docs/security.md)
+  fn pools|create|rm|invoke|judge ...              FnCall warm pools (warren fn --help)
+  pause|resume ID... | --label K=V...              freeze and give memory back / thaw (a job by label)
+  hibernate ID | extend ID (--seconds N|--ttl N)   CRIU checkpoint; push the ttl out
+  pack ID NAME [--scrub P]... [--publish] [--squash]   pack_diff: the sandbox's changes become an environment
+  env ls|publish|unpublish [NAME] | quota [ACCOUNT] [--sandboxes N] [--cpu N] [--memory MB]
   version
 
 connection: --url URL (or WARREN_URL, default ${DEFAULT_URL})
@@ -132,8 +140,15 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     listen: { type: 'string' },
     otlp: { type: 'string' },
     'allow-origin': { type: 'string', multiple: true },
+    'policy-dir': { type: 'string' },
     'no-default-image': { type: 'boolean' },
     'node-id': { type: 'string' },
+    'zram-swap-mb': { type: 'string' },
+    zswap: { type: 'boolean' },
+    scrub: { type: 'string', multiple: true },
+    'quota-sandboxes': { type: 'string' },
+    'quota-cpu': { type: 'string' },
+    'quota-memory': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -157,6 +172,15 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   if (values.otlp) opts.otlpEndpoint = values.otlp;
   if (values['node-id']) opts.nodeId = values['node-id'];
   if (values['allow-origin']) opts.allowedOrigins = values['allow-origin'];
+  if (values['policy-dir']) opts.policyDir = values['policy-dir'];
+  const zram = num(values, 'zram-swap-mb');
+  if (zram !== undefined || values.scrub || values.zswap) {
+    opts.lifecycle = { ...(zram !== undefined ? { zramSwapMb: zram } : {}), ...(values.scrub ? { scrub: values.scrub } : {}), ...(values.zswap ? { zswap: true } : {}) };
+  }
+  const qs = num(values, 'quota-sandboxes');
+  const qc = num(values, 'quota-cpu');
+  const qm = num(values, 'quota-memory');
+  if (qs !== undefined || qc !== undefined || qm !== undefined) opts.defaultQuota = { maxSandboxes: qs ?? null, maxCpu: qc ?? null, maxMemoryMb: qm ?? null };
   const warren = await startWarren(opts);
   progress.finish();
   io.out(`Warren is listening on ${warren.url}\n`);
@@ -199,6 +223,9 @@ async function cmdCreate(args: string[], io: Io): Promise<number> {
     label: { type: 'string', multiple: true },
     workspace: { type: 'string', multiple: true },
     toolkit: { type: 'string', multiple: true },
+    ttl: { type: 'string' },
+    idle: { type: 'string' },
+    'on-idle': { type: 'string' },
     json: { type: 'boolean' },
   });
   if (values.help) return usage(io);
@@ -220,6 +247,11 @@ async function cmdCreate(args: string[], io: Io): Promise<number> {
   if (values.label) req.labels = keyValues(values.label, 'label');
   if (values.workspace) req.workspaces = values.workspace;
   if (values.toolkit) req.toolkits = values.toolkit;
+  const ttl = num(values, 'ttl');
+  if (ttl !== undefined) req.ttlSeconds = ttl;
+  const idle = num(values, 'idle');
+  if (idle !== undefined) req.idleSeconds = idle;
+  if (values['on-idle']) req.onIdle = values['on-idle'] as CreateSandboxRequest['onIdle'];
   const client = clientFor(values, io);
   try {
     const sb = await client.createSandbox(req);
@@ -516,6 +548,18 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   account: cmdAccount,
   doctor: cmdDoctor,
   version: cmdVersion,
+  // FnCall (src/cli/fn.ts), loaded on use.
+  fn: async (args, io) => (await import('./fn')).cmdFn(args, io),
+  // Security policy (src/cli/policy.ts, issue 5), loaded on use.
+  policy: async (args, io) => (await import('./policy')).cmdPolicy(args, io),
+  // Lifecycle (src/cli/lifecycle.ts), loaded on use.
+  pause: async (args, io) => (await import('./lifecycle')).cmdPause(args, io),
+  resume: async (args, io) => (await import('./lifecycle')).cmdResume(args, io),
+  hibernate: async (args, io) => (await import('./lifecycle')).cmdHibernate(args, io),
+  extend: async (args, io) => (await import('./lifecycle')).cmdExtend(args, io),
+  pack: async (args, io) => (await import('./lifecycle')).cmdPack(args, io),
+  env: async (args, io) => (await import('./lifecycle')).cmdEnv(args, io),
+  quota: async (args, io) => (await import('./lifecycle')).cmdQuota(args, io),
 };
 
 /** Run the CLI; resolves with the exit code. */

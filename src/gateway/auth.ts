@@ -48,12 +48,22 @@ export const PERMISSIONS = {
   allSandboxes: ['admin'],
   /** manage accounts */
   accounts: ['admin'],
+  /** read and apply the security policy (issue 5) */
+  policy: ['admin'],
   /** import or build images */
   buildImages: ['admin', 'builder'],
   /** import images from paths on the host (reads host files) */
   importHostPaths: ['admin'],
   /** create sandboxes, exec, files, shells on own sandboxes */
   sandboxes: ['admin', 'builder', 'runtime'],
+  /** pack_diff a sandbox into a new environment */
+  packEnvironments: ['admin', 'builder'],
+  /** publish environments (make them usable by runtime accounts) */
+  publishEnvironments: ['admin', 'builder'],
+  /** create sandboxes from environments that are not published (own ones; admins: all) */
+  unpublishedEnvironments: ['admin', 'builder'],
+  /** set account quotas */
+  quotas: ['admin'],
 } as const satisfies Record<string, readonly Role[]>;
 
 export type Permission = keyof typeof PERMISSIONS;
@@ -79,6 +89,34 @@ interface TokenRow extends AccountRow {
   hash: Buffer;
 }
 
+/** Per-account limits on what it may hold at once; null = unlimited. */
+export interface Quota {
+  maxSandboxes: number | null;
+  maxCpu: number | null;
+  maxMemoryMb: number | null;
+}
+
+export const UNLIMITED: Quota = { maxSandboxes: null, maxCpu: null, maxMemoryMb: null };
+
+/** What an account holds now (live sandboxes: running, paused, hibernated, being created). */
+export interface Usage {
+  sandboxes: number;
+  cpu: number;
+  memoryMb: number;
+}
+
+/**
+ * Refuse (429 QUOTA_EXCEEDED, with the quota, the usage and the request in
+ * details) when adding `request` to `usage` would pass a limit of `quota`.
+ */
+export function checkQuota(quota: Quota, usage: Usage, request: { cpu: number; memoryMb: number }): void {
+  const fail = (what: string, limit: number, used: number, asked: number) =>
+    new WarrenError('QUOTA_EXCEEDED', `account quota exceeded: ${what} (limit ${limit}, in use ${used}, requested ${asked})`, { quota: what, limit, used, requested: asked });
+  if (quota.maxSandboxes !== null && usage.sandboxes + 1 > quota.maxSandboxes) throw fail('maxSandboxes', quota.maxSandboxes, usage.sandboxes, 1);
+  if (quota.maxCpu !== null && usage.cpu + request.cpu > quota.maxCpu + 1e-9) throw fail('maxCpu', quota.maxCpu, usage.cpu, request.cpu);
+  if (quota.maxMemoryMb !== null && usage.memoryMb + request.memoryMb > quota.maxMemoryMb) throw fail('maxMemoryMb', quota.maxMemoryMb, usage.memoryMb, request.memoryMb);
+}
+
 export class Auth {
   private readonly byHash;
   private readonly insertAccount;
@@ -100,6 +138,28 @@ export class Auth {
         WHERE a.role = 'admin' AND t.revoked_at IS NULL`,
     );
     this.listStmt = db.prepare('SELECT id, name, role, created_at FROM auth_accounts ORDER BY created_at, id');
+  }
+
+  /** The account's quota: its own row, else `fallback` (the gateway's default). */
+  quota(accountId: string, fallback: Quota = UNLIMITED): Quota {
+    const row = this.db.prepare('SELECT max_sandboxes, max_cpu, max_memory_mb FROM auth_quotas WHERE account_id = ?').get(accountId) as
+      | { max_sandboxes: number | null; max_cpu: number | null; max_memory_mb: number | null }
+      | undefined;
+    if (row === undefined) return fallback;
+    return { maxSandboxes: row.max_sandboxes, maxCpu: row.max_cpu, maxMemoryMb: row.max_memory_mb };
+  }
+
+  /** Set (merge) an account's quota. Throws NOT_FOUND for unknown accounts. */
+  setQuota(accountId: string, patch: Partial<Quota>, fallback: Quota = UNLIMITED): Quota {
+    if (!this.db.prepare('SELECT 1 FROM auth_accounts WHERE id = ?').get(accountId)) throw new WarrenError('NOT_FOUND', `no account ${accountId}`);
+    const q = { ...this.quota(accountId, fallback), ...patch };
+    this.db
+      .prepare(
+        `INSERT INTO auth_quotas (account_id, max_sandboxes, max_cpu, max_memory_mb) VALUES (?, ?, ?, ?)
+         ON CONFLICT(account_id) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_cpu = excluded.max_cpu, max_memory_mb = excluded.max_memory_mb`,
+      )
+      .run(accountId, q.maxSandboxes, q.maxCpu, q.maxMemoryMb);
+    return q;
   }
 
   /** The account a bearer token belongs to, or null. */
@@ -180,6 +240,12 @@ export function initAuth(db: Database): void {
       created_at TEXT NOT NULL,
       last_used_at TEXT,
       revoked_at TEXT
+    );
+    CREATE TABLE IF NOT EXISTS auth_quotas (
+      account_id TEXT PRIMARY KEY REFERENCES auth_accounts(id) ON DELETE CASCADE,
+      max_sandboxes INTEGER,
+      max_cpu REAL,
+      max_memory_mb INTEGER
     );
   `);
 }

@@ -8,7 +8,7 @@ import type { Request, Response } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { SandboxInfo, Shim } from '../shim/types';
 import { tracer } from '../telemetry';
-import { type Account, type Auth, bearerFromHeader, can } from './auth';
+import { type Account, type Auth, type Quota, bearerFromHeader, can } from './auth';
 import { type Log, publicError, writeError } from './http';
 import { type HostCapacity, validateSandboxId } from './validation';
 
@@ -20,6 +20,8 @@ export interface GatewayContext {
   uploadLimit: number;
   version: string;
   startedAt: number;
+  /** Quota of accounts that have none of their own (undefined: unlimited). */
+  defaultQuota?: Quota;
 }
 
 export function sandboxNotFound(id: string): WarrenError {

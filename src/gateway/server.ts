@@ -11,13 +11,16 @@ import HyperExpress from 'hyper-express';
 import type { Database } from '../state/db';
 import { WarrenError } from '../errors';
 import type { Shim } from '../shim/types';
-import { Auth } from './auth';
+import { Auth, type Quota } from './auth';
 import type { GatewayContext } from './context';
 import { DEFAULT_UPLOAD_LIMIT, type Log, sendError } from './http';
+import { registerEnvironmentRoutes } from './routes/environments';
 import { registerFileRoutes } from './routes/files';
+import { registerFunctionRoutes } from './routes/functions';
 import { registerImageRoutes } from './routes/images';
 import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerSystemRoutes } from './routes/system';
+import { registerPolicyRoutes } from './routes/policy';
 import { registerShellRoutes } from './ws-shell';
 
 export interface GatewayOptions {
@@ -32,6 +35,8 @@ export interface GatewayOptions {
   log?: (line: string) => void;
   /** Largest file or archive upload/download in bytes (default 256 MiB). */
   uploadLimitBytes?: number;
+  /** Quota of accounts without their own (concurrent sandboxes, cpu, memory); default unlimited. */
+  defaultQuota?: Quota;
 }
 
 export interface Gateway {
@@ -67,6 +72,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     version: warrenVersion(),
     startedAt: Date.now(),
   };
+  if (opts.defaultQuota !== undefined) ctx.defaultQuota = opts.defaultQuota;
 
   const app = new HyperExpress.Server({
     auto_close: false,
@@ -79,9 +85,12 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.set_error_handler((_req, res, err) => sendError(res, err, log, true));
 
   registerSystemRoutes(app, ctx);
+  registerPolicyRoutes(app, ctx); // issue 5
   registerSandboxRoutes(app, ctx);
   registerFileRoutes(app, ctx);
   registerImageRoutes(app, ctx);
+  registerEnvironmentRoutes(app, ctx);
+  registerFunctionRoutes(app, ctx);
   const shells = registerShellRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
 
   app.set_not_found_handler((req, res) => {

@@ -8,9 +8,11 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openDatabase } from '../state/db';
 import { openShim } from '../shim/node';
+import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
 import type { ImportProgress, Shim } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
-import { Auth } from './auth';
+import type { LifecycleOptions } from '../shim/lifecycle/manager';
+import { Auth, type Quota } from './auth';
 import { createGateway } from './server';
 
 export interface StartOptions {
@@ -26,6 +28,12 @@ export interface StartOptions {
   allowedOrigins?: string[];
   log?: (line: string) => void;
   nodeId?: string;
+  /** Lifetime policies, pause (zram swap), pack_diff scrub policy (src/shim/lifecycle). */
+  lifecycle?: LifecycleOptions;
+  /** Quota of accounts without their own. */
+  defaultQuota?: Quota;
+  /** issue 5: the security policy directory (default: the bundled policies/); audit log in <dataDir>/policy-audit.log. */
+  policyDir?: string;
 }
 
 export interface Warren {
@@ -44,6 +52,8 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     // Create the admin token before the (possibly long) default image build, so
     // the operator gets it even if the build fails.
     const adminToken = new Auth(db).ensureAdminToken(opts.dataDir);
+    // issue 5: the policy in force; an invalid policy directory stops the start (nothing to fall back to yet)
+    usePolicyStore(new PolicyStore(opts.policyDir ?? BUNDLED_POLICY_DIR, join(opts.dataDir, 'policy-audit.log')));
     const shimOpts: Parameters<typeof openShim>[0] = {
       dataDir: opts.dataDir,
       db,
@@ -51,12 +61,14 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       ensureDefaultImage: opts.ensureDefaultImage ?? true,
     };
     if (opts.nodeId !== undefined) shimOpts.nodeId = opts.nodeId;
+    if (opts.lifecycle !== undefined) shimOpts.lifecycle = opts.lifecycle;
     if (opts.log !== undefined) shimOpts.log = opts.log;
     shim = await openShim(shimOpts);
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
+    if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
     const gateway = await createGateway(gatewayOpts);
     const openShimRef = shim;
     let closing: Promise<void> | null = null;

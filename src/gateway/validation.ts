@@ -11,12 +11,11 @@
  *                       field and the allowed range)
  * - INVALID_ID          sandbox ids, session ids, image refs, command ids
  * - PATH_ESCAPE         sandbox paths that are relative, contain `..` or NUL
- * - NOT_SUPPORTED       fields reserved for later (ttlSeconds, idleSeconds,
- *                       onIdle, network services set to true) and backends
- *                       this node does not offer
+ * - NOT_SUPPORTED       fields reserved for later (network services set to
+ *                       true) and backends this node does not offer
  */
 import { WarrenError } from '../errors';
-import type { BackendName, ExecRequest, OpenSessionOptions, Priority, SandboxSpec, SessionMode } from '../shim/types';
+import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from '../shim/types';
 
 // ---------------------------------------------------------------- limits
 
@@ -42,6 +41,8 @@ export const LIMITS = {
   stdinBytes: 1024 * 1024,
   pathBytes: 4096,
   pathComponentBytes: 255,
+  lifetimeSeconds: { min: 1, max: 31_536_000 },
+  scrubPatterns: 256,
 } as const;
 
 /** What the host can give; the gateway fills this from `os`. */
@@ -305,19 +306,15 @@ export function validateCreateRequest(body: unknown, ctx: CreateContext): Sandbo
   const pids = b.pids === undefined ? LIMITS.pids.default : expectNumber(b.pids, 'pids', LIMITS.pids.min, LIMITS.pids.max, true);
   const diskMb = b.diskMb === undefined || b.diskMb === null ? null : expectNumber(b.diskMb, 'diskMb', LIMITS.diskMb.min, LIMITS.diskMb.max, true);
 
-  // Lifetime policies are not implemented by the shim yet: say so instead of ignoring them.
-  if (b.ttlSeconds !== undefined) {
-    expectNumber(b.ttlSeconds, 'ttlSeconds', 1, 31_536_000, true);
-    throw new WarrenError('NOT_SUPPORTED', 'ttlSeconds is not supported yet', { field: 'ttlSeconds' });
-  }
-  if (b.idleSeconds !== undefined) {
-    expectNumber(b.idleSeconds, 'idleSeconds', 1, 31_536_000, true);
-    throw new WarrenError('NOT_SUPPORTED', 'idleSeconds is not supported yet', { field: 'idleSeconds' });
-  }
+  // Lifetime policies (src/shim/lifecycle): a hard maximum, and what happens after idleSeconds without requests.
+  const lifetime: LifetimePolicy = {};
+  if (b.ttlSeconds !== undefined) lifetime.ttlSeconds = expectNumber(b.ttlSeconds, 'ttlSeconds', LIMITS.lifetimeSeconds.min, LIMITS.lifetimeSeconds.max, true);
+  if (b.idleSeconds !== undefined) lifetime.idleSeconds = expectNumber(b.idleSeconds, 'idleSeconds', LIMITS.lifetimeSeconds.min, LIMITS.lifetimeSeconds.max, true);
   if (b.onIdle !== undefined) {
     const v = expectString(b.onIdle, 'onIdle');
-    if (!['pause', 'hibernate', 'delete'].includes(v)) throw invalid('onIdle', 'must be "pause", "hibernate" or "delete"');
-    throw new WarrenError('NOT_SUPPORTED', 'onIdle is not supported yet', { field: 'onIdle' });
+    if (!(IDLE_ACTIONS as readonly string[]).includes(v)) throw invalid('onIdle', `must be one of ${IDLE_ACTIONS.map((a) => `"${a}"`).join(', ')}`);
+    if (lifetime.idleSeconds === undefined) throw invalid('onIdle', 'only applies together with idleSeconds');
+    lifetime.onIdle = v as IdleAction;
   }
   if (b.network !== undefined) {
     const net = expectObject(b.network, 'network');
@@ -341,7 +338,76 @@ export function validateCreateRequest(body: unknown, ctx: CreateContext): Sandbo
   const env = b.env === undefined ? {} : validateEnv(b.env);
   const labels = b.labels === undefined ? {} : validateLabels(b.labels);
 
-  return { backend, image, workspaces, toolkits, cpu, memoryMb, pids, diskMb, priority, user, env, labels, owner: ctx.owner };
+  const spec: SandboxSpec = { backend, image, workspaces, toolkits, cpu, memoryMb, pids, diskMb, priority, user, env, labels, owner: ctx.owner };
+  if (Object.keys(lifetime).length > 0) spec.lifetime = lifetime;
+  return spec;
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+export const IDLE_ACTIONS: readonly IdleAction[] = ['pause', 'hibernate', 'stop', 'delete'];
+
+/** `POST /v1/sandboxes/:id/extend` `{ seconds }` (added to the current expiry) or `{ ttlSeconds }` (a new maximum from now). */
+export function validateExtendRequest(body: unknown): { seconds?: number; ttlSeconds?: number } {
+  const b = expectObject(body === undefined ? {} : body, 'body');
+  rejectUnknown(b, ['seconds', 'ttlSeconds']);
+  const out: { seconds?: number; ttlSeconds?: number } = {};
+  if (b.seconds !== undefined) out.seconds = expectNumber(b.seconds, 'seconds', LIMITS.lifetimeSeconds.min, LIMITS.lifetimeSeconds.max, true);
+  if (b.ttlSeconds !== undefined) out.ttlSeconds = expectNumber(b.ttlSeconds, 'ttlSeconds', LIMITS.lifetimeSeconds.min, LIMITS.lifetimeSeconds.max, true);
+  if ((out.seconds === undefined) === (out.ttlSeconds === undefined)) throw invalid('body', 'give exactly one of seconds (added to the current expiry) or ttlSeconds (a new maximum from now)');
+  return out;
+}
+
+/** `POST /v1/sandboxes/:id/pack`. Scrub patterns are absolute paths with `*`, `?` and whole-component `**`. */
+export function validatePackRequest(body: unknown): PackRequest {
+  const b = expectObject(body, 'body');
+  rejectUnknown(b, ['name', 'scrub', 'publish', 'squash', 'compression']);
+  if (b.name === undefined) throw invalid('name', 'is required');
+  const name = validateImageRef(b.name, 'name');
+  if (name.startsWith('sha256:')) throw invalid('name', 'must not be a digest');
+  const req: PackRequest = { name };
+  if (b.scrub !== undefined) {
+    if (!Array.isArray(b.scrub)) throw invalid('scrub', 'must be an array of absolute paths or glob patterns');
+    if (b.scrub.length > LIMITS.scrubPatterns) {
+      throw new WarrenError('LIMIT_OUT_OF_RANGE', `scrub may list at most ${LIMITS.scrubPatterns} patterns`, { field: 'scrub', min: 0, max: LIMITS.scrubPatterns });
+    }
+    req.scrub = b.scrub.map((p, i) => {
+      const s = expectString(p, `scrub[${i}]`, { maxBytes: LIMITS.pathBytes });
+      validateSandboxPath(s.replace(/[*?]/g, 'x'), `scrub[${i}]`);
+      return s;
+    });
+  }
+  if (b.publish !== undefined) {
+    if (typeof b.publish !== 'boolean') throw invalid('publish', 'must be true or false');
+    req.publish = b.publish;
+  }
+  if (b.squash !== undefined) {
+    if (typeof b.squash !== 'boolean') throw invalid('squash', 'must be true or false');
+    req.squash = b.squash;
+  }
+  if (b.compression !== undefined) {
+    const c = expectString(b.compression, 'compression');
+    if (c !== 'none' && c !== 'lz4' && c !== 'lz4hc') throw invalid('compression', 'must be "none", "lz4" or "lz4hc"');
+    req.compression = c;
+  }
+  return req;
+}
+
+/** Account quotas (`PUT /v1/accounts/:id/quota`); null = unlimited. */
+export interface QuotaRequest {
+  maxSandboxes?: number | null;
+  maxCpu?: number | null;
+  maxMemoryMb?: number | null;
+}
+
+export function validateQuotaRequest(body: unknown): QuotaRequest {
+  const b = expectObject(body, 'body');
+  rejectUnknown(b, ['maxSandboxes', 'maxCpu', 'maxMemoryMb']);
+  const out: QuotaRequest = {};
+  if (b.maxSandboxes !== undefined) out.maxSandboxes = b.maxSandboxes === null ? null : expectNumber(b.maxSandboxes, 'maxSandboxes', 0, 1_000_000, true);
+  if (b.maxCpu !== undefined) out.maxCpu = b.maxCpu === null ? null : expectNumber(b.maxCpu, 'maxCpu', 0, 1_000_000, false);
+  if (b.maxMemoryMb !== undefined) out.maxMemoryMb = b.maxMemoryMb === null ? null : expectNumber(b.maxMemoryMb, 'maxMemoryMb', 0, 1_000_000_000, true);
+  return out;
 }
 
 // ---------------------------------------------------------------- exec

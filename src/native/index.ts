@@ -10,7 +10,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import { WarrenError } from '../errors';
-import type { NativeAddon } from './types';
+import type { ConfineSpec, NativeAddon } from './types';
 
 export type HelperBinary = 'warren-init' | 'warren-nsexec' | 'warren-session';
 
@@ -79,10 +79,38 @@ export function nativeAvailable(): boolean {
   }
 }
 
+/**
+ * issue 5: who decides the confinement of spawnSandbox / exec calls that do not say
+ * (`confine` absent). src/security/confinement.ts installs itself here, so every
+ * sandbox process started through the shim (container backend, FnCall, lifecycle
+ * resume, ...) is confined by the policy; `confine: null` opts out explicitly.
+ */
+export type ConfinementProvider = (sandboxId: string) => ConfineSpec | null;
+let confinementProvider: ConfinementProvider | null = null;
+export function setConfinementProvider(p: ConfinementProvider | null): void {
+  confinementProvider = p;
+}
+function withConfine<T extends { confine?: ConfineSpec | null }>(spec: T, id: unknown): T {
+  if (spec === null || typeof spec !== 'object') return spec;
+  if ('confine' in spec && spec.confine !== undefined) {
+    if (spec.confine !== null) return spec;
+    const { confine: _none, ...rest } = spec;
+    return rest as T;
+  }
+  if (confinementProvider === null || typeof id !== 'string') return spec;
+  const c = confinementProvider(id);
+  return c === null ? spec : { ...spec, confine: c };
+}
+
 /** The native addon, loaded on first property access. */
 export const native: NativeAddon = new Proxy({} as NativeAddon, {
   get(_target, prop) {
     const addon = loadNative() as unknown as Record<string | symbol, unknown>;
+    if (prop === 'spawnSandbox' || prop === 'exec') {
+      const fn = addon[prop] as (s: unknown) => unknown;
+      return (spec: { id?: unknown; cgroup?: unknown; confine?: ConfineSpec | null }) =>
+        fn.call(addon, withConfine(spec, prop === 'exec' ? spec?.cgroup : spec?.id));
+    }
     const value = addon[prop];
     return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(addon) : value;
   },

@@ -57,6 +57,36 @@ export interface SpawnSandboxSpec {
   coreSched: boolean;
   /** Size limit of the tmpfs mounted on /dev/shm and /tmp is not touched; bytes. */
   shmBytes?: number;
+  /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
+  confine?: ConfineSpec | null;
+}
+
+/**
+ * Confinement of a sandbox process (issue 5, native/helper/src/confine.h), applied as the last
+ * steps before execve. Built by src/security/confinement.ts from the policy.
+ */
+export interface ConfineSpec {
+  /** The default seccomp filter; `allow` is a mask of optional groups let through
+   *  (1 ptrace, 2 io_uring, 4 userfaultfd, 8 perf_event_open). Absent: no filter. */
+  seccomp?: { allow: number };
+  /** Landlock ABI the rules are written for (0 or absent: no Landlock). */
+  landlockAbi?: number;
+  /** Full access beneath these paths (inside the sandbox root); at most 32. */
+  writable?: string[];
+  /** Read + execute beneath these paths; at most 32. */
+  readOnly?: string[];
+  /** Also full access beneath every top-level directory of the root (at process start) except `protected`. */
+  writableTopLevel?: boolean;
+  /** Top-level directories `writableTopLevel` leaves alone; at most 32. */
+  protected?: string[];
+  /** Landlock scopes (ABI 6): 1 abstract unix sockets, 2 signals. */
+  scope?: number;
+  /** AppArmor profile to change to on exec (only where AppArmor is enabled). */
+  apparmorProfile?: string;
+  /** RLIMIT_FSIZE in bytes. */
+  fsizeBytes?: number;
+  /** RLIMIT_NOFILE. */
+  nofile?: number;
 }
 
 export interface SandboxProcess {
@@ -84,6 +114,30 @@ export interface ExecSpec {
   pty?: { cols: number; rows: number };
   /** Extra pipe from the child's fd 3 to the caller (used by shell sessions for exit markers). */
   statusPipe?: boolean;
+  /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
+  confine?: ConfineSpec | null;
+  /** issue 3 (FnCall): isolate this one process (and its children) from the rest of the sandbox; see ExecIsolation. */
+  isolate?: ExecIsolation;
+}
+
+/**
+ * Per-invocation isolation (native/helper/src/isolate.h), applied in the exec
+ * child before the capability drop. Mount changes happen in a private mount
+ * namespace of the new process only; the sandbox itself is not touched.
+ */
+export interface ExecIsolation {
+  /** New IPC namespace: SysV IPC and POSIX message queues die with the process. */
+  ipc?: boolean;
+  /** Remount / read-only in the process's own mount namespace (paths in `writable` stay writable). */
+  readOnlyRoot?: boolean;
+  /** Absolute paths (at most 8) kept writable under a read-only root. */
+  writable?: string[];
+  /** Fresh tmpfs mounts (at most 8) over these absolute paths; sizeBytes 4096..2^40, mode 0..0o7777, owner uid/gid (default 0). */
+  tmpfs?: Array<{ path: string; sizeBytes: number; mode: number; uid?: number; gid?: number }>;
+  /** Make the tmpfs mounts in the sandbox's own mount namespace (no private namespace; nothing else allowed). */
+  inPlace?: boolean;
+  /** Resource limits (soft = hard): RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE, RLIMIT_NOFILE. */
+  rlimits?: { cpuSeconds?: number; fileSizeBytes?: number; coreBytes?: number; openFiles?: number };
 }
 
 export interface ExecProcess {
@@ -155,4 +209,15 @@ export interface NativeAddon {
   /** Whether prctl(PR_SCHED_CORE) works here; never throws. */
   coreSchedSupported(): boolean;
   setSchedIdle(pid: number): void;
+
+  // confinement probes (issue 5)
+  /** landlock_create_ruleset(NULL, 0, VERSION): the ABI, or -errno. */
+  landlockAbi(): number;
+  seccompSupported(): boolean;
+  /** 0 when the kernel would load BPF-LSM programs, else -errno (EPERM: refused). */
+  bpfLsmProbe(): number;
+  /** Instructions in the cached seccomp program for `allow`. */
+  seccompFilterLength(allow: number): number;
+  /** Release the cached Landlock rulesets of sandbox `cgroup` (they pin its inodes); call on destroy. */
+  landlockCacheDrop(cgroup: string): void;
 }

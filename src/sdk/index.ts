@@ -17,35 +17,48 @@ import { Pool } from 'undici';
 import { WarrenError } from '../errors';
 import type {
   BackendName,
+  EnvironmentInfo,
   ExecResult,
   FeatureReport,
   FileEntry,
   ImageInfo,
   ImportProgress,
+  PackRequest,
+  PackResult,
+  PauseResult,
   Priority,
+  ResumeResult,
   SandboxInfo,
   SessionInfo,
 } from '../shim/types';
 import { NdjsonDecoder } from './ndjson';
 import { ShellClient, type ShellOptions, errorFromBody } from './shell';
+import { FunctionsApi } from './functions';
 
 export { WarrenError, ErrorCodes, type ErrorCode } from '../errors';
 export type {
   BackendName,
+  EnvironmentInfo,
   ExecResult,
   ExecStatus,
   FeatureReport,
   FileEntry,
   ImageInfo,
   ImportProgress,
+  PackRequest,
+  PackResult,
+  PauseResult,
   Priority,
+  ResumeResult,
   SandboxInfo,
+  SandboxLifecycleInfo,
   SandboxState,
   SessionInfo,
   SessionMode,
 } from '../shim/types';
 export { ShellClient, type ShellOptions, type ShellOutput, type CommandOutcome, type ShellExit } from './shell';
 export { NdjsonDecoder } from './ndjson';
+export * from './functions';
 
 export interface WarrenClientOptions {
   /** Gateway base URL, e.g. http://127.0.0.1:7070 */
@@ -66,7 +79,7 @@ export interface CreateSandboxRequest {
   diskMb?: number;
   ttlSeconds?: number;
   idleSeconds?: number;
-  onIdle?: 'pause' | 'hibernate' | 'delete';
+  onIdle?: 'pause' | 'hibernate' | 'stop' | 'delete';
   network?: Record<string, boolean>;
   priority?: Priority;
   user?: string;
@@ -135,6 +148,8 @@ function queryString(query: RequestOptions['query']): string {
 export class WarrenClient {
   readonly url: string;
   readonly images: ImagesApi;
+  /** FnCall pools, invoke, judge, batch, run_code. */
+  readonly functions: FunctionsApi;
   private readonly token: string | undefined;
   private readonly pool: Pool;
   private readonly basePath: string;
@@ -150,6 +165,7 @@ export class WarrenClient {
       keepAliveMaxTimeout: 600_000,
     });
     this.images = new ImagesApi(this);
+    this.functions = new FunctionsApi(this);
   }
 
   /** Low-level request; resolves with the raw undici response after checking the status. */
@@ -255,6 +271,37 @@ export class WarrenClient {
     return this.requestJson('GET', '/v1/accounts/me');
   }
 
+  // ---- lifecycle (docs/lifecycle.md) ----
+
+  /** Pause every sandbox whose labels match (a job, for preemption). */
+  async pauseSandboxes(labels: Record<string, string>, owner?: string): Promise<PauseResult[]> {
+    const label = Object.entries(labels).map(([k, v]) => `${k}=${v}`);
+    return (await this.requestJson<{ sandboxes: PauseResult[] }>('POST', '/v1/sandboxes/pause', { query: { label, owner } })).sandboxes;
+  }
+
+  async resumeSandboxes(labels: Record<string, string>, owner?: string): Promise<ResumeResult[]> {
+    const label = Object.entries(labels).map(([k, v]) => `${k}=${v}`);
+    return (await this.requestJson<{ sandboxes: ResumeResult[] }>('POST', '/v1/sandboxes/resume', { query: { label, owner } })).sandboxes;
+  }
+
+  async listEnvironments(): Promise<EnvironmentInfo[]> {
+    return (await this.requestJson<{ environments: EnvironmentInfo[] }>('GET', '/v1/environments')).environments;
+  }
+
+  publishEnvironment(name: string, published = true): Promise<EnvironmentInfo> {
+    return this.requestJson('POST', `/v1/environments/${encodeURIComponent(name)}/${published ? 'publish' : 'unpublish'}`);
+  }
+
+  /** An account's quota and usage ("me" for one's own). */
+  quota(accountId = 'me'): Promise<{ account: string; quota: Quota; usage: { sandboxes: number; cpu: number; memoryMb: number } }> {
+    return this.requestJson('GET', `/v1/accounts/${encodeURIComponent(accountId)}/quota`);
+  }
+
+  /** Admin: set an account's quota (null = unlimited). */
+  setQuota(accountId: string, quota: Partial<Quota>): Promise<{ account: string; quota: Quota }> {
+    return this.requestJson('PUT', `/v1/accounts/${encodeURIComponent(accountId)}/quota`, { json: quota });
+  }
+
   /** Close the connection pool. */
   async close(): Promise<void> {
     await this.pool.close();
@@ -335,6 +382,37 @@ export class Sandbox {
   delete(): Promise<void> {
     return this.client.deleteSandbox(this.id);
   }
+
+  /** Freeze and give the memory back; any later request resumes it. */
+  pause(): Promise<PauseResult> {
+    return this.client.requestJson('POST', this.path('/pause'));
+  }
+
+  resume(): Promise<ResumeResult> {
+    return this.client.requestJson('POST', this.path('/resume'));
+  }
+
+  /** Checkpoint with CRIU (NOT_SUPPORTED where the node cannot). */
+  hibernate(): Promise<PauseResult> {
+    return this.client.requestJson('POST', this.path('/hibernate'));
+  }
+
+  /** Push the hard maximum out: `{ seconds }` past the current expiry or `{ ttlSeconds }` from now. */
+  async extend(req: { seconds?: number; ttlSeconds?: number }): Promise<SandboxInfo> {
+    this.info = await this.client.requestJson<SandboxInfo>('POST', this.path('/extend'), { json: req });
+    return this.info;
+  }
+
+  /** pack_diff: this sandbox's changes (scrubbed) become environment `req.name`. */
+  pack(req: PackRequest): Promise<PackResult> {
+    return this.client.requestJson('POST', this.path('/pack'), { json: req, headersTimeout: 1_800_000, bodyTimeout: 1_800_000 });
+  }
+}
+
+export interface Quota {
+  maxSandboxes: number | null;
+  maxCpu: number | null;
+  maxMemoryMb: number | null;
 }
 
 export class ImagesApi {

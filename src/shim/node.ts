@@ -11,16 +11,21 @@ import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
 import { WarrenError } from '../errors';
 import { assertBackendAvailable, featureReport } from '../features';
+import { confineForSandbox, nsexecConfineArgs } from '../security/confinement';
 import { native, helperBinary } from '../native';
 import { inSpan, instruments } from '../telemetry';
 import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
 import { LayerStore } from './layers/store';
-import { nativeMounter } from './layers/sys';
 import { assertTarConfined, scanTar } from './layers/tar';
+import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
 import { resolveUser } from './users';
+// FnCall warm pools (issue 3): a separate addition, see docs/fncall.md.
+import { FnCallManager } from './fncall/manager';
+import type { FnCallConfig } from './fncall/types';
 import type {
+  EnvironmentInfo,
   ExecRequest,
   ExecResult,
   ExecStream,
@@ -29,10 +34,13 @@ import type {
   ImageInfo,
   ImportProgress,
   OpenSessionOptions,
+  PackRequest,
+  PackResult,
+  PauseResult,
+  ResumeResult,
   SandboxInfo,
   SandboxRecord,
   SandboxSpec,
-  SandboxState,
   SessionAttachment,
   SessionInfo,
   Shim,
@@ -48,12 +56,10 @@ export interface ShimOptions {
   log?: (line: string) => void;
   /** Bytes of output each shell session keeps for re-attaching clients. */
   sessionBufferBytes?: number;
-}
-
-interface LiveSandbox {
-  record: SandboxRecord;
-  box: ContainerSandbox | null;
-  state: SandboxState;
+  /** FnCall pools; default: <dataDir>/fncall.json when present. */
+  fncall?: FnCallConfig;
+  /** Lifetime policies, pause/resume, pack_diff (src/shim/lifecycle, docs/lifecycle.md). */
+  lifecycle?: LifecycleOptions;
 }
 
 const SESSION_BUFFER_BYTES = 1024 * 1024;
@@ -82,34 +88,64 @@ export async function openShim(opts: ShimOptions): Promise<Shim> {
 
 export class ShimNode implements Shim {
   readonly nodeId: string;
-  private readonly dataDir: string;
   private readonly registry: SandboxRegistry;
   readonly layers: LayerStore;
+  /** FnCall warm pools (src/shim/fncall). */
+  readonly functions: FnCallManager;
   private readonly container: ContainerBackend;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly sessionsDir: string;
   private readonly log: (line: string) => void;
   private readonly metrics = instruments();
   private readonly observeLive = (r: { observe(v: number): void }) => r.observe(this.sandboxes.size);
+  /** Lifetime policies, pause/resume, hibernate, pack_diff (src/shim/lifecycle). */
+  readonly lifecycle: LifecycleManager;
 
   constructor(private readonly opts: ShimOptions) {
     this.nodeId = opts.nodeId ?? defaultNodeId();
     if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(this.nodeId)) throw new WarrenError('INVALID_ARGUMENT', `invalid node id: ${this.nodeId}`);
-    this.dataDir = opts.dataDir;
     this.log = opts.log ?? (() => undefined);
     this.registry = new SandboxRegistry(opts.db);
-    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log, mounter: nativeMounter(native) });
+    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
     this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'));
     // Unix socket paths are limited to 108 bytes: keep session sockets under a short, data-dir specific run dir.
     this.sessionsDir = join('/run/warren', createHash('sha256').update(opts.dataDir).digest('hex').slice(0, 10));
     mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
     this.metrics.liveSandboxes.addCallback(this.observeLive);
+    this.lifecycle = new LifecycleManager(this.lifecycleHost(), { dataDir: opts.dataDir, db: opts.db, layers: this.layers, log: this.log }, opts.lifecycle);
+    this.functions = new FnCallManager({ dataDir: opts.dataDir, nodeId: this.nodeId, layers: this.layers, log: this.log, config: opts.fncall, onProgress: opts.onProgress });
+  }
+
+  private lifecycleHost(): LifecycleHost {
+    return {
+      nodeId: this.nodeId,
+      get: (id) => this.sandboxes.get(id),
+      all: () => [...this.sandboxes.values()],
+      saveState: (live) => {
+        live.record.state = live.state;
+        this.registry.update(live.record.id, live.state, live.record.runtime);
+      },
+      saveLifecycle: (id, lifecycle) => this.registry.setLifecycle(id, lifecycle),
+      stop: (id, reason) => this.stopSandbox(id, reason),
+      delete: (id) => this.deleteSandbox(id),
+      adopt: async (live) => {
+        const box = await this.container.adopt(live.record);
+        if (box) this.watchEnd(live, box);
+        return box;
+      },
+      openSessions: async (id) => {
+        const dir = this.sandboxSessionsDir(id);
+        return existsSync(dir) ? (await listHolderSessions(dir)).filter((s) => s.alive).length : 0;
+      },
+    };
   }
 
   async start(): Promise<void> {
     this.layers.init();
     await this.adoptSurvivors();
+    await this.lifecycle.start();
+    await this.functions.start();
     if (this.opts.ensureDefaultImage && !this.layers.listImages().some((i) => i.name === 'default')) {
       await this.layers.buildDebian({ name: 'default', onProgress: this.opts.onProgress });
     }
@@ -120,6 +156,14 @@ export class ShimNode implements Shim {
     for (const record of this.registry.all()) {
       if (record.state === 'stopped' || record.state === 'failed') {
         this.sandboxes.set(record.id, { record, box: null, state: record.state });
+        this.lifecycle.adopted(record);
+        continue;
+      }
+      if (record.state === 'hibernated') {
+        // Its processes are in a CRIU checkpoint; the next request restores them.
+        await this.layers.acquire(record.layers);
+        this.sandboxes.set(record.id, { record, box: null, state: 'hibernated' });
+        this.lifecycle.adopted(record);
         continue;
       }
       const box = await this.container.adopt(record);
@@ -128,11 +172,15 @@ export class ShimNode implements Shim {
         await this.container.cleanup(record.id);
         this.registry.update(record.id, 'stopped', record.runtime);
         this.sandboxes.set(record.id, { record: { ...record, state: 'stopped' }, box: null, state: 'stopped' });
+        this.lifecycle.adopted({ ...record, state: 'stopped' });
+        this.lifecycle.stopped(record.id, 'exited');
         continue;
       }
       await this.layers.acquire(record.layers);
-      const live: LiveSandbox = { record, box, state: 'running' };
+      // A paused sandbox stays paused (frozen, memory in swap) until a request resumes it.
+      const live: LiveSandbox = { record, box, state: record.state === 'paused' ? 'paused' : 'running' };
       this.sandboxes.set(record.id, live);
+      this.lifecycle.adopted(record);
       this.watchEnd(live, box);
       this.log(`sandbox ${record.id}: re-adopted (pid ${box.pid})`);
     }
@@ -140,9 +188,10 @@ export class ShimNode implements Shim {
 
   private watchEnd(live: LiveSandbox, box: ContainerSandbox): void {
     void box.ended.then(async () => {
-      if (live.state === 'deleting' || !this.sandboxes.has(live.record.id)) return;
+      if (live.state === 'deleting' || live.state === 'stopped' || live.state === 'hibernated' || live.box !== box || !this.sandboxes.has(live.record.id)) return;
       this.log(`sandbox ${live.record.id}: pid 1 ended unexpectedly`);
       live.state = 'stopped';
+      this.lifecycle.stopped(live.record.id, 'exited');
       this.registry.update(live.record.id, 'stopped', live.record.runtime);
       await this.closeSessions(live.record.id).catch(() => undefined);
       await box.destroy().catch(() => undefined);
@@ -170,6 +219,8 @@ export class ShimNode implements Shim {
       labels: record.spec.labels,
     };
     if (live.box) info.pid = live.box.pid;
+    const lifecycle = this.lifecycle.info(record.id);
+    if (lifecycle) info.lifecycle = lifecycle;
     return info;
   }
 
@@ -177,6 +228,13 @@ export class ShimNode implements Shim {
     const live = this.sandboxes.get(id);
     if (live === undefined) throw new WarrenError('SANDBOX_NOT_FOUND', `no sandbox ${id}`);
     return live;
+  }
+
+  /** For requests: resume a paused or hibernated sandbox first (transparently), note the activity, and return it. */
+  private async awake(id: string): Promise<ContainerSandbox> {
+    await this.lifecycle.ensureAwake(id);
+    this.lifecycle.touch(id);
+    return this.running(id);
   }
 
   private running(id: string): ContainerSandbox {
@@ -189,6 +247,9 @@ export class ShimNode implements Shim {
 
   async createSandbox(spec: SandboxSpec): Promise<SandboxInfo> {
     assertBackendAvailable(spec.backend);
+    if (spec.backend !== 'container') {
+      throw new WarrenError('NOT_SUPPORTED', `"${spec.backend}" sandboxes are not created through /v1/sandboxes${spec.backend === 'fncall' ? '; invoke a pool through /v1/functions/:pool/invoke' : ''}`, { backend: spec.backend });
+    }
     const started = performance.now();
     const id = newSandboxId(this.nodeId);
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
@@ -208,9 +269,11 @@ export class ShimNode implements Shim {
         throw err;
       }
       const record: SandboxRecord = { id, spec, layers: digests, state: 'running', createdAt: new Date().toISOString(), runtime: box.runtime };
+      this.lifecycle.created(record);
       this.registry.insert(record);
       const live: LiveSandbox = { record, box, state: 'running' };
       this.sandboxes.set(id, live);
+      this.lifecycle.track(id);
       this.watchEnd(live, box);
       span.setAttribute('warren.sandbox.pid', box.pid);
       this.metrics.createLatency.record(performance.now() - started, { backend: spec.backend });
@@ -236,38 +299,71 @@ export class ShimNode implements Shim {
     const live = this.live(id);
     if (live.state === 'deleting') throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is already being deleted`);
     const previous = live.state;
+    // Thaw a paused sandbox first: its session holders must answer, its processes die.
+    await this.lifecycle.beforeDestroy(id);
     live.state = 'deleting';
     await inSpan('warren.sandbox.delete', { 'warren.sandbox.id': id }, async () => {
       await this.closeSessions(id);
       if (live.box) {
         await live.box.destroy();
-        if (previous === 'running') this.layers.release(live.record.layers);
       } else {
         await this.container.cleanup(id);
       }
+      if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
       this.registry.remove(id);
       this.sandboxes.delete(id);
+      this.lifecycle.forget(id);
     });
+  }
+
+  /** Kill a sandbox's processes and release everything, keeping its record as `stopped` (ttl, onIdle "stop"). */
+  async stopSandbox(id: string, reason: string): Promise<void> {
+    const live = this.live(id);
+    if (live.state !== 'running' && live.state !== 'paused' && live.state !== 'hibernated') return;
+    const previous = live.state;
+    await this.lifecycle.beforeDestroy(id);
+    live.state = 'stopped';
+    this.lifecycle.stopped(id, reason);
+    this.registry.update(id, 'stopped', live.record.runtime);
+    await this.closeSessions(id).catch(() => undefined);
+    if (live.box) await live.box.destroy();
+    else await this.container.cleanup(id);
+    live.box = null;
+    if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
-    const box = this.running(id);
-    return inSpan('warren.sandbox.exec', { 'warren.sandbox.id': id }, async (span) => {
-      const result = await box.exec(req);
-      span.setAttribute('warren.exec.status', result.status);
-      this.metrics.execLatency.record(result.durationMs, { status: result.status });
-      return result;
-    });
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      return await inSpan('warren.sandbox.exec', { 'warren.sandbox.id': id }, async (span) => {
+        const result = await box.exec(req);
+        span.setAttribute('warren.exec.status', result.status);
+        this.metrics.execLatency.record(result.durationMs, { status: result.status });
+        return result;
+      });
+    } finally {
+      end();
+    }
   }
 
-  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
-    return this.running(id).execStream(req);
+  async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      const stream = await box.execStream(req);
+      void stream.exited.finally(end);
+      return stream;
+    } catch (err) {
+      end();
+      throw err;
+    }
   }
 
   // ---- files: every path is resolved inside the sandbox's root by the native walk ----
 
   async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     const fd = native.openInRoot(box.rootPath(), path, 'r', 0);
     try {
       const st = fstatSync(fd);
@@ -288,7 +384,7 @@ export class ShimNode implements Shim {
   }
 
   async writeFile(id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     const parent = posix.dirname(path);
     if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true);
     const fd = native.openInRoot(box.rootPath(), path, 'w', mode);
@@ -301,7 +397,7 @@ export class ShimNode implements Shim {
   }
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     const fd = native.openInRoot(box.rootPath(), path, 'dir', 0);
     try {
       // /proc/self/fd/N is the directory we already opened safely; entries are lstat'ed one component deep.
@@ -317,7 +413,7 @@ export class ShimNode implements Shim {
   }
 
   async uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     assertTarConfined(tar);
     const entries = scanTar(tar).length;
     native.mkdirInRoot(box.rootPath(), dir, 0o755, true);
@@ -336,7 +432,7 @@ export class ShimNode implements Shim {
   }
 
   async downloadTar(id: string, path: string): Promise<Readable> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     // Fail early with a proper 404 (or PATH_ESCAPE) instead of an empty archive.
     try {
       closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0));
@@ -357,7 +453,7 @@ export class ShimNode implements Shim {
   }
 
   async openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment> {
-    const box = this.running(id);
+    const box = await this.awake(id);
     const root = box.rootPath();
     const user = resolveUser(root, opts.user ?? this.live(id).record.spec.user);
     const hasBash = existsSync(`${root}/bin/bash`) || existsSync(`${root}/usr/bin/bash`);
@@ -375,6 +471,7 @@ export class ShimNode implements Shim {
     };
     const argv = [helperBinary('warren-nsexec'), '--pid', String(box.pid), '--cgroup', id, '--uid', String(user.uid), '--gid', String(user.gid), '--cwd', opts.cwd ?? user.home];
     if (this.live(id).record.spec.priority === 'idle') argv.push('--sched-idle');
+    argv.push(...nsexecConfineArgs(confineForSandbox(id))); // issue 5: the shell is confined like every exec
     for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
     argv.push('--', ...shell);
     const dir = this.sandboxSessionsDir(id);
@@ -397,19 +494,62 @@ export class ShimNode implements Shim {
     } catch (err) {
       this.log(`session ${sessionId}: could not move holder ${holder.pid} into the sandbox cgroup: ${(err as Error).message}`);
     }
-    return attachHolder(socketPath, 0);
+    return this.tracked(id, await attachHolder(socketPath, 0));
+  }
+
+  /**
+   * A session attachment that counts as activity and resumes a paused
+   * sandbox before its input reaches the (then frozen) holder.
+   */
+  private tracked(id: string, att: SessionAttachment): SessionAttachment {
+    let chain: Promise<unknown> = Promise.resolve();
+    const whenAwake = (fn: () => void): void => {
+      this.lifecycle.touch(id);
+      const state = this.sandboxes.get(id)?.state;
+      if (state !== 'paused' && state !== 'hibernated') {
+        chain = chain.then(fn, fn);
+        return;
+      }
+      chain = chain.then(() => this.lifecycle.ensureAwake(id)).then(fn, fn);
+    };
+    return {
+      get info() {
+        return att.info;
+      },
+      onOutput: (l) => att.onOutput(l),
+      onCommandDone: (l) => att.onCommandDone(l),
+      onExit: (l) => att.onExit(l),
+      run: async (commandId, command, timeoutMs) => {
+        await this.lifecycle.ensureAwake(id);
+        const end = this.lifecycle.begin(id);
+        try {
+          return await att.run(commandId, command, timeoutMs);
+        } finally {
+          end();
+        }
+      },
+      write: (data) => whenAwake(() => att.write(data)),
+      resize: (cols, rows) => whenAwake(() => att.resize(cols, rows)),
+      signal: (signal) => whenAwake(() => att.signal(signal)),
+      detach: () => att.detach(),
+      close: async () => {
+        await this.lifecycle.ensureAwake(id);
+        await att.close();
+      },
+    };
   }
 
   async attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment> {
-    this.running(id);
+    await this.awake(id);
     if (!/^s-[a-z0-9]{1,64}$/.test(sessionId)) throw new WarrenError('INVALID_ID', `invalid session id: ${sessionId}`);
     const socketPath = join(this.sandboxSessionsDir(id), `${sessionId}.sock`);
     if (!existsSync(socketPath)) throw new WarrenError('SESSION_NOT_FOUND', `no session ${sessionId} in sandbox ${id}`);
-    return attachHolder(socketPath, fromOffset);
+    return this.tracked(id, await attachHolder(socketPath, fromOffset));
   }
 
   async listSessions(id: string): Promise<SessionInfo[]> {
-    this.live(id);
+    // Session holders of a paused sandbox are frozen with it: asking them resumes it.
+    if (this.live(id).state === 'paused' || this.live(id).state === 'hibernated') await this.awake(id);
     const dir = this.sandboxSessionsDir(id);
     return existsSync(dir) ? listHolderSessions(dir) : [];
   }
@@ -426,6 +566,58 @@ export class ShimNode implements Shim {
       }
     }
     await rm(dir, { recursive: true, force: true });
+  }
+
+  // ---- lifecycle: pause/resume, hibernate, extend, pack_diff (src/shim/lifecycle) ----
+
+  pauseSandbox(id: string): Promise<PauseResult> {
+    return this.lifecycle.pause(id);
+  }
+
+  resumeSandbox(id: string): Promise<ResumeResult> {
+    return this.lifecycle.resume(id);
+  }
+
+  private matching(filter: { labels: Record<string, string>; owner?: string }, states: string[]): string[] {
+    if (Object.keys(filter.labels).length === 0) throw new WarrenError('INVALID_ARGUMENT', 'a label selector is required (label=key=value)');
+    return this.listSandboxes(filter)
+      .filter((s) => states.includes(s.state))
+      .map((s) => s.id);
+  }
+
+  pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]> {
+    return this.lifecycle.pauseMany(this.matching(filter, ['running', 'paused']));
+  }
+
+  resumeSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<ResumeResult[]> {
+    return this.lifecycle.resumeMany(this.matching(filter, ['running', 'paused', 'hibernated']));
+  }
+
+  async hibernateSandbox(id: string): Promise<PauseResult> {
+    this.live(id);
+    return this.lifecycle.hibernate(id);
+  }
+
+  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): SandboxInfo {
+    this.lifecycle.extend(id, req);
+    return this.info(this.live(id));
+  }
+
+  async packSandbox(id: string, req: PackRequest, owner: string): Promise<PackResult> {
+    this.live(id);
+    return this.lifecycle.pack(id, req, owner);
+  }
+
+  environment(ref: string): EnvironmentInfo | null {
+    return this.lifecycle.environment(ref);
+  }
+
+  listEnvironments(): EnvironmentInfo[] {
+    return this.lifecycle.listEnvironments();
+  }
+
+  publishEnvironment(name: string, published: boolean): EnvironmentInfo {
+    return this.lifecycle.publish(name, published);
   }
 
   // ---- images ----
@@ -449,6 +641,8 @@ export class ShimNode implements Shim {
   async close(): Promise<void> {
     this.metrics.liveSandboxes.removeCallback(this.observeLive);
     // Sandboxes and sessions keep running: a restarted gateway re-adopts them.
+    this.lifecycle.close();
+    await this.functions.close();
     this.layers.close();
   }
 }

@@ -8,6 +8,7 @@ interface Row {
   state: SandboxState;
   created_at: string;
   runtime: string;
+  lifecycle: string | null;
 }
 
 /**
@@ -21,6 +22,7 @@ export class SandboxRegistry {
   private readonly deleteStmt;
   private readonly getStmt;
   private readonly allStmt;
+  private readonly lifecycleStmt;
 
   constructor(db: Database) {
     db.exec(`CREATE TABLE IF NOT EXISTS sandboxes (
@@ -31,15 +33,23 @@ export class SandboxRegistry {
       created_at TEXT NOT NULL,
       runtime TEXT NOT NULL DEFAULT '{}'
     )`);
-    this.insertStmt = db.prepare('INSERT INTO sandboxes (id, spec, layers, state, created_at, runtime) VALUES (?, ?, ?, ?, ?, ?)');
+    // Lifetime clocks and pause state (src/shim/lifecycle): added by a later version, so added in place.
+    const columns = (db.prepare('PRAGMA table_info(sandboxes)').all() as Array<{ name: string }>).map((c) => c.name);
+    if (!columns.includes('lifecycle')) db.exec('ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT');
+    this.insertStmt = db.prepare('INSERT INTO sandboxes (id, spec, layers, state, created_at, runtime, lifecycle) VALUES (?, ?, ?, ?, ?, ?, ?)');
     this.updateStmt = db.prepare('UPDATE sandboxes SET state = ?, runtime = ? WHERE id = ?');
     this.deleteStmt = db.prepare('DELETE FROM sandboxes WHERE id = ?');
     this.getStmt = db.prepare('SELECT * FROM sandboxes WHERE id = ?');
     this.allStmt = db.prepare('SELECT * FROM sandboxes ORDER BY created_at');
+    this.lifecycleStmt = db.prepare('UPDATE sandboxes SET lifecycle = ? WHERE id = ?');
+  }
+
+  setLifecycle(id: string, lifecycle: Record<string, unknown>): void {
+    this.lifecycleStmt.run(JSON.stringify(lifecycle), id);
   }
 
   insert(record: SandboxRecord): void {
-    this.insertStmt.run(record.id, JSON.stringify(record.spec), JSON.stringify(record.layers), record.state, record.createdAt, JSON.stringify(record.runtime));
+    this.insertStmt.run(record.id, JSON.stringify(record.spec), JSON.stringify(record.layers), record.state, record.createdAt, JSON.stringify(record.runtime), record.lifecycle ? JSON.stringify(record.lifecycle) : null);
   }
 
   update(id: string, state: SandboxState, runtime: Record<string, unknown>): void {
@@ -68,5 +78,6 @@ function toRecord(row: Row): SandboxRecord {
     state: row.state,
     createdAt: row.created_at,
     runtime: JSON.parse(row.runtime) as Record<string, unknown>,
+    ...(row.lifecycle ? { lifecycle: JSON.parse(row.lifecycle) as Record<string, unknown> } : {}),
   };
 }

@@ -5,7 +5,7 @@
 import type { Readable, Writable } from 'node:stream';
 
 export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
-export type SandboxState = 'creating' | 'running' | 'paused' | 'stopped' | 'failed' | 'deleting';
+export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopped' | 'failed' | 'deleting';
 export type Priority = 'normal' | 'idle';
 
 /** A validated create request (see gateway/validation.ts for the wire form). */
@@ -27,6 +27,89 @@ export interface SandboxSpec {
   labels: Record<string, string>;
   /** Account that owns the sandbox. */
   owner: string;
+  /** Lifetime policy (src/shim/lifecycle/policy.ts); absent = lives until deleted. */
+  lifetime?: LifetimePolicy;
+}
+
+export type IdleAction = 'pause' | 'hibernate' | 'stop' | 'delete';
+
+export interface LifetimePolicy {
+  /** Hard maximum age in seconds; the sandbox is stopped when it passes. */
+  ttlSeconds?: number;
+  /** Seconds without a request after which `onIdle` happens. */
+  idleSeconds?: number;
+  onIdle?: IdleAction;
+}
+
+/** The lifetime clocks of a sandbox, as the API shows them. */
+export interface SandboxLifecycleInfo {
+  expiresAt: string | null;
+  lastActivityAt: string;
+  idleAt: string | null;
+  idleSeconds: number | null;
+  onIdle: IdleAction;
+  pausedAt?: string;
+  /** Why a sandbox is stopped: "ttl", "idle", "exited". */
+  stopReason?: string;
+}
+
+export interface PauseResult {
+  id: string;
+  state: SandboxState;
+  /** False when the sandbox was already paused. */
+  changed: boolean;
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  releasedBytes: number;
+  swapBytes: number | null;
+  reclaim: 'memory.reclaim' | 'limit' | 'none' | 'criu';
+  note?: string;
+  durationMs: number;
+}
+
+export interface ResumeResult {
+  id: string;
+  state: SandboxState;
+  changed: boolean;
+  durationMs: number;
+}
+
+export interface PackRequest {
+  /** Name (`name` or `name:tag`) of the new environment. */
+  name: string;
+  /** Extra paths or glob patterns (`*`, `?`, `**`) to remove, on top of the defaults and the node policy. */
+  scrub?: string[];
+  /** Make the environment usable by runtime accounts right away. */
+  publish?: boolean;
+  /** Merge the chain's pack layers into one (also done automatically past the node's maximum depth). */
+  squash?: boolean;
+  compression?: 'none' | 'lz4' | 'lz4hc';
+}
+
+export interface PackResult {
+  image: ImageInfo;
+  environment: EnvironmentInfo;
+  layer: string;
+  diffBytes: number;
+  diffEntries: number;
+  scrubbed: string[];
+  squashed: boolean;
+  /** How long the sandbox was frozen for the copy, and the whole pack. */
+  frozenMs: number;
+  durationMs: number;
+}
+
+export interface EnvironmentInfo {
+  name: string;
+  digest: string;
+  owner: string;
+  published: boolean;
+  parent: string;
+  sourceSandbox: string;
+  /** Layers made by pack_diff (top-most first), then those below. */
+  diffLayers: string[];
+  baseLayers: string[];
+  createdAt: string;
 }
 
 export interface SandboxInfo {
@@ -44,6 +127,7 @@ export interface SandboxInfo {
   labels: Record<string, string>;
   /** Host pid of the sandbox's pid 1 (not part of the public API; stripped by the gateway for non-admins). */
   pid?: number;
+  lifecycle?: SandboxLifecycleInfo;
 }
 
 export interface ExecRequest {
@@ -117,6 +201,8 @@ export interface SandboxRecord {
   state: SandboxState;
   createdAt: string;
   runtime: Record<string, unknown>;
+  /** Lifetime clocks and pause state (src/shim/lifecycle), persisted so policies survive restarts. */
+  lifecycle?: Record<string, unknown>;
 }
 
 /** A layer resolved by the layer store and mounted read-only on this node. */
@@ -232,6 +318,23 @@ export interface Shim {
   openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment>;
   attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment>;
   listSessions(id: string): Promise<SessionInfo[]>;
+
+  // lifecycle (src/shim/lifecycle, docs/lifecycle.md)
+  /** Freeze and give memory back; requests to a paused sandbox resume it first. */
+  pauseSandbox(id: string): Promise<PauseResult>;
+  resumeSandbox(id: string): Promise<ResumeResult>;
+  /** Pause every live sandbox matching all labels (and owner, when given): the preemption case. */
+  pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]>;
+  resumeSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<ResumeResult[]>;
+  /** Checkpoint to disk with CRIU (NOT_SUPPORTED where the criu probe fails). */
+  hibernateSandbox(id: string): Promise<PauseResult>;
+  /** Move the hard maximum: `seconds` past the current expiry, or `ttlSeconds` from now. */
+  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): SandboxInfo;
+  packSandbox(id: string, req: PackRequest, owner: string): Promise<PackResult>;
+  /** A packed environment by image name or digest, or null for images that are not packed environments. */
+  environment(ref: string): EnvironmentInfo | null;
+  listEnvironments(): EnvironmentInfo[];
+  publishEnvironment(name: string, published: boolean): EnvironmentInfo;
 
   listImages(): ImageInfo[];
   importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;

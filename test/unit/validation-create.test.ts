@@ -149,10 +149,12 @@ test('backends the node does not offer are NOT_SUPPORTED (501)', (t) => {
   code(t, () => validateCreateRequest({}, { ...ctx, availableBackends: [] }), 'NOT_SUPPORTED', 'backend');
 });
 
-test('reserved lifetime and network fields are NOT_SUPPORTED, not silently ignored', (t) => {
-  code(t, () => validateCreateRequest({ ttlSeconds: 60 }, ctx), 'NOT_SUPPORTED', 'ttlSeconds');
-  code(t, () => validateCreateRequest({ idleSeconds: 60 }, ctx), 'NOT_SUPPORTED', 'idleSeconds');
-  code(t, () => validateCreateRequest({ onIdle: 'pause' }, ctx), 'NOT_SUPPORTED', 'onIdle');
+test('reserved network fields are NOT_SUPPORTED, not silently ignored; lifetime fields are validated', (t) => {
+  // lifetime policies (issue 6): accepted into spec.lifetime
+  t.deepEqual(validateCreateRequest({ ttlSeconds: 60 }, ctx).lifetime, { ttlSeconds: 60 });
+  t.deepEqual(validateCreateRequest({ idleSeconds: 60, onIdle: 'stop' }, ctx).lifetime, { idleSeconds: 60, onIdle: 'stop' });
+  t.is(validateCreateRequest({}, ctx).lifetime, undefined);
+  code(t, () => validateCreateRequest({ onIdle: 'pause' }, ctx), 'INVALID_ARGUMENT', 'onIdle');
   code(t, () => validateCreateRequest({ network: { pypi: true } }, ctx), 'NOT_SUPPORTED', 'network.pypi');
   // but they are still validated first
   code(t, () => validateCreateRequest({ ttlSeconds: -5 }, ctx), 'LIMIT_OUT_OF_RANGE', 'ttlSeconds');

@@ -7,16 +7,20 @@
 #include <napi.h>
 #include <uv.h>
 
+#include <poll.h>
 #include <sys/wait.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "wn.h"
+#include "confine.h"  // issue 5
+#include "isolate.h"  // issue 3
 
 namespace {
 
@@ -291,6 +295,8 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+#include "addon_confine.inc"  // issue 5: ParseConfine, LSM probes
+
 // ---- processes -------------------------------------------------------------------
 
 Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
@@ -324,6 +330,8 @@ Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
   s.sched_idle = sched_idle;
   s.core_sched = core_sched;
   s.shm_bytes = shm;
+  ConfineArgs confine_args;  // issue 5
+  s.confine = ParseConfine(env, o, confine_args);
   wn_error e;
   if (wn_spawn_spec_check(&s, &e) < 0) Throw(env, e);
   wn_spawn_result r{};
@@ -370,6 +378,58 @@ Napi::Value Exec(const Napi::CallbackInfo& info) {
   s.gid = gid;
   s.sched_idle = sched_idle;
   s.status_pipe = status_pipe;
+  ConfineArgs confine_args;  // issue 5
+  s.confine = ParseConfine(env, o, confine_args);
+  // issue 5: cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
+  // where the rules must be resolved)
+  if (s.confine && !Has(o, "isolate")) LlAttach(cgroup, init_pid, confine_args.c);
+  // issue 3: FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
+  wn_isolate iso{};
+  std::vector<std::string> iso_strs;
+  iso_strs.reserve(3 * WN_ISO_MAX_PATHS);
+  if (Has(o, "isolate")) {
+    Napi::Object io = ToObj(env, o.Get("isolate"), "isolate");
+    iso.ipc = Has(io, "ipc") && ToBool(env, io.Get("ipc"), "isolate.ipc");
+    iso.ro_root = Has(io, "readOnlyRoot") && ToBool(env, io.Get("readOnlyRoot"), "isolate.readOnlyRoot");
+    if (Has(io, "writable")) {
+      for (auto& p : ToStrArray(env, io.Get("writable"), "isolate.writable", WN_ISO_MAX_PATHS, WN_MAX_PATH)) {
+        iso_strs.push_back(p);
+        iso.writable[iso.n_writable++] = iso_strs.back().c_str();
+      }
+    }
+    if (Has(io, "tmpfs")) {
+      Napi::Value tv = io.Get("tmpfs");
+      if (!tv.IsArray()) Invalid(env, "isolate.tmpfs must be an array");
+      Napi::Array ta = tv.As<Napi::Array>();
+      if (ta.Length() > WN_ISO_MAX_PATHS) Invalid(env, "isolate.tmpfs has more than 8 entries");
+      for (uint32_t i = 0; i < ta.Length(); i++) {
+        Napi::Object t = ToObj(env, ta.Get(i), "isolate.tmpfs[]");
+        std::string path = ToStr(env, t.Get("path"), "isolate.tmpfs[].path");
+        int64_t size = ToInt(env, t.Get("sizeBytes"), "isolate.tmpfs[].sizeBytes", 4096, int64_t(1) << 40);
+        int64_t mode = ToInt(env, t.Get("mode"), "isolate.tmpfs[].mode", 0, 07777);
+        int64_t uid = Has(t, "uid") ? ToInt(env, t.Get("uid"), "isolate.tmpfs[].uid", 0, 4294967294LL) : 0;
+        int64_t gid = Has(t, "gid") ? ToInt(env, t.Get("gid"), "isolate.tmpfs[].gid", 0, 4294967294LL) : 0;
+        char data[96];
+        snprintf(data, sizeof data, "size=%lld,mode=%llo,uid=%lld,gid=%lld", (long long)size, (long long)mode, (long long)uid, (long long)gid);
+        iso_strs.push_back(path);
+        iso.tmpfs[iso.n_tmpfs] = iso_strs.back().c_str();
+        iso_strs.push_back(data);
+        iso.tmpfs_data[iso.n_tmpfs] = iso_strs.back().c_str();
+        iso.n_tmpfs++;
+      }
+    }
+    iso.in_place = Has(io, "inPlace") && ToBool(env, io.Get("inPlace"), "isolate.inPlace");
+    iso.mount_ns = !iso.in_place && (iso.ro_root || iso.n_writable > 0 || iso.n_tmpfs > 0);
+    iso.rl_cpu_s = iso.rl_fsize = iso.rl_core = iso.rl_nofile = -1;
+    if (Has(io, "rlimits")) {
+      Napi::Object rl = ToObj(env, io.Get("rlimits"), "isolate.rlimits");
+      if (Has(rl, "cpuSeconds")) iso.rl_cpu_s = ToInt(env, rl.Get("cpuSeconds"), "isolate.rlimits.cpuSeconds", 1, 86400 * 365);
+      if (Has(rl, "fileSizeBytes")) iso.rl_fsize = ToInt(env, rl.Get("fileSizeBytes"), "isolate.rlimits.fileSizeBytes", 0, int64_t(1) << 50);
+      if (Has(rl, "coreBytes")) iso.rl_core = ToInt(env, rl.Get("coreBytes"), "isolate.rlimits.coreBytes", 0, int64_t(1) << 50);
+      if (Has(rl, "openFiles")) iso.rl_nofile = ToInt(env, rl.Get("openFiles"), "isolate.rlimits.openFiles", 16, 1048576);
+    }
+    s.isolate = &iso;
+  }
   wn_error e;
   if (wn_exec_spec_check(&s, &e) < 0) Throw(env, e);
   wn_exec_result r{};
@@ -681,6 +741,12 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"umount", Umount},
       {"coreSchedSupported", CoreSchedSupported},
       {"setSchedIdle", SetSchedIdle},
+      // issue 5
+      {"landlockAbi", LandlockAbi},
+      {"seccompSupported", SeccompSupported},
+      {"bpfLsmProbe", BpfLsmProbe},
+      {"seccompFilterLength", SeccompFilterLength},
+      {"landlockCacheDrop", LandlockCacheDrop},
   };
   for (const auto& f : fns) exports.Set(f.name, Napi::Function::New(env, f.fn, f.name));
   return exports;

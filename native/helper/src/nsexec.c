@@ -22,6 +22,8 @@
  * finish exiting (zap_pid_ns_processes) until it is reaped.
  */
 #include "wn.h"
+#include "confine.h" /* issue 5 */
+#include "isolate.h" /* issue 3 */
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -88,6 +90,8 @@ enum exec_step {
   X_SCHED_IDLE,
   X_NNP,
   X_EXEC,
+  X_CONFINE, /* issue 5: index = WN_CF_* step */
+  X_ISOLATE, /* issue 3: index = WN_ISO_* step */
 };
 
 struct child_report {
@@ -195,6 +199,13 @@ static int exec_child(void *arg) {
   /* pid 1 of this pid namespace is the sandbox init */
   if (c->core_share && prctl(PR_SCHED_CORE, PR_SCHED_CORE_SHARE_FROM, 1, 0 /* PIDTYPE_PID */, 0) < 0)
     child_fail(c, X_CORE_SCHED, 0, errno);
+  /* issue 3: FnCall isolation (new IPC + private mount namespace, read-only root, fresh tmpfs, rlimits);
+     needs the capabilities that are dropped next */
+  if (s->isolate) {
+    int iso_step = 0;
+    int irc = wn_isolate_apply(s->isolate, &iso_step);
+    if (irc < 0) child_fail(c, X_ISOLATE, iso_step, -irc);
+  }
   int rc = wn_caps_drop(wn_default_caps);
   if (rc < 0) child_fail(c, X_CAPS, 0, -rc);
   /* Raw syscalls: glibc's set*id wrappers would broadcast to the caller's threads (SIGSETXID). */
@@ -208,6 +219,12 @@ static int exec_child(void *arg) {
     if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) child_fail(c, X_SCHED_IDLE, 0, errno);
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(c, X_NNP, 0, errno);
+  /* issue 5: seccomp / Landlock / AppArmor / rlimits, the last step before execve */
+  if (s->confine) {
+    int cf_step = 0;
+    int crc = wn_confine_apply(s->confine, -1, &cf_step);
+    if (crc < 0) child_fail(c, X_CONFINE, cf_step, -crc);
+  }
   TRACE();
   child_fail(c, X_EXEC, 0, exec_search(c));
 }
@@ -274,6 +291,11 @@ int wn_exec_spec_check(const wn_exec_spec *s, wn_error *e) {
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "bad stdio mode");
   if (s->stdio == WN_STDIO_PTY && (s->pty_cols < 1 || s->pty_cols > 10000 || s->pty_rows < 1 || s->pty_rows > 10000))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "pty cols/rows must be 1..10000");
+  if (wn_confine_check(s->confine, e) < 0) return -1; /* issue 5 */
+  if (s->isolate) { /* issue 3 */
+    const char *why = wn_isolate_invalid(s->isolate);
+    if (why) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "%s", why);
+  }
   return 0;
 }
 
@@ -310,6 +332,8 @@ static int report_error(const struct exec_ctx *c, const struct child_report *r, 
     case X_EXEC: return wn_fail(e, WN_SPAWN_ERROR, r->err, "exec %s", s->argv[0]);
     case X_SETUID: return wn_fail(e, WN_SPAWN_ERROR, r->err, "setuid %u", (unsigned)s->uid);
     case X_SETGID: return wn_fail(e, WN_SPAWN_ERROR, r->err, "setgid %u", (unsigned)s->gid);
+    case X_CONFINE: return wn_fail(e, WN_SPAWN_ERROR, r->err, "confine: %s", wn_confine_step_name(r->index));
+    case X_ISOLATE: return wn_fail(e, WN_SPAWN_ERROR, r->err, "isolate: %s", wn_isolate_step_name(r->index));
     case X_CLONE:
       if (r->err == ENOMEM)
         return wn_fail(e, WN_SANDBOX_NOT_RUNNING, r->err, "clone into sandbox %s (its init has exited)", s->cgroup);

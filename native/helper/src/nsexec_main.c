@@ -10,8 +10,15 @@
  * forwarded to the child; the exit status is the child's (128+signal when it
  * was killed). Setup failures print one line to stderr and exit 125 (bad
  * arguments: 2).
+ *
+ * Confinement (issue 5, see confine.h), applied last before execve:
+ *   --seccomp ALLOWMASK  the default filter with the WN_SC_ALLOW_* groups in the mask let through
+ *   --landlock ABI       Landlock rules for that ABI: --rw PATH / --ro PATH (repeatable), --scope N
+ *                        --rw-top 1 (every top-level directory except --protect PATH ones)
+ *   --apparmor PROFILE   change profile on exec;  --fsize BYTES / --nofile N  rlimits
  */
 #include "wn.h"
+#include "confine.h" /* issue 5 */
 
 #include <signal.h>
 #include <stdio.h>
@@ -21,7 +28,9 @@
 
 static void usage(void) {
   fputs("usage: warren-nsexec --pid INITPID --cgroup NAME [--uid N] [--gid N] [--cwd DIR] [--sched-idle]\n"
-        "                     [--env K=V]... -- argv...\n",
+        "                     [--env K=V]... [--seccomp MASK] [--landlock ABI] [--rw P]... [--ro P]... [--scope N]\n"
+        "                     [--rw-top 1] [--protect P]...\n"
+        "                     [--apparmor PROFILE] [--fsize BYTES] [--nofile N] -- argv...\n",
         stderr);
 }
 
@@ -41,6 +50,9 @@ int main(int argc, char **argv) {
   if (!env) return 125;
   size_t envc = 0;
   uint64_t v;
+  wn_confine cf; /* issue 5 */
+  memset(&cf, 0, sizeof cf);
+  cf.rlimit_fsize = cf.rlimit_nofile = -1;
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -68,6 +80,31 @@ int main(int argc, char **argv) {
       s.cwd = val;
     } else if (strcmp(a, "--env") == 0) {
       env[envc++] = val;
+    } else if (strcmp(a, "--seccomp") == 0 && parse_uint(val, WN_SC_ALLOW_ALL, &v) == 0) { /* issue 5 */
+      cf.active = 1;
+      cf.seccomp = wn_seccomp_filter((unsigned)v);
+    } else if (strcmp(a, "--landlock") == 0 && parse_uint(val, 64, &v) == 0) {
+      cf.active = 1;
+      cf.landlock_abi = (int)v;
+    } else if (strcmp(a, "--rw") == 0 && cf.n_rw < WN_CONFINE_MAX_PATHS) {
+      cf.ll_rw[cf.n_rw++] = val;
+    } else if (strcmp(a, "--ro") == 0 && cf.n_ro < WN_CONFINE_MAX_PATHS) {
+      cf.ll_ro[cf.n_ro++] = val;
+    } else if (strcmp(a, "--rw-top") == 0 && strcmp(val, "1") == 0) {
+      cf.ll_rw_top = 1;
+    } else if (strcmp(a, "--protect") == 0 && cf.n_protect < WN_CONFINE_MAX_PATHS) {
+      cf.ll_protect[cf.n_protect++] = val;
+    } else if (strcmp(a, "--scope") == 0 && parse_uint(val, 3, &v) == 0) {
+      cf.ll_scope = (unsigned)v;
+    } else if (strcmp(a, "--apparmor") == 0) {
+      cf.active = 1;
+      cf.apparmor_profile = val;
+    } else if (strcmp(a, "--fsize") == 0 && parse_uint(val, (uint64_t)1 << 50, &v) == 0) {
+      cf.active = 1;
+      cf.rlimit_fsize = (int64_t)v;
+    } else if (strcmp(a, "--nofile") == 0 && parse_uint(val, 1 << 20, &v) == 0) {
+      cf.active = 1;
+      cf.rlimit_nofile = (int64_t)v;
     } else {
       usage();
       return 2;
@@ -83,6 +120,7 @@ int main(int argc, char **argv) {
   s.argc = (size_t)(argc - i);
   s.envp = env;
   s.envc = envc;
+  if (cf.active) s.confine = &cf; /* issue 5 */
 
   wn_error err;
   if (wn_exec_spec_check(&s, &err) < 0) {

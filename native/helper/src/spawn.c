@@ -18,6 +18,7 @@
  * pre-opened warren-init.
  */
 #include "wn.h"
+#include "confine.h" /* issue 5 */
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -137,6 +138,7 @@ enum spawn_step {
   S_CAPS,
   S_NNP,
   S_EXEC,
+  S_CONFINE, /* issue 5: index = WN_CF_* step */
 };
 
 struct child_report {
@@ -262,6 +264,12 @@ static int sandbox_child(void *arg) {
   int rc = wn_caps_drop(wn_default_caps);
   if (rc < 0) child_fail(c, S_CAPS, 0, -rc);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(c, S_NNP, 0, errno);
+  /* issue 5: seccomp / Landlock / AppArmor / rlimits, the last step before exec */
+  if (s->confine) {
+    int cf_step = 0;
+    int crc = wn_confine_apply(s->confine, c->init_fd, &cf_step);
+    if (crc < 0) child_fail(c, S_CONFINE, cf_step, -crc);
+  }
 
   static const char *const argv[] = {"warren-init", NULL};
   static const char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", NULL};
@@ -293,6 +301,7 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
   if (strcmp(s->rootfs_dir, "/") == 0) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "rootfsDir must not be /");
   if (s->shm_bytes != 0 && (s->shm_bytes < 4096 || s->shm_bytes > (1ull << 40)))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
+  if (wn_confine_check(s->confine, e) < 0) return -1; /* issue 5 */
   return 0;
 }
 
@@ -339,6 +348,7 @@ static int report_error(const struct spawn_ctx *c, const struct child_report *r,
     case S_CAPS: return wn_fail(e, WN_SPAWN_ERROR, err, "drop capabilities");
     case S_NNP: return wn_fail(e, WN_SPAWN_ERROR, err, "prctl PR_SET_NO_NEW_PRIVS");
     case S_EXEC: return wn_fail(e, WN_SPAWN_ERROR, err, "execveat %s", s->init_path);
+    case S_CONFINE: return wn_fail(e, WN_SPAWN_ERROR, err, "confine sandbox init: %s", wn_confine_step_name(r->index));
   }
   return wn_fail(e, WN_SPAWN_ERROR, err, "sandbox init setup (step %d.%d)", r->step, r->index);
 }

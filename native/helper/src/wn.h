@@ -219,6 +219,7 @@ typedef struct wn_spawn_spec {
   int sched_idle;
   int core_sched;
   uint64_t shm_bytes; /* 0 = default 64 MiB */
+  const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
 } wn_spawn_spec;
 
 typedef struct wn_spawn_result {
@@ -248,6 +249,8 @@ typedef struct wn_exec_spec {
   int pty_cols;   /* WN_STDIO_PTY */
   int pty_rows;
   int status_pipe; /* WN_STDIO_PIPES / WN_STDIO_PTY: extra pipe on the child's fd 3 */
+  const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
+  const struct wn_isolate *isolate; /* issue 3: FnCall per-invocation isolation (isolate.h); NULL = none */
 } wn_exec_spec;
 
 typedef struct wn_exec_result {

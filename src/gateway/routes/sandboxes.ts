@@ -1,10 +1,79 @@
-/** Sandboxes: create, list, get, delete, exec, sessions. */
+/** Sandboxes: create, list, get, delete, exec, sessions; lifecycle: pause, resume, hibernate, extend, pack. */
 import type { Server } from 'hyper-express';
-import type { BackendName } from '../../shim/types';
-import { can } from '../auth';
+import { WarrenError } from '../../errors';
+import type { BackendName, SandboxSpec } from '../../shim/types';
+import { type Account, type Usage, can, checkQuota, requirePermission } from '../auth';
 import { type GatewayContext, authed, present, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
-import { parseLabelFilter, validateCreateRequest, validateExecRequest } from '../validation';
+import { parseLabelFilter, validateCreateRequest, validateExecRequest, validateExtendRequest, validatePackRequest } from '../validation';
+
+/** Sandbox creations in flight per account (counted against quotas until they are listed). */
+const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
+
+/** Live sandboxes (running, paused, hibernated, creating) of an account, plus creations in flight. */
+export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
+  const u: Usage = { sandboxes: 0, cpu: 0, memoryMb: 0 };
+  for (const s of ctx.shim.listSandboxes({ owner: accountId })) {
+    if (s.state === 'stopped' || s.state === 'failed') continue;
+    u.sandboxes++;
+    u.cpu += s.limits.cpu;
+    u.memoryMb += s.limits.memoryMb;
+  }
+  const r = reservations.get(ctx)?.get(accountId);
+  if (r) {
+    u.sandboxes += r.sandboxes;
+    u.cpu += r.cpu;
+    u.memoryMb += r.memoryMb;
+  }
+  return u;
+}
+
+/**
+ * Roles: runtime accounts create only from published environments (node
+ * images and published packs); builders also from their own unpublished
+ * packs; admins from anything. Anything else is 403 FORBIDDEN, saying why.
+ */
+function checkEnvironments(ctx: GatewayContext, account: Account, spec: SandboxSpec): void {
+  for (const ref of [spec.image, ...spec.workspaces, ...spec.toolkits]) {
+    const env = ctx.shim.environment(ref);
+    if (env === null || env.published || can(account, 'allSandboxes')) continue;
+    if (can(account, 'unpublishedEnvironments') && env.owner === account.id) continue;
+    throw new WarrenError('FORBIDDEN', `environment ${JSON.stringify(env.name)} is not published; ${account.role} accounts may only create sandboxes from published environments`, {
+      image: env.name,
+      role: account.role,
+    });
+  }
+}
+
+async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
+  checkQuota(ctx.auth.quota(account.id, ctx.defaultQuota), accountUsage(ctx, account.id), spec);
+  let byAccount = reservations.get(ctx);
+  if (!byAccount) reservations.set(ctx, (byAccount = new Map()));
+  const r = byAccount.get(account.id) ?? { sandboxes: 0, cpu: 0, memoryMb: 0 };
+  r.sandboxes++;
+  r.cpu += spec.cpu;
+  r.memoryMb += spec.memoryMb;
+  byAccount.set(account.id, r);
+  try {
+    return await fn();
+  } finally {
+    r.sandboxes--;
+    r.cpu -= spec.cpu;
+    r.memoryMb -= spec.memoryMb;
+    if (r.sandboxes === 0) byAccount.delete(account.id);
+  }
+}
+
+/** The sandboxes a label-selector job operation applies to: own ones; admins may add ?owner=. */
+function jobFilter(req: { path_query: string }, account: Account): { labels: Record<string, string>; owner?: string } {
+  const q = new URLSearchParams(req.path_query);
+  rejectUnknownQuery(q, ['label', 'owner']);
+  const labels = parseLabelFilter(q.getAll('label'));
+  if (labels === undefined) throw new WarrenError('INVALID_ARGUMENT', 'a label selector is required: ?label=key=value (repeatable)', { field: 'label' });
+  const ownerParam = queryOne(q, 'owner');
+  if (!can(account, 'allSandboxes')) return { labels, owner: account.id };
+  return ownerParam === undefined ? { labels } : { labels, owner: ownerParam };
+}
 
 export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
   app.post(
@@ -15,8 +84,76 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const backends = ctx.shim.features().backends;
       const availableBackends = (Object.keys(backends) as BackendName[]).filter((b) => backends[b]?.available);
       const spec = validateCreateRequest(body, { owner: account.id, host: ctx.host, availableBackends });
-      const info = await ctx.shim.createSandbox(spec);
+      checkEnvironments(ctx, account, spec);
+      const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec));
       sendJson(res, 201, present(account, info));
+    }),
+  );
+
+  // ---- lifecycle: jobs (label selectors) first, so "pause" is never taken for an id ----
+
+  app.post(
+    '/v1/sandboxes/pause',
+    authed(ctx, async (req, res, account) => {
+      const filter = jobFilter(req, account);
+      sendJson(res, 200, { sandboxes: await ctx.shim.pauseSandboxes(filter) });
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/resume',
+    authed(ctx, async (req, res, account) => {
+      const filter = jobFilter(req, account);
+      sendJson(res, 200, { sandboxes: await ctx.shim.resumeSandboxes(filter) });
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/:id/pause',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      sendJson(res, 200, await ctx.shim.pauseSandbox(info.id));
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/:id/resume',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      sendJson(res, 200, await ctx.shim.resumeSandbox(info.id));
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/:id/hibernate',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      sendJson(res, 200, await ctx.shim.hibernateSandbox(info.id));
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/:id/extend',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const body = validateExtendRequest(await readJson(req));
+      sendJson(res, 200, present(account, ctx.shim.extendSandbox(info.id, body)));
+    }),
+  );
+
+  app.post(
+    '/v1/sandboxes/:id/pack',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      requirePermission(account, 'packEnvironments');
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const body = validatePackRequest(await readJson(req));
+      if (body.publish) requirePermission(account, 'publishEnvironments');
+      sendJson(res, 201, await ctx.shim.packSandbox(info.id, body, account.id));
     }),
   );
 

@@ -20,6 +20,8 @@ import type {
   SandboxSpec,
 } from '../types';
 import { resolveUser, type SandboxUser } from '../users';
+import { BoundedCollector, pumpInto } from '../output';
+import { assertConfinable, confineFor, forgetSandbox, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
 const CPU_PERIOD_US = 100_000;
 const MIB = 1024 * 1024;
@@ -38,17 +40,33 @@ export interface ContainerRuntime {
 export class ContainerBackend implements Backend {
   readonly name = 'container' as const;
 
-  constructor(private readonly sandboxesDir: string) {}
+  /** `profile`: the confinement profile of every sandbox of this backend (default: per account, accounts.yaml). */
+  constructor(
+    private readonly sandboxesDir: string,
+    private readonly profileName?: string,
+  ) {}
 
   async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<ContainerSandbox> {
     const dir = join(this.sandboxesDir, id);
     const upperDir = join(dir, 'upper');
     const workDir = join(dir, 'work');
     const rootfsDir = join(dir, 'rootfs');
+    // issue 5: confinement profile, enforcer check, disk quota of the writable layer
+    const profileName = this.profileName ?? profileForOwner(spec.owner);
+    assertConfinable();
+    const diskMb = spec.diskMb ?? policyProfile(profileName).limits.diskMb;
     let cgroupCreated = false;
+    let diskMounted = false;
     try {
       await mkdir(dir, { mode: 0o700 });
+      if (diskMb !== null) {
+        mountDisk(dir, diskMb);
+        diskMounted = true;
+      }
+      registerSandbox(id, profileName);
       await Promise.all([mkdir(upperDir, { mode: 0o755 }), mkdir(workDir, { mode: 0o700 }), mkdir(rootfsDir, { mode: 0o700 })]);
+      // issue 5: /work exists in every sandbox (the writable workspace, whatever the image has)
+      await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
       native.cgroupCreate(id, limitsOf(spec));
       cgroupCreated = true;
       const proc = native.spawnSandbox({
@@ -62,10 +80,13 @@ export class ContainerBackend implements Backend {
         network: 'loopback',
         schedIdle: spec.priority === 'idle',
         coreSched: false,
+        confine: confineFor(profileName),
       });
-      return new ContainerSandbox(id, spec, { pid: proc.pid, startTime: proc.startTime, dir }, proc.pidfd);
+      return new ContainerSandbox(id, spec, { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb }, proc.pidfd);
     } catch (err) {
+      forgetSandbox(id);
       if (cgroupCreated) await destroyCgroup(id).catch(() => undefined);
+      if (diskMounted) unmountDisk(dir);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
       throw err;
     }
@@ -77,13 +98,35 @@ export class ContainerBackend implements Backend {
     if (native.processStartTime(runtime.pid) !== runtime.startTime) return null;
     if (!native.cgroupExists(record.id) || !native.cgroupProcs(record.id).includes(runtime.pid)) return null;
     const pidfd = native.pidfdOpen(runtime.pid);
+    registerSandbox(record.id, typeof runtime.profile === 'string' ? runtime.profile : (this.profileName ?? profileForOwner(record.spec.owner)));
     return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd);
   }
 
   /** Remove whatever a dead or half-created sandbox left behind. */
   async cleanup(id: string): Promise<void> {
     if (native.cgroupExists(id)) await destroyCgroup(id);
+    forgetSandbox(id);
+    unmountDisk(join(this.sandboxesDir, id));
     await rm(join(this.sandboxesDir, id), { recursive: true, force: true });
+  }
+}
+
+/**
+ * issue 5: the writable layer (upper + work dirs) of a sandbox lives on its own tmpfs of
+ * `diskMb` (size= and an inode cap), mounted on the sandbox directory: filling it gives
+ * ENOSPC inside that sandbox only. Mounting is ~0.1 ms. tmpfs pages are charged to the
+ * sandbox's memory cgroup, so memoryMb bounds it as well (docs/security.md).
+ */
+function mountDisk(dir: string, diskMb: number): void {
+  const inodes = Math.max(16_384, Math.min(diskMb * 256, 4_194_304));
+  native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb}m,nr_inodes=${inodes},mode=0700`);
+}
+
+function unmountDisk(dir: string): void {
+  try {
+    native.umount(dir, true);
+  } catch {
+    /* not mounted (no quota, or already gone) */
   }
 }
 
@@ -223,8 +266,8 @@ export class ContainerSandbox implements BackendSandbox {
     }
     const stdout = new BoundedCollector(maxOutput);
     const stderr = new BoundedCollector(maxOutput);
-    const outDone = pump(proc.stdout!, stdout);
-    const errDone = pump(proc.stderr!, stderr);
+    const outDone = pumpInto(proc.stdout!, stdout);
+    const errDone = pumpInto(proc.stderr!, stderr);
     writeStdin(proc.stdin!, req.stdin);
 
     let timedOut = false;
@@ -307,9 +350,11 @@ export class ContainerSandbox implements BackendSandbox {
 
   private async doDestroy(): Promise<void> {
     await destroyCgroup(this.id);
+    forgetSandbox(this.id);
     // pid 1 is gone once its cgroup is empty; wait for the exit to be observed so the pidfd is released.
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
     native.close(this.pidfd);
+    if (this.runtime.diskMb !== undefined && this.runtime.diskMb !== null) unmountDisk(this.runtime.dir);
     await rm(this.runtime.dir, { recursive: true, force: true });
   }
 }
@@ -340,53 +385,4 @@ function writeStdin(fd: number, data: Buffer | string | undefined): void {
   sock.on('error', () => undefined);
   if (data !== undefined && data.length > 0) sock.end(data);
   else sock.end();
-}
-
-function pump(fd: number, sink: BoundedCollector): Promise<void> {
-  return new Promise((resolve) => {
-    const sock = new Socket({ fd, readable: true, writable: false });
-    sink.onStop(() => sock.destroy());
-    sock.on('data', (chunk: Buffer) => sink.push(chunk));
-    sock.on('error', () => resolve());
-    sock.on('close', () => resolve());
-  });
-}
-
-/** Keeps at most `limit` bytes; keeps draining (and dropping) past it so the writer never blocks. */
-export class BoundedCollector {
-  private readonly chunks: Buffer[] = [];
-  private size = 0;
-  truncated = false;
-  private stopListeners: Array<() => void> = [];
-
-  constructor(private readonly limit: number) {}
-
-  push(chunk: Buffer): void {
-    const room = this.limit - this.size;
-    if (room <= 0) {
-      this.truncated = true;
-      return;
-    }
-    if (chunk.length > room) {
-      this.chunks.push(chunk.subarray(0, room));
-      this.size += room;
-      this.truncated = true;
-    } else {
-      this.chunks.push(chunk);
-      this.size += chunk.length;
-    }
-  }
-
-  onStop(listener: () => void): void {
-    this.stopListeners.push(listener);
-  }
-
-  stop(): void {
-    for (const l of this.stopListeners) l();
-    this.stopListeners = [];
-  }
-
-  text(): string {
-    return Buffer.concat(this.chunks, this.size).toString('utf8');
-  }
 }
