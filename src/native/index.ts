@@ -106,10 +106,11 @@ function withConfine<T extends { confine?: ConfineSpec | null }>(spec: T, id: un
 export const native: NativeAddon = new Proxy({} as NativeAddon, {
   get(_target, prop) {
     const addon = loadNative() as unknown as Record<string | symbol, unknown>;
-    if (prop === 'spawnSandbox' || prop === 'exec') {
+    if (prop === 'spawnSandbox' || prop === 'exec' || prop === 'spawnSandboxAsync' || prop === 'execAsync') {
       const fn = addon[prop] as (s: unknown) => unknown;
+      const isExec = prop === 'exec' || prop === 'execAsync';
       return (spec: { id?: unknown; cgroup?: unknown; confine?: ConfineSpec | null }) =>
-        fn.call(addon, withConfine(spec, prop === 'exec' ? spec?.cgroup : spec?.id));
+        fn.call(addon, withConfine(spec, isExec ? spec?.cgroup : spec?.id));
     }
     const value = addon[prop];
     return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(addon) : value;

@@ -184,6 +184,14 @@ export interface NativeAddon {
   spawnSandbox(spec: SpawnSandboxSpec): SandboxProcess;
   exec(spec: ExecSpec): ExecProcess;
   /**
+   * The same, on the libuv thread pool: the calling thread waits while the
+   * CLONE_VFORK child sets the sandbox up, so the synchronous forms stall the
+   * event loop for that long. Inputs are validated synchronously (throws);
+   * kernel failures reject with the same WarrenError.
+   */
+  spawnSandboxAsync(spec: SpawnSandboxSpec): Promise<SandboxProcess>;
+  execAsync(spec: ExecSpec): Promise<ExecProcess>;
+  /**
    * Call `callback` once when the process behind `pidfd` ends. For children of
    * this process the status is reaped (waitid P_PIDFD); for adopted processes
    * it is unknown (exitCode and signal null). The pidfd stays owned by the caller.

@@ -39,13 +39,13 @@ AddonState* State(Napi::Env env) { return env.GetInstanceData<AddonState>(); }
 
 // ---- errors ---------------------------------------------------------------
 
-[[noreturn]] void ThrowCode(Napi::Env env, const char* code, const std::string& message, int errnum) {
+Napi::Value ErrorValue(Napi::Env env, const char* code, const std::string& message, int errnum) {
   AddonState* st = State(env);
   if (st == nullptr || st->error_ctor.IsEmpty()) {
     Napi::Error err = Napi::Error::New(env, std::string(code) + ": " + message);
     err.Set("code", Napi::String::New(env, code));
     if (errnum) err.Set("errno", Napi::Number::New(env, errnum));
-    throw err;
+    return err.Value();
   }
   std::vector<napi_value> args = {
       Napi::String::New(env, code),
@@ -53,8 +53,11 @@ AddonState* State(Napi::Env env) { return env.GetInstanceData<AddonState>(); }
       env.Undefined(),
       errnum ? Napi::Number::New(env, errnum) : env.Undefined(),
   };
-  Napi::Object obj = st->error_ctor.New(args);
-  throw Napi::Error(env, obj);
+  return st->error_ctor.New(args);
+}
+
+[[noreturn]] void ThrowCode(Napi::Env env, const char* code, const std::string& message, int errnum) {
+  throw Napi::Error(env, ErrorValue(env, code, message, errnum));
 }
 
 [[noreturn]] void Throw(Napi::Env env, const wn_error& e) {
@@ -299,17 +302,31 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 
 // ---- processes -------------------------------------------------------------------
 
-Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
+// A parsed spawn request that owns every string the C spec points into, so it can
+// run on a thread-pool thread after the JS call has returned. Never moved.
+struct SpawnJob {
+  std::string id, hostname, upper, work, rootfs, init;
+  std::vector<std::string> lowers;
+  std::vector<const char*> lower_ptrs;
+  ConfineArgs confine_args;  // issue 5
+  wn_spawn_spec s{};
+  wn_spawn_result r{};
+  wn_error e{};
+  int rc = 0;
+};
+
+std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
+  auto j = std::make_unique<SpawnJob>();
   Napi::Object o = ToObj(env, ArgOrUndefined(info, 0), "spec");
-  std::string id = ToStr(env, o.Get("id"), "id", 63);
-  std::string hostname = ToStr(env, o.Get("hostname"), "hostname", 63);
-  std::vector<std::string> lowers = ToStrArray(env, o.Get("lowerDirs"), "lowerDirs", WN_MAX_LOWER_DIRS, WN_MAX_PATH);
-  std::string upper = ToStr(env, o.Get("upperDir"), "upperDir");
-  std::string work = ToStr(env, o.Get("workDir"), "workDir");
-  std::string rootfs = ToStr(env, o.Get("rootfsDir"), "rootfsDir");
-  std::string init = ToStr(env, o.Get("initPath"), "initPath");
+  j->id = ToStr(env, o.Get("id"), "id", 63);
+  j->hostname = ToStr(env, o.Get("hostname"), "hostname", 63);
+  j->lowers = ToStrArray(env, o.Get("lowerDirs"), "lowerDirs", WN_MAX_LOWER_DIRS, WN_MAX_PATH);
+  j->upper = ToStr(env, o.Get("upperDir"), "upperDir");
+  j->work = ToStr(env, o.Get("workDir"), "workDir");
+  j->rootfs = ToStr(env, o.Get("rootfsDir"), "rootfsDir");
+  j->init = ToStr(env, o.Get("initPath"), "initPath");
   std::string network = ToStr(env, o.Get("network"), "network", 32);
   if (network != "loopback") Invalid(env, "network must be 'loopback'");
   bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
@@ -317,25 +334,26 @@ Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
   uint64_t shm = 0;
   if (Has(o, "shmBytes")) shm = static_cast<uint64_t>(ToInt(env, o.Get("shmBytes"), "shmBytes", 4096, int64_t(1) << 40));
 
-  std::vector<const char*> lower_ptrs = CPtrs(lowers);
-  wn_spawn_spec s{};
-  s.id = id.c_str();
-  s.hostname = hostname.c_str();
-  s.lower_dirs = lower_ptrs.data();
-  s.n_lower = lowers.size();
-  s.upper_dir = upper.c_str();
-  s.work_dir = work.c_str();
-  s.rootfs_dir = rootfs.c_str();
-  s.init_path = init.c_str();
+  j->lower_ptrs = CPtrs(j->lowers);
+  wn_spawn_spec& s = j->s;
+  s.id = j->id.c_str();
+  s.hostname = j->hostname.c_str();
+  s.lower_dirs = j->lower_ptrs.data();
+  s.n_lower = j->lowers.size();
+  s.upper_dir = j->upper.c_str();
+  s.work_dir = j->work.c_str();
+  s.rootfs_dir = j->rootfs.c_str();
+  s.init_path = j->init.c_str();
   s.sched_idle = sched_idle;
   s.core_sched = core_sched;
   s.shm_bytes = shm;
-  ConfineArgs confine_args;  // issue 5
-  s.confine = ParseConfine(env, o, confine_args);
+  s.confine = ParseConfine(env, o, j->confine_args);
   wn_error e;
   if (wn_spawn_spec_check(&s, &e) < 0) Throw(env, e);
-  wn_spawn_result r{};
-  if (wn_spawn_sandbox(&s, &r, &e) < 0) Throw(env, e);
+  return j;
+}
+
+Napi::Object SpawnResult(Napi::Env env, const wn_spawn_result& r) {
   Napi::Object out = Napi::Object::New(env);
   out.Set("pid", Napi::Number::New(env, r.pid));
   out.Set("pidfd", Napi::Number::New(env, r.pidfd));
@@ -343,21 +361,88 @@ Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
   return out;
 }
 
-Napi::Value Exec(const Napi::CallbackInfo& info) {
+Napi::Value SpawnSandbox(const Napi::CallbackInfo& info) {
+  std::unique_ptr<SpawnJob> j = ParseSpawn(info);
+  if (wn_spawn_sandbox(&j->s, &j->r, &j->e) < 0) Throw(info.Env(), j->e);
+  return SpawnResult(info.Env(), j->r);
+}
+
+/*
+ * The clone(CLONE_VM|CLONE_VFORK) child suspends the calling thread until it
+ * execs; the sandbox set-up it does first (mounts, pivot_root) takes
+ * milliseconds. Run on the libuv thread pool, that wait no longer stalls the
+ * event loop, and several creates proceed in parallel.
+ */
+template <typename Job, typename Run, typename Done>
+class JobWorker : public Napi::AsyncWorker {
+ public:
+  JobWorker(Napi::Env env, std::unique_ptr<Job> job, Run run, Done done)
+      : Napi::AsyncWorker(env, "warren-native"), deferred_(Napi::Promise::Deferred::New(env)), job_(std::move(job)), run_(run), done_(done) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override { job_->rc = run_(*job_); }
+  void OnOK() override {
+    Napi::Env env = Env();
+    if (job_->rc < 0) {
+      deferred_.Reject(ErrorValue(env, wn_code_name(job_->e.code), job_->e.msg, job_->e.errnum));
+      return;
+    }
+    deferred_.Resolve(done_(env, *job_));
+  }
+  void OnError(const Napi::Error& err) override { deferred_.Reject(err.Value()); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::unique_ptr<Job> job_;
+  Run run_;
+  Done done_;
+};
+
+template <typename Job, typename Run, typename Done>
+Napi::Value Queue(Napi::Env env, std::unique_ptr<Job> job, Run run, Done done) {
+  auto* w = new JobWorker<Job, Run, Done>(env, std::move(job), run, done);
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value SpawnSandboxAsync(const Napi::CallbackInfo& info) {
+  return Queue(
+      info.Env(), ParseSpawn(info), [](SpawnJob& j) { return wn_spawn_sandbox(&j.s, &j.r, &j.e); },
+      [](Napi::Env env, SpawnJob& j) -> Napi::Value { return SpawnResult(env, j.r); });
+}
+
+// A parsed exec request that owns every string the C spec points into (see SpawnJob).
+struct ExecJob {
+  std::string cgroup, cwd;
+  std::vector<std::string> argv, envv;
+  std::vector<const char*> argv_ptrs, env_ptrs;
+  ConfineArgs confine_args;  // issue 5
+  wn_isolate iso{};          // issue 3
+  std::vector<std::string> iso_strs;
+  wn_exec_spec s{};
+  wn_exec_result r{};
+  wn_error e{};
+  int rc = 0;
+};
+
+std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
+  auto j = std::make_unique<ExecJob>();
   Napi::Object o = ToObj(env, ArgOrUndefined(info, 0), "spec");
   pid_t init_pid = static_cast<pid_t>(ToInt(env, o.Get("initPid"), "initPid", 1, WN_PID_MAX));
-  std::string cgroup = ToStr(env, o.Get("cgroup"), "cgroup", 63);
-  std::vector<std::string> argv = ToStrArray(env, o.Get("argv"), "argv", WN_MAX_ARGS, WN_MAX_ARG_LEN);
-  std::vector<std::string> envv = ToStrArray(env, o.Get("env"), "env", WN_MAX_ARGS, WN_MAX_ARG_LEN);
-  std::string cwd = ToStr(env, o.Get("cwd"), "cwd");
+  j->cgroup = ToStr(env, o.Get("cgroup"), "cgroup", 63);
+  j->argv = ToStrArray(env, o.Get("argv"), "argv", WN_MAX_ARGS, WN_MAX_ARG_LEN);
+  j->envv = ToStrArray(env, o.Get("env"), "env", WN_MAX_ARGS, WN_MAX_ARG_LEN);
+  j->cwd = ToStr(env, o.Get("cwd"), "cwd");
   uid_t uid = static_cast<uid_t>(ToInt(env, o.Get("uid"), "uid", 0, 4294967294LL));
   gid_t gid = static_cast<gid_t>(ToInt(env, o.Get("gid"), "gid", 0, 4294967294LL));
   bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
   bool status_pipe = Has(o, "statusPipe") && ToBool(env, o.Get("statusPipe"), "statusPipe");
 
-  wn_exec_spec s{};
+  wn_exec_spec& s = j->s;
   s.stdio = WN_STDIO_PIPES;
   if (Has(o, "pty")) {
     Napi::Object pty = ToObj(env, o.Get("pty"), "pty");
@@ -365,27 +450,26 @@ Napi::Value Exec(const Napi::CallbackInfo& info) {
     s.pty_cols = static_cast<int>(ToInt(env, pty.Get("cols"), "pty.cols", 1, 10000));
     s.pty_rows = static_cast<int>(ToInt(env, pty.Get("rows"), "pty.rows", 1, 10000));
   }
-  std::vector<const char*> argv_ptrs = CPtrs(argv);
-  std::vector<const char*> env_ptrs = CPtrs(envv);
+  j->argv_ptrs = CPtrs(j->argv);
+  j->env_ptrs = CPtrs(j->envv);
   s.init_pid = init_pid;
-  s.cgroup = cgroup.c_str();
-  s.argv = argv_ptrs.data();
-  s.argc = argv.size();
-  s.envp = env_ptrs.data();
-  s.envc = envv.size();
-  s.cwd = cwd.c_str();
+  s.cgroup = j->cgroup.c_str();
+  s.argv = j->argv_ptrs.data();
+  s.argc = j->argv.size();
+  s.envp = j->env_ptrs.data();
+  s.envc = j->envv.size();
+  s.cwd = j->cwd.c_str();
   s.uid = uid;
   s.gid = gid;
   s.sched_idle = sched_idle;
   s.status_pipe = status_pipe;
-  ConfineArgs confine_args;  // issue 5
-  s.confine = ParseConfine(env, o, confine_args);
+  s.confine = ParseConfine(env, o, j->confine_args);
   // issue 5: cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
   // where the rules must be resolved)
-  if (s.confine && !Has(o, "isolate")) LlAttach(cgroup, init_pid, confine_args.c);
+  if (s.confine && !Has(o, "isolate")) LlAttach(j->cgroup, init_pid, j->confine_args.c);
   // issue 3: FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
-  wn_isolate iso{};
-  std::vector<std::string> iso_strs;
+  wn_isolate& iso = j->iso;
+  std::vector<std::string>& iso_strs = j->iso_strs;
   iso_strs.reserve(3 * WN_ISO_MAX_PATHS);
   if (Has(o, "isolate")) {
     Napi::Object io = ToObj(env, o.Get("isolate"), "isolate");
@@ -432,8 +516,10 @@ Napi::Value Exec(const Napi::CallbackInfo& info) {
   }
   wn_error e;
   if (wn_exec_spec_check(&s, &e) < 0) Throw(env, e);
-  wn_exec_result r{};
-  if (wn_exec(&s, &r, &e) < 0) Throw(env, e);
+  return j;
+}
+
+Napi::Object ExecResult(Napi::Env env, const wn_exec_result& r) {
   Napi::Object out = Napi::Object::New(env);
   out.Set("pid", Napi::Number::New(env, r.pid));
   out.Set("pidfd", Napi::Number::New(env, r.pidfd));
@@ -443,6 +529,18 @@ Napi::Value Exec(const Napi::CallbackInfo& info) {
   if (r.status_fd >= 0) out.Set("status", Napi::Number::New(env, r.status_fd));
   if (r.pty_fd >= 0) out.Set("ptyFd", Napi::Number::New(env, r.pty_fd));
   return out;
+}
+
+Napi::Value Exec(const Napi::CallbackInfo& info) {
+  std::unique_ptr<ExecJob> j = ParseExec(info);
+  if (wn_exec(&j->s, &j->r, &j->e) < 0) Throw(info.Env(), j->e);
+  return ExecResult(info.Env(), j->r);
+}
+
+Napi::Value ExecAsync(const Napi::CallbackInfo& info) {
+  return Queue(
+      info.Env(), ParseExec(info), [](ExecJob& j) { return wn_exec(&j.s, &j.r, &j.e); },
+      [](Napi::Env env, ExecJob& j) -> Napi::Value { return ExecResult(env, j.r); });
 }
 
 // ---- watchExit ------------------------------------------------------------------------
@@ -729,6 +827,8 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"cgroupAttach", CgroupAttach},
       {"spawnSandbox", SpawnSandbox},
       {"exec", Exec},
+      {"spawnSandboxAsync", SpawnSandboxAsync},
+      {"execAsync", ExecAsync},
       {"watchExit", WatchExit},
       {"pidfdOpen", PidfdOpen},
       {"pidfdSendSignal", PidfdSendSignal},

@@ -69,7 +69,7 @@ export class ContainerBackend implements Backend {
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
       native.cgroupCreate(id, limitsOf(spec));
       cgroupCreated = true;
-      const proc = native.spawnSandbox({
+      const proc = await native.spawnSandboxAsync({
         id,
         hostname: id,
         lowerDirs: layers.map((l) => l.path),
@@ -224,12 +224,12 @@ export class ContainerSandbox implements BackendSandbox {
   }
 
   /** Start a process inside the sandbox; ENOENT on the command becomes a 127 like a shell would give. */
-  private spawn(req: Pick<ExecRequest, 'cmd' | 'env' | 'cwd' | 'user'>): ExecProcess {
+  private async spawn(req: Pick<ExecRequest, 'cmd' | 'env' | 'cwd' | 'user'>): Promise<ExecProcess> {
     this.assertAlive();
     const user = resolveUser(this.rootPath(), req.user ?? this.spec.user);
     const argv = typeof req.cmd === 'string' ? ['/bin/sh', '-c', req.cmd] : req.cmd;
     try {
-      return this.nativeExec(argv, req, user);
+      return await this.nativeExec(argv, req, user);
     } catch (err) {
       if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && err.errno === EAGAIN) {
         throw new WarrenError('RESOURCE_EXHAUSTED', `sandbox ${this.id} is at its pids limit (${this.spec.pids}); nothing new can start until processes exit`, { limit: 'pids' }, EAGAIN);
@@ -238,8 +238,8 @@ export class ContainerSandbox implements BackendSandbox {
     }
   }
 
-  private nativeExec(argv: string[], req: Pick<ExecRequest, 'env' | 'cwd'>, user: SandboxUser): ExecProcess {
-    return native.exec({
+  private nativeExec(argv: string[], req: Pick<ExecRequest, 'env' | 'cwd'>, user: SandboxUser): Promise<ExecProcess> {
+    return native.execAsync({
       initPid: this.runtime.pid,
       cgroup: this.id,
       argv,
@@ -258,7 +258,7 @@ export class ContainerSandbox implements BackendSandbox {
     const oomBefore = native.cgroupStats(this.id).oomKills;
     let proc: ExecProcess;
     try {
-      proc = this.spawn(req);
+      proc = await this.spawn(req);
     } catch (err) {
       const notFound = commandNotFound(err, req.cmd);
       if (notFound === null) throw err;
@@ -304,7 +304,7 @@ export class ContainerSandbox implements BackendSandbox {
   }
 
   async execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
-    const proc = this.spawn(req);
+    const proc = await this.spawn(req);
     const stdin = new Socket({ fd: proc.stdin!, readable: false, writable: true });
     const stdout = new Socket({ fd: proc.stdout!, readable: true, writable: false });
     const stderr = new Socket({ fd: proc.stderr!, readable: true, writable: false });

@@ -116,7 +116,7 @@ export class PoolContainer {
   }
 
   private async mountWork(sizeBytes: number): Promise<void> {
-    const proc = native.exec({
+    const proc = await native.execAsync({
       initPid: this.box.pid,
       cgroup: this.id,
       argv: ['/bin/true'],
@@ -213,7 +213,7 @@ export class PoolContainer {
     const env = { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody', ...o.env };
     let proc: ExecProcess;
     try {
-      proc = native.exec({
+      proc = await native.execAsync({
         initPid: this.box.pid,
         cgroup: this.id,
         argv: o.argv,
