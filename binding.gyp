@@ -12,7 +12,8 @@
         "native/helper/src/misc.c",
         "native/helper/src/clone.c",
         "native/helper/src/confine.c",
-        "native/helper/src/seccomp.c"
+        "native/helper/src/seccomp.c",
+        "native/helper/src/bpf_egress.c"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
@@ -36,7 +37,8 @@
       ],
       "cflags_c": ["-std=gnu11", "-Werror=implicit-function-declaration"],
       "cflags_cc": ["-std=c++17", "-fexceptions"],
-      "ldflags": ["-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack"]
+      "ldflags": ["-Wl,-z,relro,-z,now", "-Wl,-z,noexecstack"],
+      "libraries": ["-lbpf"]
     }
   ]
 }

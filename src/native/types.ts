@@ -49,8 +49,11 @@ export interface SpawnSandboxSpec {
   rootfsDir: string;
   /** Host path of the static pid-1 reaper (native/helper/out/warren-init). */
   initPath: string;
-  /** New network namespace with only loopback up. */
-  network: 'loopback';
+  /** 'loopback': a new network namespace with only loopback up. 'netns': join `netnsPath`
+   *  (a pooled namespace with a veth to the host bridge, issue 4). */
+  network: 'loopback' | 'netns';
+  /** Absolute path of the network namespace to join (a /run/netns entry); with network 'netns'. */
+  netnsPath?: string;
   /** Run every process of the sandbox under SCHED_IDLE. */
   schedIdle: boolean;
   /** Give the sandbox its own core-scheduling cookie (throws NOT_SUPPORTED where the kernel lacks it). */
@@ -228,4 +231,38 @@ export interface NativeAddon {
   seccompFilterLength(allow: number): number;
   /** Release the cached Landlock rulesets of sandbox `cgroup` (they pin its inodes); call on destroy. */
   landlockCacheDrop(cgroup: string): void;
+
+  // issue 4: egress enforcement (native/helper/src/bpf_egress.c). Keys and values are encoded
+  // by src/native/bpf-layouts.ts; the addon checks their sizes against the map's.
+  /** Loads a BPF object with its maps pinned by name under pinDir (existing pins are reused)
+   *  and pins every program as pinDir/<name>; returns how many programs it pinned. */
+  bpfLoadPinned(objectPath: string, pinDir: string): number;
+  /** Links a pinned program to a cgroup2 directory and pins the link at linkPin. */
+  bpfAttachCgroup(programPin: string, cgroupDir: string, attach: BpfCgroupAttach, linkPin: string): void;
+  /** An O_CLOEXEC fd of a pinned map or program; release with close(). */
+  bpfObjGet(path: string): number;
+  bpfMapInfo(fd: number): BpfMapInfo;
+  /** flags: 0 any, 1 only new, 2 only existing. */
+  bpfMapUpdate(fd: number, key: Buffer, value: Buffer, flags?: 0 | 1 | 2): void;
+  /** True when the key existed. */
+  bpfMapDelete(fd: number, key: Buffer): boolean;
+  bpfMapLookup(fd: number, key: Buffer): Buffer | null;
+  /** The key after `key` (null: the first key); null at the end. */
+  bpfMapNextKey(fd: number, key: Buffer | null): Buffer | null;
+  /** A consumer of a BPF ring buffer map; returns a handle id. */
+  bpfRingbufOpen(mapFd: number): number;
+  /** Every record available now, oldest first; never blocks. */
+  bpfRingbufDrain(ringbuf: number): Buffer[];
+  bpfRingbufClose(ringbuf: number): void;
+}
+
+export type BpfCgroupAttach = 'connect4' | 'connect6' | 'sendmsg4' | 'sendmsg6' | 'egress';
+
+export interface BpfMapInfo {
+  type: number;
+  keySize: number;
+  valueSize: number;
+  maxEntries: number;
+  id: number;
+  name: string;
 }

@@ -21,6 +21,7 @@
 #include "wn.h"
 #include "confine.h"  // issue 5
 #include "isolate.h"  // issue 3
+#include "bpf_egress.h"  // issue 4
 
 namespace {
 
@@ -299,13 +300,14 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 }
 
 #include "addon_confine.inc"  // issue 5: ParseConfine, LSM probes
+#include "addon_bpf.inc"      // issue 4: egress programs, maps, ring buffer
 
 // ---- processes -------------------------------------------------------------------
 
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init;
+  std::string id, hostname, upper, work, rootfs, init, netns;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;  // issue 5
@@ -328,7 +330,12 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   j->rootfs = ToStr(env, o.Get("rootfsDir"), "rootfsDir");
   j->init = ToStr(env, o.Get("initPath"), "initPath");
   std::string network = ToStr(env, o.Get("network"), "network", 32);
-  if (network != "loopback") Invalid(env, "network must be 'loopback'");
+  if (network == "netns") {
+    j->netns = ToStr(env, o.Get("netnsPath"), "netnsPath");
+    if (!wn_valid_abs_path(j->netns.c_str())) Invalid(env, "netnsPath must be an absolute normalized path");
+  } else if (network != "loopback") {
+    Invalid(env, "network must be 'loopback' or 'netns'");
+  }
   bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
   bool core_sched = ToBool(env, o.Get("coreSched"), "coreSched");
   uint64_t shm = 0;
@@ -348,6 +355,7 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   s.core_sched = core_sched;
   s.shm_bytes = shm;
   s.confine = ParseConfine(env, o, j->confine_args);
+  s.netns_path = j->netns.empty() ? nullptr : j->netns.c_str();
   wn_error e;
   if (wn_spawn_spec_check(&s, &e) < 0) Throw(env, e);
   return j;
@@ -847,6 +855,18 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"bpfLsmProbe", BpfLsmProbe},
       {"seccompFilterLength", SeccompFilterLength},
       {"landlockCacheDrop", LandlockCacheDrop},
+      // issue 4
+      {"bpfLoadPinned", BpfLoadPinned},
+      {"bpfAttachCgroup", BpfAttachCgroup},
+      {"bpfObjGet", BpfObjGet},
+      {"bpfMapInfo", BpfMapInfo},
+      {"bpfMapUpdate", BpfMapUpdate},
+      {"bpfMapDelete", BpfMapDelete},
+      {"bpfMapLookup", BpfMapLookup},
+      {"bpfMapNextKey", BpfMapNextKey},
+      {"bpfRingbufOpen", BpfRingbufOpen},
+      {"bpfRingbufDrain", BpfRingbufDrain},
+      {"bpfRingbufClose", BpfRingbufClose},
   };
   for (const auto& f : fns) exports.Set(f.name, Napi::Function::New(env, f.fn, f.name));
   return exports;

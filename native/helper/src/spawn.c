@@ -128,6 +128,7 @@ enum spawn_step {
   S_CHDIR_ROOT,
   S_OP,
   S_HOSTNAME,
+  S_NETNS,
   S_LOOPBACK,
   S_PIVOT,
   S_DETACH_OLD,
@@ -151,6 +152,7 @@ struct spawn_ctx {
   const wn_spawn_spec *s;
   int errfd;
   int init_fd;
+  int netns_fd; /* -1: a new network namespace */
   int cg_fds[WN_CG_MAX_FDS];
   int cg_roles[WN_CG_MAX_FDS];
   int n_cg;
@@ -213,6 +215,7 @@ static int sandbox_child(void *arg) {
   TRACE();
   if (unshare(CLONE_NEWCGROUP) < 0) child_fail(c, S_UNSHARE_CGROUP, 0, errno);
   TRACE();
+  if (c->netns_fd >= 0 && setns(c->netns_fd, CLONE_NEWNET) < 0) child_fail(c, S_NETNS, 0, errno);
 
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail(c, S_MAKE_PRIVATE, 0, errno);
   TRACE();
@@ -335,6 +338,7 @@ static int report_error(const struct spawn_ctx *c, const struct child_report *r,
       break;
     }
     case S_HOSTNAME: return wn_fail(e, WN_SPAWN_ERROR, err, "sethostname %s", s->hostname);
+    case S_NETNS: return wn_fail(e, WN_SPAWN_ERROR, err, "join network namespace %s", s->netns_path);
     case S_LOOPBACK: return wn_fail(e, WN_SPAWN_ERROR, err, "bring up lo (%s)", r->index ? "SIOCSIFFLAGS" : "SIOCGIFFLAGS");
     case S_PIVOT: return wn_fail(e, WN_MOUNT_ERROR, err, "pivot_root to %s", s->rootfs_dir);
     case S_DETACH_OLD: return wn_fail(e, WN_MOUNT_ERROR, err, "detach old root");
@@ -391,6 +395,13 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   if (fstat(init_fd, &st) < 0) return wn_fail_errno(e, WN_SPAWN_ERROR, "stat init %s", s->init_path);
   if (!S_ISREG(st.st_mode)) return wn_fail(e, WN_SPAWN_ERROR, EACCES, "init %s is not a regular file", s->init_path);
   c.init_fd = init_fd;
+  c.netns_fd = -1;
+  cleanup_fd int netns_fd = -1;
+  if (s->netns_path != NULL) {
+    netns_fd = open(s->netns_path, O_RDONLY | O_CLOEXEC);
+    if (netns_fd < 0) return wn_fail_errno(e, errno == ENOENT ? WN_FILE_NOT_FOUND : WN_SPAWN_ERROR, "open network namespace %s", s->netns_path);
+    c.netns_fd = netns_fd;
+  }
 
   if (wn_cg_open_procs(s->id, c.cg_fds, c.cg_roles, &c.n_cg, &c.unified_dir, &c.unified_procs, e) < 0) return -1;
   cleanup_fd int unified_dir = c.unified_dir;
@@ -416,8 +427,8 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int pidfd = -1;
-  const int flags =
-      CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
+  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
+                    (c.netns_fd >= 0 ? 0 : CLONE_NEWNET);
   pid_t pid = -1;
   if (unified_dir >= 0) {
     /* born in the cgroup2 group: no migration there */

@@ -220,6 +220,7 @@ typedef struct wn_spawn_spec {
   int core_sched;
   uint64_t shm_bytes; /* 0 = default 64 MiB */
   const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
+  const char *netns_path; /* issue 4: join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
 } wn_spawn_spec;
 
 typedef struct wn_spawn_result {

@@ -1,0 +1,85 @@
+/**
+ * Network probes run by a real process (python3) inside a sandbox or a test cgroup:
+ * each probe tries one way out and reports "ok", the errno name, or "timeout",
+ * with how long the attempt took. Used to assert that denials are real and prompt.
+ */
+export type ProbeKind = 'tcp' | 'tcp6' | 'udp' | 'udp6' | 'raw' | 'http' | 'resolve';
+
+export interface Probe {
+  kind: ProbeKind;
+  /** IP literal, or a name for 'http' and 'resolve'. */
+  host: string;
+  port?: number;
+  /** For 'udp': also wait for an echo. */
+  expectReply?: boolean;
+  /** For 'http': path. */
+  path?: string;
+}
+
+export interface ProbeResult {
+  kind: ProbeKind;
+  host: string;
+  port?: number;
+  outcome: string;
+  ms: number;
+  body?: string;
+}
+
+export const PROBE_SCRIPT = String.raw`
+import errno, json, socket, sys, time, urllib.request
+def run(p):
+    k, host, port = p["kind"], p["host"], p.get("port", 0)
+    t = time.monotonic()
+    out = {"kind": k, "host": host, "port": port}
+    try:
+        if k in ("tcp", "tcp6"):
+            s = socket.socket(socket.AF_INET6 if k == "tcp6" else socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(3)
+            s.connect((host, port)); s.close()
+        elif k in ("udp", "udp6"):
+            s = socket.socket(socket.AF_INET6 if k == "udp6" else socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(2)
+            s.sendto(b"ping", (host, port))
+            if p.get("expectReply"): s.recvfrom(100)
+            s.close()
+        elif k == "raw":
+            s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+            s.settimeout(2)
+            s.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00", (host, 0))
+            s.recvfrom(100)
+        elif k == "http":
+            with urllib.request.urlopen("http://%s:%d%s" % (host, port, p.get("path", "/")), timeout=5) as r:
+                out["body"] = r.read().decode()
+        elif k == "resolve":
+            out["body"] = ",".join(sorted({a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)}))
+        out["outcome"] = "ok"
+    except socket.timeout:
+        out["outcome"] = "timeout"
+    except socket.gaierror as e:
+        out["outcome"] = "gaierror:" + str(e)[:60]
+    except OSError as e:
+        en = e.errno
+        if en is None and getattr(e, "reason", None) is not None:
+            r = e.reason
+            en = getattr(r, "errno", None)
+            if en is None and isinstance(r, socket.timeout): out["outcome"] = "timeout"
+        if "outcome" not in out:
+            out["outcome"] = errno.errorcode.get(en, str(e)[:80]) if isinstance(en, int) else str(e)[:80]
+    out["ms"] = round((time.monotonic() - t) * 1000, 2)
+    return out
+print(json.dumps([run(p) for p in json.loads(sys.argv[1])]))
+`;
+
+/** argv that runs the probes with python3. */
+export function probeArgv(probes: Probe[], python = 'python3'): string[] {
+  return [python, '-c', PROBE_SCRIPT, JSON.stringify(probes)];
+}
+
+export function parseProbeOutput(stdout: string): ProbeResult[] {
+  const line = stdout.trim().split('\n').pop() ?? '';
+  try {
+    return JSON.parse(line) as ProbeResult[];
+  } catch {
+    throw new Error(`probe output is not JSON: ${stdout.slice(0, 400)}`);
+  }
+}
