@@ -7,6 +7,7 @@
 import { existsSync, readFileSync, readdirSync, statfsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
+import { join } from 'node:path';
 import type { BackendName, FeatureReport } from './shim/types';
 import { WarrenError, notSupported } from './errors';
 
@@ -35,7 +36,9 @@ export type FeatureName =
   | 'qemu'
   | 'runc'
   | 'debootstrap'
-  | 'mkfs-erofs';
+  | 'mkfs-erofs'
+  | 'egress-bpf'
+  | 'sandbox-network';
 
 export interface FeatureStatus {
   supported: boolean;
@@ -216,6 +219,21 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
   runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
   debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
   'mkfs-erofs': () => (hasBinary('mkfs.erofs') ? yes() : no('erofs-utils is not installed', 'images cannot be imported')),
+  // issue 4: per-service egress needs the cgroup programs (cgroup2 + BPF) and the node network tools
+  'egress-bpf': () => {
+    if (!feature('cgroup2-bpf-hierarchy').supported) return no('no cgroup2 hierarchy to attach the programs to', 'sandboxes are loopback-only');
+    if (!existsSync(join(__dirname, '..', '..', 'bpf', 'out', 'sandbox_egress.bpf.o')) && !existsSync(join(__dirname, '..', 'bpf', 'out', 'sandbox_egress.bpf.o'))) {
+      return no('bpf/out/sandbox_egress.bpf.o is not built (npm run build:bpf)', 'sandboxes are loopback-only');
+    }
+    if (!existsSync('/sys/fs/bpf')) return no('no /sys/fs/bpf to pin programs and maps', 'sandboxes are loopback-only');
+    return yes('connect4/6, sendmsg4/6 and cgroup_skb egress programs per sandbox cgroup; pinned under /sys/fs/bpf/warren');
+  },
+  'sandbox-network': () => {
+    const missing = ['ip', 'nft'].filter((b) => !hasBinary(b));
+    if (missing.length) return no(`${missing.join(' and ')} not installed (iproute2, nftables)`, 'sandboxes are loopback-only');
+    if (!existsSync('/proc/sys/net/ipv4/ip_forward')) return no('no IPv4 forwarding in this kernel', 'sandboxes are loopback-only');
+    return yes('netns + veth on a host bridge, NAT through nftables, per-node DNS responder');
+  },
 };
 
 /** Features the operator masks (WARREN_FEATURES_DISABLE=landlock,apparmor): treated as missing (fallback testing, incident response). */

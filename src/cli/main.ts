@@ -40,10 +40,12 @@ const USAGE = `usage: warren <command> [options]
 commands:
   up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID]
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
+     [--no-network] [--bridge NAME] [--subnet CIDR] [--dns-upstream IP[:PORT]]... [--netns-warm N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
-                                                        prints the sandbox id
+         [--net SERVICE[,SERVICE...]|none]               prints the sandbox id
+  network ID [SERVICE=on|off]...                   a sandbox's services, address, DNS bindings and denials; change them live
   exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] -- CMD [ARG...]
   shell ID [--session S] [--mode pty|command]      interactive terminal (Ctrl-] detaches)
   ls [--label K=V]... [--json]
@@ -135,6 +137,25 @@ function warrenVersion(): string {
 
 // ---------------------------------------------------------------- commands
 
+/** ["pypi", "npm=off"] -> {pypi: true, npm: false} ("none" alone: network with every service off). */
+export function parseServices(items: string[], flag: string): Record<string, boolean> {
+  const out: Record<string, boolean> = {};
+  for (const item of items) {
+    if (item === 'none') continue;
+    const m = /^([a-z0-9][a-z0-9._-]{0,62})(?:=(on|off|true|false))?$/.exec(item);
+    if (!m) throw new UsageError(`--${flag} expects SERVICE or SERVICE=on|off (got ${JSON.stringify(item)})`);
+    out[m[1]!] = m[2] === undefined || m[2] === 'on' || m[2] === 'true';
+  }
+  return out;
+}
+
+/** "1.2.3.4" or "1.2.3.4:5353" (an upstream resolver). */
+function parseEndpoint(text: string): { address: string; port: number } {
+  const m = /^(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?$/.exec(text);
+  if (!m || (m[2] !== undefined && Number(m[2]) > 65535)) throw new UsageError(`--dns-upstream expects IPv4[:PORT] (got ${JSON.stringify(text)})`);
+  return { address: m[1]!, port: m[2] === undefined ? 53 : Number(m[2]) };
+}
+
 async function cmdUp(args: string[], io: Io): Promise<number> {
   const { values } = parse(args, {
     listen: { type: 'string' },
@@ -149,6 +170,11 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'quota-sandboxes': { type: 'string' },
     'quota-cpu': { type: 'string' },
     'quota-memory': { type: 'string' },
+    'no-network': { type: 'boolean' },
+    bridge: { type: 'string' },
+    subnet: { type: 'string' },
+    'dns-upstream': { type: 'string', multiple: true },
+    'netns-warm': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -181,6 +207,16 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   const qc = num(values, 'quota-cpu');
   const qm = num(values, 'quota-memory');
   if (qs !== undefined || qc !== undefined || qm !== undefined) opts.defaultQuota = { maxSandboxes: qs ?? null, maxCpu: qc ?? null, maxMemoryMb: qm ?? null };
+  if (values['no-network']) opts.network = false;
+  else {
+    const net: NonNullable<Exclude<typeof opts.network, false>> = {};
+    if (values.bridge) net.bridge = values.bridge;
+    if (values.subnet) net.subnet = values.subnet;
+    const warm = num(values, 'netns-warm');
+    if (warm !== undefined) net.warm = warm;
+    if (values['dns-upstream']) net.upstreams = values['dns-upstream'].map(parseEndpoint);
+    opts.network = net;
+  }
   const warren = await startWarren(opts);
   progress.finish();
   io.out(`Warren is listening on ${warren.url}\n`);
@@ -226,6 +262,7 @@ async function cmdCreate(args: string[], io: Io): Promise<number> {
     ttl: { type: 'string' },
     idle: { type: 'string' },
     'on-idle': { type: 'string' },
+    net: { type: 'string', multiple: true },
     json: { type: 'boolean' },
   });
   if (values.help) return usage(io);
@@ -252,10 +289,36 @@ async function cmdCreate(args: string[], io: Io): Promise<number> {
   const idle = num(values, 'idle');
   if (idle !== undefined) req.idleSeconds = idle;
   if (values['on-idle']) req.onIdle = values['on-idle'] as CreateSandboxRequest['onIdle'];
+  if (values.net) req.network = parseServices(values.net.flatMap((v) => v.split(',')).filter((v) => v !== ''), 'net');
   const client = clientFor(values, io);
   try {
     const sb = await client.createSandbox(req);
     io.out(values.json ? `${JSON.stringify(sb.info, null, 2)}\n` : `${sb.id}\n`);
+    return 0;
+  } finally {
+    await client.close();
+  }
+}
+
+async function cmdNetwork(args: string[], io: Io): Promise<number> {
+  const { values, positionals } = parse(args, { json: { type: 'boolean' } });
+  if (values.help) return usage(io);
+  const [id, ...changes] = positionals;
+  if (id === undefined) throw new UsageError('usage: warren network ID [SERVICE=on|off]...');
+  const change = parseServices(changes, 'network');
+  if (changes.some((c) => !c.includes('='))) throw new UsageError('changes are SERVICE=on or SERVICE=off');
+  const client = clientFor(values, io);
+  try {
+    const sb = client.sandbox(id);
+    const info = changes.length > 0 ? await sb.setNetwork(change) : await sb.network();
+    if (values.json) {
+      io.out(`${JSON.stringify(info, null, 2)}\n`);
+      return 0;
+    }
+    const on = Object.entries(info.services).filter(([, v]) => v).map(([k]) => k);
+    io.out(`address   ${info.address}\nresolver  ${info.resolver}\nservices  ${on.length ? on.join(', ') : '(none)'}\n`);
+    if (info.bindings.length) io.out(`bindings\n${info.bindings.map((b) => `  ${b.service.padEnd(12)} ${b.name} -> ${b.address} (${b.expiresInS}s)`).join('\n')}\n`);
+    if (info.denials.length) io.out(`recent denials\n${info.denials.slice(-10).map((d) => `  ${d.at} ${d.destination}/${d.proto} (${d.service}, ${d.hook})`).join('\n')}\n`);
     return 0;
   } finally {
     await client.close();
@@ -558,6 +621,7 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   hibernate: async (args, io) => (await import('./lifecycle')).cmdHibernate(args, io),
   extend: async (args, io) => (await import('./lifecycle')).cmdExtend(args, io),
   pack: async (args, io) => (await import('./lifecycle')).cmdPack(args, io),
+  network: cmdNetwork,
   env: async (args, io) => (await import('./lifecycle')).cmdEnv(args, io),
   quota: async (args, io) => (await import('./lifecycle')).cmdQuota(args, io),
 };

@@ -7,7 +7,8 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openDatabase } from '../state/db';
-import { openShim } from '../shim/node';
+import { type NetworkConfig, openShim } from '../shim/node';
+import { feature } from '../features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
 import type { ImportProgress, Shim } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
@@ -34,6 +35,9 @@ export interface StartOptions {
   defaultQuota?: Quota;
   /** issue 5: the security policy directory (default: the bundled policies/); audit log in <dataDir>/policy-audit.log. */
   policyDir?: string;
+  /** issue 4: sandbox networking (bridge, NAT, eBPF egress, DNS); false = loopback-only sandboxes.
+   *  Default: on where the kernel and tools allow it (/v1/features: egress-bpf, sandbox-network). */
+  network?: NetworkConfig | false;
 }
 
 export interface Warren {
@@ -63,6 +67,11 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.nodeId !== undefined) shimOpts.nodeId = opts.nodeId;
     if (opts.lifecycle !== undefined) shimOpts.lifecycle = opts.lifecycle;
     if (opts.log !== undefined) shimOpts.log = opts.log;
+    if (opts.network !== false) {
+      const missing = (['egress-bpf', 'sandbox-network'] as const).map((f) => [f, feature(f)] as const).filter(([, st]) => !st.supported);
+      if (missing.length === 0) shimOpts.network = opts.network ?? {};
+      else opts.log?.(`warren: sandbox networking is off (${missing.map(([f, st]) => `${f}: ${st.reason}`).join('; ')}); sandboxes are loopback-only`);
+    }
     shim = await openShim(shimOpts);
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };

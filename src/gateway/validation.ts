@@ -11,8 +11,7 @@
  *                       field and the allowed range)
  * - INVALID_ID          sandbox ids, session ids, image refs, command ids
  * - PATH_ESCAPE         sandbox paths that are relative, contain `..` or NUL
- * - NOT_SUPPORTED       fields reserved for later (network services set to
- *                       true) and backends this node does not offer
+ * - NOT_SUPPORTED       backends this node does not offer
  */
 import { WarrenError } from '../errors';
 import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from '../shim/types';
@@ -316,17 +315,7 @@ export function validateCreateRequest(body: unknown, ctx: CreateContext): Sandbo
     if (lifetime.idleSeconds === undefined) throw invalid('onIdle', 'only applies together with idleSeconds');
     lifetime.onIdle = v as IdleAction;
   }
-  if (b.network !== undefined) {
-    const net = expectObject(b.network, 'network');
-    for (const service of Object.keys(net)) {
-      const f = `network.${service}`;
-      if (!SERVICE_RE.test(service)) throw invalid(f, 'service names must match ^[a-z0-9][a-z0-9._-]{0,62}$');
-      if (typeof net[service] !== 'boolean') throw invalid(f, `must be true or false (got ${describe(net[service])})`);
-      if (net[service] === true) {
-        throw new WarrenError('NOT_SUPPORTED', `${f}: per-service egress allowlists are not supported yet (sandboxes have no network)`, { field: f });
-      }
-    }
-  }
+  const network = b.network === undefined ? undefined : validateNetworkServices(b.network, 'network');
 
   let priority: Priority = 'normal';
   if (b.priority !== undefined) {
@@ -340,7 +329,29 @@ export function validateCreateRequest(body: unknown, ctx: CreateContext): Sandbo
 
   const spec: SandboxSpec = { backend, image, workspaces, toolkits, cpu, memoryMb, pids, diskMb, priority, user, env, labels, owner: ctx.owner };
   if (Object.keys(lifetime).length > 0) spec.lifetime = lifetime;
+  if (network !== undefined) spec.network = network;
   return spec;
+}
+
+const MAX_SERVICES = 64;
+
+/**
+ * `network` of a create request and the body of `PATCH /v1/sandboxes/:id/network`: a map of
+ * service names (services.yaml) to true/false. Whether a name exists in the catalog and whether
+ * the account may use it is the node's decision (INVALID_ARGUMENT / FORBIDDEN there).
+ */
+export function validateNetworkServices(v: unknown, field: string): Record<string, boolean> {
+  const net = expectObject(v, field);
+  const names = Object.keys(net);
+  if (names.length > MAX_SERVICES) throw new WarrenError('LIMIT_OUT_OF_RANGE', `${field} may name at most ${MAX_SERVICES} services`, { field, min: 0, max: MAX_SERVICES });
+  const out: Record<string, boolean> = {};
+  for (const service of names) {
+    const f = `${field}.${service}`;
+    if (!SERVICE_RE.test(service)) throw invalid(f, 'service names must match ^[a-z0-9][a-z0-9._-]{0,62}$');
+    if (typeof net[service] !== 'boolean') throw invalid(f, `must be true or false (got ${describe(net[service])})`);
+    out[service] = net[service] as boolean;
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- lifecycle

@@ -121,6 +121,13 @@ export const native: NativeAddon = new Proxy({} as NativeAddon, {
 });
 
 /** Absolute path of a static helper binary in native/helper/out (override the folder with WARREN_HELPER_DIR). */
+/** A compiled BPF object of bpf/ (bpf/out/<name>.bpf.o), built by `npm run build:bpf`. */
+export function bpfObject(name: 'sandbox_egress'): string {
+  const file = path.join(root(), 'bpf', 'out', `${name}.bpf.o`);
+  if (!fs.existsSync(file)) throw new WarrenError('NOT_SUPPORTED', `BPF object ${file} is missing: run \`npm run build:bpf\``, { feature: 'egress-bpf' });
+  return file;
+}
+
 export function helperBinary(name: HelperBinary): string {
   if (name !== 'warren-init' && name !== 'warren-nsexec' && name !== 'warren-session') {
     throw new WarrenError('INVALID_ARGUMENT', `unknown helper binary ${String(name)}`);

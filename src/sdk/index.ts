@@ -29,6 +29,7 @@ import type {
   Priority,
   ResumeResult,
   SandboxInfo,
+  SandboxNetworkInfo,
   SessionInfo,
 } from '../shim/types';
 import { NdjsonDecoder } from './ndjson';
@@ -51,6 +52,7 @@ export type {
   Priority,
   ResumeResult,
   SandboxInfo,
+  SandboxNetworkInfo,
   SandboxLifecycleInfo,
   SandboxState,
   SessionInfo,
@@ -123,7 +125,7 @@ export interface BuildOptions {
   onProgress?: (p: ImportProgress) => void;
 }
 
-type Method = 'GET' | 'POST' | 'PUT' | 'DELETE';
+type Method = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
 
 interface RequestOptions {
   query?: Record<string, string | number | string[] | undefined>;
@@ -398,6 +400,16 @@ export class Sandbox {
   }
 
   /** Push the hard maximum out: `{ seconds }` past the current expiry or `{ ttlSeconds }` from now. */
+  /** Services, address, DNS bindings and recent denials of a sandbox with network (issue 4). */
+  network(): Promise<SandboxNetworkInfo> {
+    return this.client.requestJson('GET', this.path('/network'));
+  }
+
+  /** Enable (true) or disable (false) services while the sandbox runs; the change is atomic. */
+  setNetwork(change: Record<string, boolean>): Promise<SandboxNetworkInfo> {
+    return this.client.requestJson('PATCH', this.path('/network'), { json: change });
+  }
+
   async extend(req: { seconds?: number; ttlSeconds?: number }): Promise<SandboxInfo> {
     this.info = await this.client.requestJson<SandboxInfo>('POST', this.path('/extend'), { json: req });
     return this.info;

@@ -81,6 +81,13 @@ export class PolicyStore {
     this.policy = next; // one assignment: readers see the old or the new policy, never a mix
     this.loadedAt = new Date().toISOString();
     this.audit({ event: 'applied', dir: this.dir, digests: next.digests, changes });
+    for (const fn of appliedListeners) {
+      try {
+        fn(next);
+      } catch {
+        /* a listener's failure is its own to report */
+      }
+    }
     return { ok: true, changes, digests: next.digests };
   }
 
@@ -89,6 +96,14 @@ export class PolicyStore {
     mkdirSync(dirname(this.auditLog), { recursive: true, mode: 0o700 });
     appendFileSync(this.auditLog, `${JSON.stringify({ at: new Date().toISOString(), ...entry })}\n`, { mode: 0o600 });
   }
+}
+
+const appliedListeners = new Set<(p: Policy) => void>();
+
+/** Called after every accepted apply (the network re-computes allowlists); returns an unsubscribe. */
+export function onPolicyApplied(fn: (p: Policy) => void): () => void {
+  appliedListeners.add(fn);
+  return () => appliedListeners.delete(fn);
 }
 
 let store: PolicyStore | null = null;

@@ -5,8 +5,11 @@
  *   profiles.yaml   confinement profiles (AppArmor name, Landlock paths and scopes, seccomp
  *                   filter, rlimits, default disk quota) and the enforcement switches
  *   seccomp.yaml    seccomp choices: named filters, each allowing optional syscall groups
- *   services.yaml   the services catalog (network egress, issue 4): validated, not enforced here
- *   accounts.yaml   per-account defaults: which profile an account's sandboxes get
+ *   services.yaml   the services catalog (network egress, issue 4): service name -> host names
+ *                   (learned through the node's DNS responder), fixed CIDRs, ports, protocol
+ *   accounts.yaml   per-account defaults: which profile an account's sandboxes get, which
+ *                   services they get when a create request says nothing, which services
+ *                   they may ask for, and raw CIDR/port rules
  *
  * Every file ends with the YAML document-end line `...`: a file cut short lacks it.
  * A policy is loaded as a whole: every file is read (never through a symlink),
@@ -57,9 +60,29 @@ export interface Profile {
 
 export interface Service {
   name: string;
+  /** Host names, or "*.domain" for every name under domain; learned through DNS. */
   hosts: string[];
   ports: number[];
+  /** Fixed ranges, reachable without DNS. */
   cidrs: string[];
+  protocol: 'tcp' | 'udp';
+}
+
+/** A raw rule written by an operator: a range and ports (empty: any port). */
+export interface NetworkRule {
+  cidr: string;
+  ports: number[];
+  protocol: 'tcp' | 'udp';
+}
+
+/** What an account's sandboxes get on the network. */
+export interface AccountNetwork {
+  /** Services enabled when a create request has no `network`. */
+  default: Record<string, boolean>;
+  /** Services the account may enable; null: every service in the catalog. */
+  allow: string[] | null;
+  /** Always reachable, for every sandbox of the account that has network. */
+  rules: NetworkRule[];
 }
 
 export interface Policy {
@@ -67,7 +90,11 @@ export interface Policy {
   profiles: Record<string, Profile>;
   seccomp: Record<string, SeccompChoice>;
   services: Record<string, Service>;
-  accounts: { defaultProfile: string; accounts: Record<string, { profile: string }> };
+  accounts: {
+    defaultProfile: string;
+    defaultNetwork: AccountNetwork;
+    accounts: Record<string, { profile: string; network: AccountNetwork }>;
+  };
   /** sha256 of each file's bytes, for the audit log. */
   digests: Record<PolicyFile, string>;
 }
@@ -358,16 +385,19 @@ export function loadPolicy(dir: string): Policy {
       for (const [name, v] of Object.entries(ss ?? {})) {
         const base = ['services', name];
         c.name(name, base);
-        const s = c.obj(v, base, { required: ['hosts'], optional: ['ports', 'cidrs'] });
+        const s = c.obj(v, base, { required: [], optional: ['hosts', 'ports', 'cidrs', 'protocol'] });
         if (!s) continue;
-        const hosts = c.strings(s.hosts, [...base, 'hosts'], HOST_RE, 'a lower-case host name (optionally *.domain)');
+        if (s.hosts === undefined && s.cidrs === undefined) c.src.at(base, `service "${name}" needs hosts or cidrs`);
+        const hosts = s.hosts === undefined ? [] : c.strings(s.hosts, [...base, 'hosts'], HOST_RE, 'a lower-case host name (optionally *.domain)');
         const ports = Array.isArray(s.ports) ? (s.ports as unknown[]).map((p, i) => c.int(p, [...base, 'ports', i], 1, 65535) ?? 0) : s.ports === undefined ? [443] : (c.src.at([...base, 'ports'], 'ports must be a list'), []);
         const cidrs = s.cidrs === undefined ? [] : c.strings(s.cidrs, [...base, 'cidrs'], CIDR_RE, 'an IPv4 CIDR');
         cidrs.forEach((cidr, i) => {
           const m = CIDR_RE.exec(cidr)!;
           if (Number(m[5]) < 8 || m.slice(1, 5).some((o) => Number(o) > 255)) c.src.at([...base, 'cidrs', i], `${cidr} is too broad or malformed (prefix must be /8 or longer)`);
         });
-        services[name] = { name, hosts, ports, cidrs };
+        const protocol = s.protocol === undefined ? 'tcp' : s.protocol === 'tcp' || s.protocol === 'udp' ? s.protocol : (c.src.at([...base, 'protocol'], 'protocol must be tcp or udp'), 'tcp');
+        if (protocol === 'udp' && ports.includes(53)) c.src.at([...base, 'ports'], 'DNS goes through the node resolver only; a service cannot open 53/udp');
+        services[name] = { name, hosts, ports, cidrs, protocol };
       }
       // contradictions: one host claimed by two services
       const owner = new Map<string, string>();
@@ -381,26 +411,68 @@ export function loadPolicy(dir: string): Policy {
   }
 
   // accounts.yaml
-  const accounts: Policy['accounts'] = { defaultProfile: 'warren-default', accounts: {} };
+  const noNetwork: AccountNetwork = { default: {}, allow: null, rules: [] };
+  const accounts: Policy['accounts'] = { defaultProfile: 'warren-default', defaultNetwork: noNetwork, accounts: {} };
   {
     const c = new Checker(sources['accounts.yaml']!);
     const top = c.obj(c.src.doc.toJS(), [], { required: ['version', 'defaults'], optional: ['accounts'] });
     if (top) {
       version(c, top);
-      const d = c.obj(top.defaults, ['defaults'], { required: ['profile'] });
+      const d = c.obj(top.defaults, ['defaults'], { required: ['profile'], optional: ['network'] });
       accounts.defaultProfile = typeof d?.profile === 'string' ? d.profile : '';
+      accounts.defaultNetwork = d?.network === undefined ? noNetwork : accountNetwork(c, d.network, ['defaults', 'network'], services);
       if (!(accounts.defaultProfile in profiles)) c.src.at(['defaults', 'profile'], `defaults.profile: no profile "${String(d?.profile)}" in profiles.yaml`);
       const as = top.accounts === undefined || top.accounts === null ? {} : c.obj(top.accounts, ['accounts'], { required: [], optional: Object.keys((top.accounts as Obj) ?? {}) });
       for (const [name, v] of Object.entries(as ?? {})) {
-        const a = c.obj(v, ['accounts', name], { required: ['profile'] });
+        const a = c.obj(v, ['accounts', name], { required: ['profile'], optional: ['network'] });
         const prof = typeof a?.profile === 'string' ? a.profile : '';
         if (!(prof in profiles)) c.src.at(['accounts', name, 'profile'], `accounts.${name}.profile: no profile "${String(a?.profile)}" in profiles.yaml`);
-        accounts.accounts[name] = { profile: prof };
+        accounts.accounts[name] = { profile: prof, network: a?.network === undefined ? accounts.defaultNetwork : accountNetwork(c, a.network, ['accounts', name, 'network'], services) };
       }
     }
   }
   if (issues.length > 0) throw new PolicyError(issues);
   return { enforcement: { allowUnconfined }, profiles, seccomp, services, accounts, digests };
+}
+
+function cidrOk(cidr: string): boolean {
+  const m = CIDR_RE.exec(cidr);
+  return m !== null && Number(m[5]) >= 8 && Number(m[5]) <= 32 && m.slice(1, 5).every((o) => Number(o) <= 255);
+}
+
+function accountNetwork(c: Checker, v: unknown, base: (string | number)[], services: Record<string, Service>): AccountNetwork {
+  const o = c.obj(v, base, { required: [], optional: ['default', 'allow', 'rules'] });
+  const out: AccountNetwork = { default: {}, allow: null, rules: [] };
+  if (!o) return out;
+  if (o.allow !== undefined) {
+    out.allow = c.strings(o.allow, [...base, 'allow'], NAME_RE, 'a service name');
+    out.allow.forEach((s, i) => {
+      if (!(s in services)) c.src.at([...base, 'allow', i], `no service "${s}" in services.yaml`);
+    });
+  }
+  if (o.default !== undefined) {
+    const d = c.obj(o.default, [...base, 'default'], { required: [], optional: Object.keys((o.default as Obj) ?? {}) });
+    for (const [name, on] of Object.entries(d ?? {})) {
+      if (!(name in services)) c.src.at([...base, 'default', name], `no service "${name}" in services.yaml`);
+      else if (on === true && out.allow !== null && !out.allow.includes(name)) c.src.at([...base, 'default', name], `"${name}" is enabled by default but not in allow (contradiction)`);
+      out.default[name] = c.bool(on, [...base, 'default', name]);
+    }
+  }
+  if (o.rules !== undefined) {
+    if (!Array.isArray(o.rules)) c.src.at([...base, 'rules'], 'rules must be a list');
+    else
+      (o.rules as unknown[]).forEach((r, i) => {
+        const at = [...base, 'rules', i];
+        const rule = c.obj(r, at, { required: ['cidr'], optional: ['ports', 'protocol'] });
+        if (!rule) return;
+        const cidr = typeof rule.cidr === 'string' ? rule.cidr : '';
+        if (!cidrOk(cidr)) c.src.at([...at, 'cidr'], `${JSON.stringify(rule.cidr)} is not an IPv4 CIDR of /8 or longer`);
+        const ports = rule.ports === undefined ? [] : Array.isArray(rule.ports) ? (rule.ports as unknown[]).map((p, j) => c.int(p, [...at, 'ports', j], 1, 65535) ?? 0) : (c.src.at([...at, 'ports'], 'ports must be a list'), []);
+        const protocol = rule.protocol === undefined || rule.protocol === 'tcp' ? 'tcp' : rule.protocol === 'udp' ? 'udp' : (c.src.at([...at, 'protocol'], 'protocol must be tcp or udp'), 'tcp');
+        out.rules.push({ cidr, ports, protocol });
+      });
+  }
+  return out;
 }
 
 /** Human-readable list of what differs between two policies (for the audit log). */

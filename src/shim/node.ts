@@ -11,8 +11,8 @@ import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
 import { WarrenError } from '../errors';
 import { assertBackendAvailable, featureReport } from '../features';
-import { confineForSandbox, nsexecConfineArgs } from '../security/confinement';
-import { native, helperBinary } from '../native';
+import { confineForSandbox, nsexecConfineArgs, onPolicyApplied, policyStore } from '../security/confinement';
+import { native, helperBinary, bpfObject } from '../native';
 import { inSpan, instruments } from '../telemetry';
 import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
 import { LayerStore } from './layers/store';
@@ -23,6 +23,7 @@ import { attachSession as attachHolder, listSessions as listHolderSessions, spaw
 import { resolveUser } from './users';
 // FnCall warm pools (issue 3): a separate addition, see docs/fncall.md.
 import { FnCallManager } from './fncall/manager';
+import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
 import type {
   EnvironmentInfo,
@@ -39,6 +40,7 @@ import type {
   PauseResult,
   ResumeResult,
   SandboxInfo,
+  SandboxNetworkInfo,
   SandboxRecord,
   SandboxSpec,
   SessionAttachment,
@@ -60,7 +62,12 @@ export interface ShimOptions {
   fncall?: FnCallConfig;
   /** Lifetime policies, pause/resume, pack_diff (src/shim/lifecycle, docs/lifecycle.md). */
   lifecycle?: LifecycleOptions;
+  /** issue 4: sandbox networking with per-service egress (bridge, netns pool, eBPF, DNS).
+   *  Absent: every sandbox is loopback-only and `network` in a create request is refused. */
+  network?: NetworkConfig;
 }
+
+export type NetworkConfig = Partial<Omit<NetworkOptions, 'native' | 'nodeId' | 'policy' | 'log'>>;
 
 const SESSION_BUFFER_BYTES = 1024 * 1024;
 
@@ -100,6 +107,9 @@ export class ShimNode implements Shim {
   private readonly observeLive = (r: { observe(v: number): void }) => r.observe(this.sandboxes.size);
   /** Lifetime policies, pause/resume, hibernate, pack_diff (src/shim/lifecycle). */
   readonly lifecycle: LifecycleManager;
+  /** issue 4: null when the node runs without sandbox networking. */
+  readonly network: NetworkManager | null;
+  private unsubscribePolicy: (() => void) | null = null;
 
   constructor(private readonly opts: ShimOptions) {
     this.nodeId = opts.nodeId ?? defaultNodeId();
@@ -108,7 +118,17 @@ export class ShimNode implements Shim {
     this.registry = new SandboxRegistry(opts.db);
     this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
-    this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'));
+    this.network = opts.network
+      ? new NetworkManager({
+          native,
+          nodeId: this.nodeId,
+          policy: () => policyStore().current,
+          log: this.log,
+          objectPath: opts.network.objectPath ?? bpfObject('sandbox_egress'),
+          ...opts.network,
+        })
+      : null;
+    this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'), undefined, this.network);
     // Unix socket paths are limited to 108 bytes: keep session sockets under a short, data-dir specific run dir.
     this.sessionsDir = join('/run/warren', createHash('sha256').update(opts.dataDir).digest('hex').slice(0, 10));
     mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
@@ -143,6 +163,15 @@ export class ShimNode implements Shim {
 
   async start(): Promise<void> {
     this.layers.init();
+    if (this.network) {
+      const leased = this.registry
+        .all()
+        .filter((r) => r.state !== 'stopped' && r.state !== 'failed')
+        .map((r) => r.runtime.network as SandboxNetworkRuntime | undefined)
+        .filter((n): n is SandboxNetworkRuntime => n !== undefined);
+      await this.network.start(leased);
+      this.unsubscribePolicy = onPolicyApplied(() => this.network?.reapply());
+    }
     await this.adoptSurvivors();
     await this.lifecycle.start();
     await this.functions.start();
@@ -169,7 +198,7 @@ export class ShimNode implements Shim {
       const box = await this.container.adopt(record);
       if (box === null) {
         this.log(`sandbox ${record.id}: gone while the gateway was down; cleaning up`);
-        await this.container.cleanup(record.id);
+        await this.container.cleanup(record.id, record);
         this.registry.update(record.id, 'stopped', record.runtime);
         this.sandboxes.set(record.id, { record: { ...record, state: 'stopped' }, box: null, state: 'stopped' });
         this.lifecycle.adopted({ ...record, state: 'stopped' });
@@ -252,6 +281,13 @@ export class ShimNode implements Shim {
     }
     const started = performance.now();
     const id = newSandboxId(this.nodeId);
+    // issue 4: the request's services, or the account's default; none at all = loopback only
+    const services = this.network ? this.network.resolve(spec.network, spec.owner) : spec.network === undefined ? null : (() => {
+      throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
+    })();
+    spec = { ...spec };
+    if (services === null) delete spec.network;
+    else spec.network = services;
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
       const image = this.layers.resolveImage(spec.image);
@@ -307,7 +343,7 @@ export class ShimNode implements Shim {
       if (live.box) {
         await live.box.destroy();
       } else {
-        await this.container.cleanup(id);
+        await this.container.cleanup(id, live.record);
       }
       if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
       this.registry.remove(id);
@@ -327,7 +363,7 @@ export class ShimNode implements Shim {
     this.registry.update(id, 'stopped', live.record.runtime);
     await this.closeSessions(id).catch(() => undefined);
     if (live.box) await live.box.destroy();
-    else await this.container.cleanup(id);
+    else await this.container.cleanup(id, live.record);
     live.box = null;
     if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
   }
@@ -638,7 +674,31 @@ export class ShimNode implements Shim {
     }
   }
 
+  async updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo> {
+    const live = this.live(id);
+    if (this.network === null || !this.network.has(id)) {
+      throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no network (created without \`network\`, or the node runs without networking); create it with "network": {} to change services later`);
+    }
+    const services = this.network.update(id, change);
+    const net = live.record.runtime.network as SandboxNetworkRuntime | undefined;
+    if (net) {
+      net.services = services;
+      live.record.spec = { ...live.record.spec, network: services };
+      this.registry.update(id, live.state, live.record.runtime);
+    }
+    this.lifecycle.touch(id);
+    return this.network.info(id);
+  }
+
+  networkInfo(id: string): SandboxNetworkInfo {
+    this.live(id);
+    if (this.network === null || !this.network.has(id)) throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no network`);
+    return this.network.info(id);
+  }
+
   async close(): Promise<void> {
+    this.unsubscribePolicy?.();
+    await this.network?.close();
     this.metrics.liveSandboxes.removeCallback(this.observeLive);
     // Sandboxes and sessions keep running: a restarted gateway re-adopts them.
     this.lifecycle.close();

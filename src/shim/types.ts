@@ -29,6 +29,9 @@ export interface SandboxSpec {
   owner: string;
   /** Lifetime policy (src/shim/lifecycle/policy.ts); absent = lives until deleted. */
   lifetime?: LifetimePolicy;
+  /** issue 4: services the sandbox may reach ({"pypi": true}); absent = the account's default
+   *  (accounts.yaml), which may be no network at all (loopback only). */
+  network?: Record<string, boolean>;
 }
 
 export type IdleAction = 'pause' | 'hibernate' | 'stop' | 'delete';
@@ -194,6 +197,20 @@ export interface BackendSandbox {
   readonly ended: Promise<void>;
 }
 
+export interface SandboxNetworkInfo {
+  services: Record<string, boolean>;
+  /** The sandbox's address on the node bridge. */
+  address: string;
+  /** The node's DNS responder (the sandbox's only resolver). */
+  resolver: string;
+  /** Raw CIDR rules of the owner's account in force. */
+  rules: number;
+  /** Addresses learned through DNS for the sandbox's services. */
+  bindings: { service: string; name: string; address: string; expiresInS: number }[];
+  /** The most recent denials (newest last). */
+  denials: { at: string; service: string; destination: string; proto: string; hook: string }[];
+}
+
 export interface SandboxRecord {
   id: string;
   spec: SandboxSpec;
@@ -335,6 +352,11 @@ export interface Shim {
   environment(ref: string): EnvironmentInfo | null;
   listEnvironments(): EnvironmentInfo[];
   publishEnvironment(name: string, published: boolean): EnvironmentInfo;
+
+  // issue 4: per-service egress
+  /** Enable (true) or disable (false) services of a running sandbox; atomic in the kernel. */
+  updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo>;
+  networkInfo(id: string): SandboxNetworkInfo;
 
   listImages(): ImageInfo[];
   importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;

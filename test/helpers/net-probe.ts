@@ -27,6 +27,17 @@ export interface ProbeResult {
 
 export const PROBE_SCRIPT = String.raw`
 import errno, json, socket, sys, time, urllib.request
+def classify(e):
+    r = getattr(e, "reason", None)
+    if isinstance(r, BaseException):
+        return classify(r)
+    if isinstance(e, socket.timeout):
+        return "timeout"
+    if isinstance(e, socket.gaierror):
+        return "gaierror:" + str(e)[:60]
+    if isinstance(e, OSError) and isinstance(e.errno, int):
+        return errno.errorcode.get(e.errno, str(e)[:80])
+    return type(e).__name__ + ":" + str(e)[:80]
 def run(p):
     k, host, port = p["kind"], p["host"], p.get("port", 0)
     t = time.monotonic()
@@ -53,18 +64,8 @@ def run(p):
         elif k == "resolve":
             out["body"] = ",".join(sorted({a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)}))
         out["outcome"] = "ok"
-    except socket.timeout:
-        out["outcome"] = "timeout"
-    except socket.gaierror as e:
-        out["outcome"] = "gaierror:" + str(e)[:60]
-    except OSError as e:
-        en = e.errno
-        if en is None and getattr(e, "reason", None) is not None:
-            r = e.reason
-            en = getattr(r, "errno", None)
-            if en is None and isinstance(r, socket.timeout): out["outcome"] = "timeout"
-        if "outcome" not in out:
-            out["outcome"] = errno.errorcode.get(en, str(e)[:80]) if isinstance(en, int) else str(e)[:80]
+    except Exception as e:
+        out["outcome"] = classify(e)
     out["ms"] = round((time.monotonic() - t) * 1000, 2)
     return out
 print(json.dumps([run(p) for p in json.loads(sys.argv[1])]))

@@ -1,8 +1,102 @@
-/** Skip reasons for network tests, from the one feature-detection module. */
-import { existsSync } from 'node:fs';
+/**
+ * Fixtures for network tests: skip reasons from the feature module, and a
+ * complete stand-in for the internet on this machine only: test hosts in network
+ * namespaces ("pypi", "npm"), an upstream DNS zone that names them, a policy
+ * directory whose services catalog points at them, and the node's network
+ * settings (a bridge, subnet and nft table of this test process alone).
+ */
+import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { feature } from '../../src/features';
+import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
+import type { NetworkConfig } from '../../src/shim/node';
+import { startDnsZone, type DnsZone } from './dns-zone';
+import { startTestHost, type TestHost } from './net-hosts';
 
 export function egressSkipReason(): string | null {
   if (process.getuid?.() !== 0) return 'requires root';
-  if (!existsSync('/sys/fs/cgroup/unified/cgroup.procs') && !existsSync('/sys/fs/cgroup/cgroup.procs')) return 'no cgroup2 hierarchy for BPF programs';
+  for (const f of ['egress-bpf', 'sandbox-network'] as const) {
+    const st = feature(f);
+    if (!st.supported) return `${f}: ${st.reason}`;
+  }
   return null;
+}
+
+export const SERVICE_PORT = 8080;
+
+export interface Internet {
+  pypi: TestHost;
+  npm: TestHost;
+  /** An allowed-nowhere host: for exfiltration attempts. */
+  other: TestHost;
+  zone: DnsZone;
+  policyDir: string;
+  /** Settings for a node (openTestShim({ network })) or `warren up` flags. */
+  network: NetworkConfig;
+  upArgs: string[];
+  names: { pypi: string; npm: string; other: string };
+  close(): Promise<void>;
+}
+
+/** Bring up the test internet and install a policy whose catalog maps pypi/npm to it. */
+export async function startInternet(tag: string): Promise<Internet> {
+  const hosts: TestHost[] = [];
+  let zone: DnsZone | null = null;
+  const policyDir = mkdtempSync(join(tmpdir(), 'warren-netpolicy-'));
+  try {
+    const pypi = await startTestHost({ name: 'pypi', port: SERVICE_PORT, body: 'pypi says hello' });
+    hosts.push(pypi);
+    const npm = await startTestHost({ name: 'npm', port: SERVICE_PORT, body: 'npm says hello' });
+    hosts.push(npm);
+    const other = await startTestHost({ name: 'other', port: SERVICE_PORT, body: 'exfiltrated' });
+    hosts.push(other);
+    const names = { pypi: 'pypi.test', npm: 'registry.npm.test', other: 'attacker.test' };
+    zone = await startDnsZone({
+      records: {
+        [names.pypi]: [{ type: 'A', value: pypi.address, ttl: 300 }],
+        'files.pypi.test': [{ type: 'CNAME', value: names.pypi, ttl: 300 }],
+        [names.npm]: [{ type: 'A', value: npm.address, ttl: 300 }],
+        [names.other]: [{ type: 'A', value: other.address, ttl: 300 }],
+      },
+    });
+    cpSync(BUNDLED_POLICY_DIR, policyDir, { recursive: true });
+    writeFileSync(
+      join(policyDir, 'services.yaml'),
+      `version: 1\nservices:\n  pypi:\n    hosts: [${names.pypi}, files.pypi.test]\n    ports: [${SERVICE_PORT}]\n  npm:\n    hosts: [${names.npm}]\n    ports: [${SERVICE_PORT}]\n  github:\n    hosts: [github.test]\n...\n`,
+    );
+    usePolicyStore(new PolicyStore(policyDir, join(policyDir, 'audit.log')));
+    const octet = 100 + (process.pid % 100);
+    const third = Math.floor(Math.random() * 250);
+    const network: NetworkConfig = {
+      bridge: `wb${tag}`.slice(0, 15),
+      subnet: `10.${octet}.${third}.0/24`,
+      nftTable: `wt${tag}`,
+      warm: 2,
+      upstreams: [{ address: zone.address, port: zone.port }],
+      pinRoot: '/sys/fs/bpf/warren-test',
+    };
+    const upArgs = ['--bridge', network.bridge!, '--subnet', network.subnet!, '--dns-upstream', `${zone.address}:${zone.port}`, '--netns-warm', '1', '--policy-dir', policyDir];
+    const z = zone;
+    return {
+      pypi,
+      npm,
+      other,
+      zone: z,
+      policyDir,
+      network,
+      upArgs,
+      names,
+      async close() {
+        await z.close();
+        for (const h of hosts) await h.close();
+        rmSync(policyDir, { recursive: true, force: true });
+      },
+    };
+  } catch (err) {
+    await zone?.close();
+    for (const h of hosts) await h.close().catch(() => undefined);
+    rmSync(policyDir, { recursive: true, force: true });
+    throw err;
+  }
 }

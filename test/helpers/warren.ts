@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ExecutionContext } from 'ava';
 import { openDatabase } from '../../src/state/db';
-import { ShimNode } from '../../src/shim/node';
+import { type NetworkConfig, ShimNode } from '../../src/shim/node';
 import type { SandboxSpec } from '../../src/shim/types';
 import { buildBusyboxRootfs } from './images';
 
@@ -38,10 +38,10 @@ export async function busyboxRootfs(): Promise<string> {
   return dir;
 }
 
-export async function openTestShim(opts: { dataDir?: string; nodeId?: string } = {}): Promise<ShimFixture> {
+export async function openTestShim(opts: { dataDir?: string; nodeId?: string; network?: NetworkConfig; log?: (line: string) => void } = {}): Promise<ShimFixture> {
   const dataDir = opts.dataDir ?? mkdtempSync(join(tmpdir(), 'warren-test-'));
   const db = openDatabase(join(dataDir, 'warren.db'));
-  const shim = new ShimNode({ dataDir, db, nodeId: opts.nodeId ?? 't' + process.pid.toString(36) });
+  const shim = new ShimNode({ dataDir, db, nodeId: opts.nodeId ?? 't' + process.pid.toString(36), ...(opts.network ? { network: opts.network } : {}), ...(opts.log ? { log: opts.log } : {}) });
   await shim.start();
   if (!shim.listImages().some((i) => i.name === 'busybox')) {
     await shim.importImage({ name: 'busybox', source: { type: 'directory', path: await busyboxRootfs() } });

@@ -149,19 +149,22 @@ test('backends the node does not offer are NOT_SUPPORTED (501)', (t) => {
   code(t, () => validateCreateRequest({}, { ...ctx, availableBackends: [] }), 'NOT_SUPPORTED', 'backend');
 });
 
-test('reserved network fields are NOT_SUPPORTED, not silently ignored; lifetime fields are validated', (t) => {
+test('network services are validated into spec.network; lifetime fields are validated', (t) => {
   // lifetime policies (issue 6): accepted into spec.lifetime
   t.deepEqual(validateCreateRequest({ ttlSeconds: 60 }, ctx).lifetime, { ttlSeconds: 60 });
   t.deepEqual(validateCreateRequest({ idleSeconds: 60, onIdle: 'stop' }, ctx).lifetime, { idleSeconds: 60, onIdle: 'stop' });
   t.is(validateCreateRequest({}, ctx).lifetime, undefined);
   code(t, () => validateCreateRequest({ onIdle: 'pause' }, ctx), 'INVALID_ARGUMENT', 'onIdle');
-  code(t, () => validateCreateRequest({ network: { pypi: true } }, ctx), 'NOT_SUPPORTED', 'network.pypi');
+  t.deepEqual(validateCreateRequest({ network: { pypi: true, npm: false } }, ctx).network, { pypi: true, npm: false });
+  t.is(validateCreateRequest({}, ctx).network, undefined, 'absent: the account default decides');
   // but they are still validated first
   code(t, () => validateCreateRequest({ ttlSeconds: -5 }, ctx), 'LIMIT_OUT_OF_RANGE', 'ttlSeconds');
   code(t, () => validateCreateRequest({ onIdle: 'explode' }, ctx), 'INVALID_ARGUMENT', 'onIdle');
   code(t, () => validateCreateRequest({ network: { 'Bad Service': false } }, ctx), 'INVALID_ARGUMENT');
-  // all-false network is the default (no egress): accepted
-  t.is(validateCreateRequest({ network: { pypi: false, github: false } }, ctx).backend, 'container');
+  // all-false: a network namespace with everything denied (services can be enabled later)
+  t.deepEqual(validateCreateRequest({ network: { pypi: false, github: false } }, ctx).network, { pypi: false, github: false });
+  const many = Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`s${i}`, true]));
+  code(t, () => validateCreateRequest({ network: many }, ctx), 'LIMIT_OUT_OF_RANGE', 'network');
 });
 
 test('image references: .. / NUL and bad shapes are INVALID_ID', (t) => {

@@ -5,7 +5,7 @@ import type { BackendName, SandboxSpec } from '../../shim/types';
 import { type Account, type Usage, can, checkQuota, requirePermission } from '../auth';
 import { type GatewayContext, authed, present, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
-import { parseLabelFilter, validateCreateRequest, validateExecRequest, validateExtendRequest, validatePackRequest } from '../validation';
+import { parseLabelFilter, validateCreateRequest, validateExecRequest, validateExtendRequest, validateNetworkServices, validatePackRequest } from '../validation';
 
 /** Sandbox creations in flight per account (counted against quotas until they are listed). */
 const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
@@ -204,6 +204,26 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const execReq = validateExecRequest(await readJson(req));
       const result = await ctx.shim.exec(info.id, execReq);
       sendJson(res, 200, result);
+    }),
+  );
+
+  // issue 4: per-service egress of a running sandbox
+  app.get(
+    '/v1/sandboxes/:id/network',
+    authed(ctx, (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      sendJson(res, 200, ctx.shim.networkInfo(info.id));
+    }),
+  );
+
+  app.patch(
+    '/v1/sandboxes/:id/network',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const change = validateNetworkServices(await readJson(req), 'body');
+      sendJson(res, 200, await ctx.shim.updateNetwork(info.id, change));
     }),
   );
 

@@ -2,7 +2,7 @@
  * The container backend: namespaces + cgroups over an overlay of read-only
  * EROFS layers. The native helper does the kernel work; this file decides.
  */
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
 import { native, helperBinary } from '../../native';
@@ -21,6 +21,7 @@ import type {
 } from '../types';
 import { resolveUser, type SandboxUser } from '../users';
 import { BoundedCollector, pumpInto } from '../output';
+import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
 import { assertConfinable, confineFor, forgetSandbox, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
 const CPU_PERIOD_US = 100_000;
@@ -44,6 +45,8 @@ export class ContainerBackend implements Backend {
   constructor(
     private readonly sandboxesDir: string,
     private readonly profileName?: string,
+    /** issue 4: sandboxes whose spec has `network` join a pooled netns with egress enforced. */
+    private readonly network: NetworkManager | null = null,
   ) {}
 
   async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<ContainerSandbox> {
@@ -57,6 +60,7 @@ export class ContainerBackend implements Backend {
     const diskMb = spec.diskMb ?? policyProfile(profileName).limits.diskMb;
     let cgroupCreated = false;
     let diskMounted = false;
+    let net: SandboxNetworkRuntime | null = null;
     try {
       await mkdir(dir, { mode: 0o700 });
       if (diskMb !== null) {
@@ -69,6 +73,13 @@ export class ContainerBackend implements Backend {
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
       native.cgroupCreate(id, limitsOf(spec));
       cgroupCreated = true;
+      if (spec.network !== undefined) {
+        if (this.network === null) throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
+        // enforcement is on the cgroup before anything runs in it
+        net = await this.network.setUp(id, spec.owner, cgroupDir(id), spec.network);
+        await mkdir(join(upperDir, 'etc'), { mode: 0o755 }).catch(() => undefined);
+        await writeFile(join(upperDir, 'etc', 'resolv.conf'), `nameserver ${this.network.gatewayAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 });
+      }
       const proc = await native.spawnSandboxAsync({
         id,
         hostname: id,
@@ -77,15 +88,17 @@ export class ContainerBackend implements Backend {
         workDir,
         rootfsDir,
         initPath: helperBinary('warren-init'),
-        network: 'loopback',
+        ...(net ? { network: 'netns' as const, netnsPath: net.lease.path } : { network: 'loopback' as const }),
         schedIdle: spec.priority === 'idle',
         coreSched: false,
         confine: confineFor(profileName),
       });
-      return new ContainerSandbox(id, spec, { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb }, proc.pidfd);
+      const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
+      return new ContainerSandbox(id, spec, runtime, proc.pidfd, this.network);
     } catch (err) {
       forgetSandbox(id);
       if (cgroupCreated) await destroyCgroup(id).catch(() => undefined);
+      if (net) await this.network!.tearDown(id, net).catch(() => undefined);
       if (diskMounted) unmountDisk(dir);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
       throw err;
@@ -97,14 +110,18 @@ export class ContainerBackend implements Backend {
     if (typeof runtime.pid !== 'number' || typeof runtime.startTime !== 'number' || typeof runtime.dir !== 'string') return null;
     if (native.processStartTime(runtime.pid) !== runtime.startTime) return null;
     if (!native.cgroupExists(record.id) || !native.cgroupProcs(record.id).includes(runtime.pid)) return null;
+    const net = runtime.network as SandboxNetworkRuntime | undefined;
+    if (net !== undefined && (this.network === null || !this.network.adopt(record.id, cgroupDir(record.id), net))) return null;
     const pidfd = native.pidfdOpen(runtime.pid);
     registerSandbox(record.id, typeof runtime.profile === 'string' ? runtime.profile : (this.profileName ?? profileForOwner(record.spec.owner)));
-    return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd);
+    return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd, this.network);
   }
 
   /** Remove whatever a dead or half-created sandbox left behind. */
-  async cleanup(id: string): Promise<void> {
+  async cleanup(id: string, record?: SandboxRecord): Promise<void> {
     if (native.cgroupExists(id)) await destroyCgroup(id);
+    const net = record?.runtime.network as SandboxNetworkRuntime | undefined;
+    if (this.network !== null) await this.network.tearDown(id, net);
     forgetSandbox(id);
     unmountDisk(join(this.sandboxesDir, id));
     await rm(join(this.sandboxesDir, id), { recursive: true, force: true });
@@ -128,6 +145,13 @@ function unmountDisk(dir: string): void {
   } catch {
     /* not mounted (no quota, or already gone) */
   }
+}
+
+/** The sandbox's group in the cgroup2 hierarchy, where the egress programs attach. */
+function cgroupDir(id: string): string {
+  const root = native.cgroupLayout().roots.unified;
+  if (root === undefined) throw new WarrenError('NOT_SUPPORTED', 'no cgroup2 hierarchy for the egress programs', { feature: 'cgroup2-bpf-hierarchy' });
+  return join(root, id);
 }
 
 function limitsOf(spec: SandboxSpec) {
@@ -187,6 +211,7 @@ export class ContainerSandbox implements BackendSandbox {
     private readonly spec: SandboxSpec,
     readonly runtime: ContainerRuntime,
     private readonly pidfd: number,
+    private readonly network: NetworkManager | null = null,
   ) {
     this.ended = new Promise((resolve) => {
       native.watchExit(pidfd, () => {
@@ -351,6 +376,7 @@ export class ContainerSandbox implements BackendSandbox {
   private async doDestroy(): Promise<void> {
     await destroyCgroup(this.id);
     forgetSandbox(this.id);
+    if (this.runtime.network !== undefined && this.network !== null) await this.network.tearDown(this.id, this.runtime.network as SandboxNetworkRuntime);
     // pid 1 is gone once its cgroup is empty; wait for the exit to be observed so the pidfd is released.
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
     native.close(this.pidfd);

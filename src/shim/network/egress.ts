@@ -12,7 +12,7 @@
  * map update, then the previous generation's entries are deleted.
  */
 import { existsSync, mkdirSync, readdirSync, rmdirSync, statSync, unlinkSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { WarrenError } from '../../errors';
 import type { BpfCgroupAttach, NativeAddon } from '../../native/types';
 import {
@@ -286,7 +286,7 @@ export class EgressEnforcer {
     for (const f of existsSync(this.opts.pinDir) ? readdirSync(this.opts.pinDir) : []) {
       if (f !== 'links') unlinkSync(join(this.opts.pinDir, f));
     }
-    for (const d of [this.linkDir, this.opts.pinDir]) {
+    for (const d of [this.linkDir, this.opts.pinDir, dirname(this.opts.pinDir)]) {
       try {
         rmdirSync(d);
       } catch {

@@ -1,0 +1,639 @@
+/**
+ * The per-node DNS responder that sandboxes with network use as their resolver.
+ *
+ * It answers only names of services the asking sandbox may reach: the name is resolved upstream
+ * and, before the reply leaves, the answered addresses are handed to the sandbox's `bind` callback
+ * (which opens them in that sandbox's eBPF allow map for the DNS TTL). Every other name is REFUSED
+ * and never forwarded, so DNS cannot carry data out of a sandbox. There is no cache: every answer
+ * goes through the asking sandbox's own bind.
+ */
+import { randomInt } from 'node:crypto';
+import * as dgram from 'node:dgram';
+import { readFileSync } from 'node:fs';
+import * as net from 'node:net';
+import { WarrenError, asWarrenError } from '../../errors';
+import {
+  CLASSIC_UDP_PAYLOAD,
+  DnsClass,
+  DnsOpcode,
+  DnsRcode,
+  DnsType,
+  buildQuery,
+  buildResponse,
+  canonicalAddress,
+  ednsRecord,
+  ednsUdpPayloadSize,
+  isAddressRecord,
+  isCnameRecord,
+  parseHeader,
+  parseMessage,
+  type DnsAddressRecord,
+  type DnsCnameRecord,
+  type DnsHeader,
+  type DnsMessage,
+  type DnsQuestion,
+  type DnsRecord,
+} from './dns-wire';
+
+export interface DnsAnswerAddress {
+  address: string;
+  family: 4 | 6;
+  ttl: number;
+}
+
+export interface DnsClientPolicy {
+  /** Id of the sandbox asking (logged). */
+  sandboxId: string;
+  /** The allowed service a (lower-case, no trailing dot) query name belongs to, or undefined if not allowed. */
+  serviceFor(name: string): string | undefined;
+  /** Called with the addresses of an allowed answer BEFORE the reply is sent; the reply waits for it. If it throws, answer SERVFAIL. */
+  bind(service: string, name: string, addrs: DnsAnswerAddress[]): Promise<void> | void;
+}
+
+export interface DnsEndpoint {
+  address: string;
+  port: number;
+}
+
+export interface DnsResponderOptions {
+  /** Addresses to listen on (UDP and TCP, same port), e.g. [{address:'10.88.0.1', port:53}]; port 0 picks a free one. */
+  listen: DnsEndpoint[];
+  /** Upstream resolvers, tried in order; default: nameservers from /etc/resolv.conf. */
+  upstreams?: DnsEndpoint[];
+  /** Who is asking, by the query's source address; undefined = REFUSED. */
+  clientFor(sourceAddress: string): DnsClientPolicy | undefined;
+  log?(line: string): void;
+  /** Upstream timeout per try (default 2000 ms). */
+  upstreamTimeoutMs?: number;
+  /** TTLs handed to bind are clamped to [minTtl, maxTtl] (defaults 5 and 3600 s); TTLs in replies are capped at maxTtl. */
+  minTtl?: number;
+  maxTtl?: number;
+  /** A TCP client connection with nothing in flight is closed after this long idle (default 10000 ms). */
+  tcpIdleTimeoutMs?: number;
+  /** Open TCP client connections over all listen addresses (default 128). */
+  maxTcpConnections?: number;
+  /** Queries being resolved upstream at once; more are answered SERVFAIL (default 1024). */
+  maxConcurrentLookups?: number;
+}
+
+export interface DnsResponderStats {
+  /** Every message received, well-formed or not. */
+  queries: number;
+  refused: number;
+  /** Queries resolved upstream (one per client query, however many upstreams were tried). */
+  forwarded: number;
+  servfail: number;
+  /** Messages that could not be decoded, or were responses rather than queries. */
+  malformed: number;
+}
+
+/** The payload size this responder advertises with EDNS and the most it sends over UDP. */
+const EDNS_UDP_PAYLOAD = 1232;
+const MAX_TCP_QUERY_BYTES = 4096;
+const MAX_TCP_MESSAGE_BYTES = 0xffff;
+const MAX_PIPELINED_PER_CONNECTION = 16;
+const MAX_CNAME_CHAIN = 16;
+/** RFC 2181 8: a TTL with the top bit set is read as zero. */
+const MAX_SIGNED_TTL = 0x7fffffff;
+/** Tries to find a port free for both UDP and TCP when port 0 is asked. */
+const EPHEMERAL_PORT_TRIES = 16;
+
+interface Reply {
+  query: Pick<DnsHeader, 'id' | 'opcode' | 'rd'> & { questions?: DnsQuestion[] };
+  rcode: number;
+  answers?: DnsRecord[];
+  /** The UDP payload size the query advertised with EDNS; the reply then carries an OPT record too. */
+  ednsPayload?: number;
+}
+
+interface Listener {
+  address: string;
+  port: number;
+  udp: dgram.Socket;
+  tcp: net.Server;
+}
+
+/** Nameservers in a resolv.conf (port 53), in order; [] when it cannot be read. */
+export function readResolvConf(path = '/etc/resolv.conf'): DnsEndpoint[] {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch {
+    return [];
+  }
+  const upstreams: DnsEndpoint[] = [];
+  for (const line of text.split('\n')) {
+    const address = /^\s*nameserver\s+(\S+)/.exec(line)?.[1];
+    if (address !== undefined && net.isIP(address) !== 0) upstreams.push({ address, port: 53 });
+  }
+  return upstreams;
+}
+
+function checkEndpoint(endpoint: DnsEndpoint, what: string): DnsEndpoint {
+  if (net.isIP(endpoint.address) === 0 || !Number.isInteger(endpoint.port) || endpoint.port < 0 || endpoint.port > 0xffff) {
+    throw new WarrenError('INVALID_ARGUMENT', `${what} ${JSON.stringify(endpoint)} is not an IP address and port`, { [what]: endpoint });
+  }
+  return { address: endpoint.address, port: endpoint.port };
+}
+
+function checkCount(value: number | undefined, fallback: number, what: string, min: number): number {
+  if (value === undefined) return fallback;
+  if (!Number.isInteger(value) || value < min) throw new WarrenError('INVALID_ARGUMENT', `${what} must be an integer >= ${min}, not ${value}`, { [what]: value });
+  return value;
+}
+
+/** Source addresses of IPv4 clients on a dual-stack socket come as ::ffff:a.b.c.d. */
+function unmapIpv4(address: string): string {
+  return address.startsWith('::ffff:') && net.isIPv4(address.slice(7)) ? address.slice(7) : address;
+}
+
+function sameAddress(a: string, b: string): boolean {
+  const comparable = (address: string): string => {
+    const plain = unmapIpv4(address.split('%')[0]!);
+    return net.isIP(plain) === 0 ? plain : canonicalAddress(plain);
+  };
+  return comparable(a) === comparable(b);
+}
+
+function endpointText(endpoint: DnsEndpoint): string {
+  return net.isIPv6(endpoint.address) ? `[${endpoint.address}]:${endpoint.port}` : `${endpoint.address}:${endpoint.port}`;
+}
+
+function typeName(type: number): string {
+  return Object.entries(DnsType).find(([, value]) => value === type)?.[0] ?? `TYPE${type}`;
+}
+
+function withLengthPrefix(message: Buffer): Buffer {
+  const prefix = Buffer.alloc(2);
+  prefix.writeUInt16BE(message.length, 0);
+  return Buffer.concat([prefix, message]);
+}
+
+/**
+ * Splits a TCP byte stream into 2-byte-length-prefixed DNS messages. Returns false (and stops)
+ * when a message announces more than `maxLength` bytes.
+ */
+function lengthPrefixedReader(maxLength: number, onMessage: (message: Buffer) => void): (chunk: Buffer) => boolean {
+  let pending: Buffer = Buffer.alloc(0);
+  return (chunk) => {
+    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
+    while (pending.length >= 2) {
+      const length = pending.readUInt16BE(0);
+      if (length > maxLength) return false;
+      if (pending.length < 2 + length) break;
+      const message = pending.subarray(2, 2 + length);
+      pending = pending.subarray(2 + length);
+      onMessage(message);
+    }
+    return true;
+  };
+}
+
+/**
+ * Follows the CNAME chain from the question name through the upstream answer section and collects
+ * the address records of the question's type at its end. Records for any other owner name are
+ * ignored: they are not what was asked and must not be bound.
+ */
+function answerChain(question: DnsQuestion, reply: DnsMessage): { cnames: DnsCnameRecord[]; addresses: DnsAddressRecord[] } {
+  const cnames: DnsCnameRecord[] = [];
+  const seen = new Set<string>([question.name]);
+  let owner = question.name;
+  for (;;) {
+    const cname = reply.answers.find((record): record is DnsCnameRecord => isCnameRecord(record) && record.name === owner);
+    if (cname === undefined || seen.has(cname.target) || cnames.length >= MAX_CNAME_CHAIN) break;
+    cnames.push(cname);
+    seen.add(cname.target);
+    owner = cname.target;
+  }
+  const addresses = reply.answers.filter(
+    (record): record is DnsAddressRecord => isAddressRecord(record) && record.name === owner && record.type === question.type && record.class === DnsClass.IN,
+  );
+  return { cnames, addresses };
+}
+
+function closeListener(listener: Listener): Promise<void> {
+  const udpClosed = new Promise<void>((resolve) => listener.udp.close(() => resolve()));
+  const tcpClosed = new Promise<void>((resolve) => listener.tcp.close(() => resolve()));
+  return Promise.all([udpClosed, tcpClosed]).then(() => undefined);
+}
+
+export class DnsResponder {
+  private readonly options: DnsResponderOptions;
+  private readonly listen: DnsEndpoint[];
+  private readonly upstreamTimeoutMs: number;
+  private readonly minTtl: number;
+  private readonly maxTtl: number;
+  private readonly tcpIdleTimeoutMs: number;
+  private readonly maxTcpConnections: number;
+  private readonly maxConcurrentLookups: number;
+  private upstreams: DnsEndpoint[] = [];
+  private readonly listeners: Listener[] = [];
+  private readonly tcpConnections = new Set<net.Socket>();
+  /** Aborts of the upstream exchanges in flight; close() calls them all. */
+  private readonly upstreamExchanges = new Set<() => void>();
+  private lookupsInFlight = 0;
+  private state: 'new' | 'starting' | 'running' | 'closed' = 'new';
+  private closing: Promise<void> | undefined;
+  private readonly counters: DnsResponderStats = { queries: 0, refused: 0, forwarded: 0, servfail: 0, malformed: 0 };
+
+  constructor(options: DnsResponderOptions) {
+    if (!Array.isArray(options.listen) || options.listen.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'a DNS responder needs at least one listen address');
+    this.options = options;
+    this.listen = options.listen.map((endpoint) => checkEndpoint(endpoint, 'listen'));
+    if (options.upstreams !== undefined) this.upstreams = options.upstreams.map((endpoint) => checkEndpoint(endpoint, 'upstream'));
+    this.upstreamTimeoutMs = checkCount(options.upstreamTimeoutMs, 2000, 'upstreamTimeoutMs', 1);
+    this.minTtl = checkCount(options.minTtl, 5, 'minTtl', 0);
+    this.maxTtl = checkCount(options.maxTtl, 3600, 'maxTtl', this.minTtl);
+    this.tcpIdleTimeoutMs = checkCount(options.tcpIdleTimeoutMs, 10_000, 'tcpIdleTimeoutMs', 1);
+    this.maxTcpConnections = checkCount(options.maxTcpConnections, 128, 'maxTcpConnections', 1);
+    this.maxConcurrentLookups = checkCount(options.maxConcurrentLookups, 1024, 'maxConcurrentLookups', 1);
+  }
+
+  /** Binds UDP and TCP on every listen address; on any failure closes what it bound and rejects. */
+  async start(): Promise<void> {
+    if (this.state !== 'new') throw new WarrenError('INVALID_ARGUMENT', `DNS responder cannot start: it is ${this.state}`);
+    this.state = 'starting';
+    if (this.options.upstreams === undefined) this.upstreams = readResolvConf();
+    if (this.upstreams.length === 0) {
+      this.state = 'closed';
+      throw new WarrenError('INVALID_ARGUMENT', 'DNS responder has no upstream resolvers: none given and /etc/resolv.conf lists no nameserver');
+    }
+    try {
+      for (const endpoint of this.listen) {
+        const listener = await this.bindListener(endpoint);
+        if (this.closing !== undefined) {
+          await closeListener(listener);
+          throw new WarrenError('UNAVAILABLE', 'DNS responder was closed while starting');
+        }
+        this.listeners.push(listener);
+      }
+    } catch (err) {
+      await this.close();
+      throw err;
+    }
+    this.state = 'running';
+    this.log(`dns: listening on ${this.addresses().map(endpointText).join(', ')}, upstreams ${this.upstreams.map(endpointText).join(', ')}`);
+  }
+
+  /** Closes every socket and fails the upstream exchanges in flight; leaves no timers behind. */
+  close(): Promise<void> {
+    if (this.closing !== undefined) return this.closing;
+    this.state = 'closed';
+    for (const abort of [...this.upstreamExchanges]) abort();
+    for (const connection of this.tcpConnections) connection.destroy();
+    this.closing = Promise.all(this.listeners.map(closeListener)).then(() => undefined);
+    return this.closing;
+  }
+
+  stats(): DnsResponderStats {
+    return { ...this.counters };
+  }
+
+  /** The addresses listened on, with the actual port (UDP and TCP share it) where port 0 was asked. */
+  addresses(): DnsEndpoint[] {
+    return this.listeners.map(({ address, port }) => ({ address, port }));
+  }
+
+  private log(line: string): void {
+    try {
+      this.options.log?.(line);
+    } catch {
+      // A broken logger must not take DNS down with it.
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Listening
+
+  private async bindListener(endpoint: DnsEndpoint): Promise<Listener> {
+    const tries = endpoint.port === 0 ? EPHEMERAL_PORT_TRIES : 1;
+    for (let attempt = 1; ; attempt++) {
+      const udp = await this.bindUdp(endpoint);
+      const port = udp.address().port;
+      try {
+        const tcp = await this.listenTcp({ address: endpoint.address, port });
+        return { address: endpoint.address, port, udp, tcp };
+      } catch (err) {
+        udp.close();
+        // With port 0 the kernel picked a UDP port whose TCP twin may be taken: pick again.
+        if (attempt >= tries || (err as WarrenError).details?.['reason'] !== 'EADDRINUSE') throw err;
+      }
+    }
+  }
+
+  private bindUdp(endpoint: DnsEndpoint): Promise<dgram.Socket> {
+    return new Promise((resolve, reject) => {
+      const socket = dgram.createSocket(net.isIPv6(endpoint.address) ? 'udp6' : 'udp4');
+      const onBindError = (err: NodeJS.ErrnoException): void => {
+        try {
+          socket.close();
+        } catch {
+          // never bound
+        }
+        reject(this.listenError('udp', endpoint, err));
+      };
+      socket.once('error', onBindError);
+      socket.bind({ address: endpoint.address, port: endpoint.port, exclusive: true }, () => {
+        socket.off('error', onBindError);
+        socket.on('error', (err) => this.log(`dns: udp ${endpointText(endpoint)}: ${err.message}`));
+        socket.on('message', (message, remote) => this.onUdpMessage(socket, message, remote));
+        resolve(socket);
+      });
+    });
+  }
+
+  private listenTcp(endpoint: DnsEndpoint): Promise<net.Server> {
+    return new Promise((resolve, reject) => {
+      const server = net.createServer((connection) => this.onTcpConnection(connection));
+      server.maxConnections = this.maxTcpConnections;
+      const onListenError = (err: NodeJS.ErrnoException): void => {
+        server.close();
+        reject(this.listenError('tcp', endpoint, err));
+      };
+      server.once('error', onListenError);
+      server.listen({ host: endpoint.address, port: endpoint.port, exclusive: true }, () => {
+        server.off('error', onListenError);
+        server.on('error', (err) => this.log(`dns: tcp ${endpointText(endpoint)}: ${err.message}`));
+        resolve(server);
+      });
+    });
+  }
+
+  private listenError(protocol: 'udp' | 'tcp', endpoint: DnsEndpoint, err: NodeJS.ErrnoException): WarrenError {
+    return new WarrenError('UNAVAILABLE', `DNS responder cannot listen on ${protocol} ${endpointText(endpoint)}: ${err.message}`, {
+      protocol,
+      address: endpoint.address,
+      port: endpoint.port,
+      reason: err.code ?? 'unknown',
+    });
+  }
+
+  private onUdpMessage(socket: dgram.Socket, message: Buffer, remote: dgram.RemoteInfo): void {
+    void this.respond(message, unmapIpv4(remote.address), 'udp').then((response) => {
+      if (response === undefined || this.state === 'closed') return;
+      socket.send(response, remote.port, remote.address, (err) => {
+        if (err) this.log(`dns: reply to ${remote.address}:${remote.port}: ${err.message}`);
+      });
+    });
+  }
+
+  private onTcpConnection(connection: net.Socket): void {
+    if (this.state === 'closed') {
+      connection.destroy();
+      return;
+    }
+    this.tcpConnections.add(connection);
+    const source = unmapIpv4(connection.remoteAddress ?? '');
+    let inFlight = 0;
+    connection.on('close', () => this.tcpConnections.delete(connection));
+    connection.on('error', (err) => this.log(`dns: tcp client ${source}: ${err.message}`));
+    // Idle but still owing answers: keep it; writing the answer re-arms the timeout. (Not the
+    // setTimeout callback form: that listens only once.)
+    connection.setTimeout(this.tcpIdleTimeoutMs);
+    connection.on('timeout', () => {
+      if (inFlight === 0) connection.destroy();
+    });
+    const read = lengthPrefixedReader(MAX_TCP_QUERY_BYTES, (message) => {
+      inFlight += 1;
+      if (inFlight >= MAX_PIPELINED_PER_CONNECTION) connection.pause();
+      void this.respond(Buffer.from(message), source, 'tcp').then((response) => {
+        inFlight -= 1;
+        if (connection.destroyed) return;
+        connection.resume();
+        if (response !== undefined) connection.write(withLengthPrefix(response));
+      });
+    });
+    connection.on('data', (chunk) => {
+      if (!read(chunk)) {
+        this.log(`dns: tcp client ${source} sent a message over ${MAX_TCP_QUERY_BYTES} bytes; closing`);
+        connection.destroy();
+      }
+    });
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Answering
+
+  /** The encoded reply to one received message, or undefined to send nothing. Never rejects. */
+  private async respond(message: Buffer, source: string, transport: 'udp' | 'tcp'): Promise<Buffer | undefined> {
+    this.counters.queries += 1;
+    let reply: Reply | undefined;
+    try {
+      reply = await this.decide(message, source);
+    } catch (err) {
+      this.log(`dns: internal error answering ${source}: ${asWarrenError(err).message}`);
+      return undefined;
+    }
+    if (reply === undefined) return undefined;
+    if (reply.rcode === DnsRcode.REFUSED) this.counters.refused += 1;
+    if (reply.rcode === DnsRcode.SERVFAIL) this.counters.servfail += 1;
+    return this.encodeReply(reply, transport);
+  }
+
+  private encodeReply(reply: Reply, transport: 'udp' | 'tcp'): Buffer {
+    const additionals = reply.ednsPayload === undefined ? [] : [ednsRecord(EDNS_UDP_PAYLOAD)];
+    const full = buildResponse(reply.query, { rcode: reply.rcode, answers: reply.answers ?? [], additionals });
+    const udpLimit = Math.min(Math.max(reply.ednsPayload ?? 0, CLASSIC_UDP_PAYLOAD), EDNS_UDP_PAYLOAD);
+    if (full.length <= (transport === 'tcp' ? MAX_TCP_MESSAGE_BYTES : udpLimit)) return full;
+    return buildResponse(reply.query, { rcode: reply.rcode, truncated: true, additionals });
+  }
+
+  private async decide(raw: Buffer, source: string): Promise<Reply | undefined> {
+    let header: DnsHeader;
+    try {
+      header = parseHeader(raw);
+    } catch {
+      this.counters.malformed += 1;
+      return undefined; // not even an id to answer to
+    }
+    if (header.qr) {
+      // Answering responses invites reflection loops between two servers.
+      this.counters.malformed += 1;
+      return undefined;
+    }
+    if (header.opcode !== DnsOpcode.QUERY) return { query: header, rcode: DnsRcode.NOTIMP };
+    let query: DnsMessage;
+    try {
+      query = parseMessage(raw);
+    } catch (err) {
+      this.counters.malformed += 1;
+      this.log(`dns: FORMERR to ${source}: ${asWarrenError(err).message}`);
+      return { query: header, rcode: DnsRcode.FORMERR };
+    }
+    const optRecordCount = query.additionals.filter((record) => record.type === DnsType.OPT).length;
+    if (query.questions.length !== 1 || optRecordCount > 1) return { query: { ...header, questions: query.questions.slice(0, 1) }, rcode: DnsRcode.FORMERR };
+    const question = query.questions[0]!;
+    const ednsPayload = ednsUdpPayloadSize(query);
+    const reply = (rcode: number, answers: DnsRecord[] = []): Reply => ({ query, rcode, answers, ...(ednsPayload === undefined ? {} : { ednsPayload }) });
+    const what = `${question.name} ${typeName(question.type)}`;
+
+    let client: DnsClientPolicy | undefined;
+    let service: string | undefined;
+    try {
+      client = this.options.clientFor(source);
+      service = client !== undefined && question.class === DnsClass.IN ? client.serviceFor(question.name) : undefined;
+    } catch (err) {
+      this.log(`dns: SERVFAIL ${what} from ${source}: policy lookup failed: ${asWarrenError(err).message}`);
+      return reply(DnsRcode.SERVFAIL);
+    }
+    if (client === undefined) {
+      this.log(`dns: refused ${what} from unknown client ${source}`);
+      return reply(DnsRcode.REFUSED);
+    }
+    if (service === undefined) {
+      this.log(`dns: refused ${what} for sandbox ${client.sandboxId}`);
+      return reply(DnsRcode.REFUSED);
+    }
+    if (question.type !== DnsType.A && question.type !== DnsType.AAAA) return reply(DnsRcode.NOERROR);
+
+    if (this.lookupsInFlight >= this.maxConcurrentLookups) {
+      this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: ${this.lookupsInFlight} lookups already in flight`);
+      return reply(DnsRcode.SERVFAIL);
+    }
+    this.counters.forwarded += 1;
+    this.lookupsInFlight += 1;
+    let upstreamReply: DnsMessage;
+    try {
+      upstreamReply = await this.resolveUpstream(question);
+    } catch (err) {
+      this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: ${asWarrenError(err).message}`);
+      return reply(DnsRcode.SERVFAIL);
+    } finally {
+      this.lookupsInFlight -= 1;
+    }
+
+    const { cnames, addresses } = answerChain(question, upstreamReply);
+    if (addresses.length > 0) {
+      const bound = addresses.map((record) => ({
+        address: record.address,
+        family: record.type === DnsType.A ? (4 as const) : (6 as const),
+        ttl: Math.min(Math.max(this.replyTtl(record.ttl), this.minTtl), this.maxTtl),
+      }));
+      try {
+        await client.bind(service, question.name, bound);
+      } catch (err) {
+        this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: bind failed: ${asWarrenError(err).message}`);
+        return reply(DnsRcode.SERVFAIL);
+      }
+    }
+    this.log(`dns: ${what} for sandbox ${client.sandboxId} (service ${service}): rcode ${upstreamReply.rcode}, ${addresses.length} address(es) bound`);
+    // A client must not cache an address longer than bind allowed it: cap reply TTLs at maxTtl.
+    const answers = [...cnames, ...addresses].map((record) => ({ ...record, ttl: Math.min(this.replyTtl(record.ttl), this.maxTtl) }));
+    return reply(upstreamReply.rcode, answers);
+  }
+
+  private replyTtl(ttl: number): number {
+    return ttl > MAX_SIGNED_TTL ? 0 : ttl;
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Upstream
+
+  private async resolveUpstream(question: DnsQuestion): Promise<DnsMessage> {
+    const failures: string[] = [];
+    for (const upstream of this.upstreams) {
+      if (this.state === 'closed') break;
+      try {
+        let answer = await this.exchange(upstream, question, 'udp');
+        if (answer.tc) answer = await this.exchange(upstream, question, 'tcp');
+        if (answer.rcode === DnsRcode.NOERROR || answer.rcode === DnsRcode.NXDOMAIN) return answer;
+        failures.push(`${endpointText(upstream)} answered rcode ${answer.rcode}`);
+      } catch (err) {
+        failures.push(`${endpointText(upstream)}: ${asWarrenError(err).message}`);
+      }
+    }
+    throw new WarrenError('UNAVAILABLE', `no upstream resolved ${question.name}: ${failures.join('; ') || 'responder closed'}`);
+  }
+
+  /**
+   * One query to one upstream, with a fresh random id (and, over UDP, a fresh socket and so a
+   * random source port). Replies from elsewhere, with another id or another question are ignored.
+   */
+  private exchange(upstream: DnsEndpoint, question: DnsQuestion, transport: 'udp' | 'tcp'): Promise<DnsMessage> {
+    const id = randomInt(0x10000);
+    const query = buildQuery(id, question.name, question.type, { ednsUdpPayloadSize: EDNS_UDP_PAYLOAD });
+    const accept = (message: Buffer): DnsMessage | undefined => {
+      let answer: DnsMessage;
+      try {
+        answer = parseMessage(message);
+      } catch (err) {
+        this.log(`dns: ignored malformed reply from ${endpointText(upstream)}: ${asWarrenError(err).message}`);
+        return undefined;
+      }
+      const echoed = answer.questions[0];
+      const matches =
+        answer.qr &&
+        answer.id === id &&
+        answer.questions.length === 1 &&
+        echoed!.name === question.name &&
+        echoed!.type === question.type &&
+        echoed!.class === question.class;
+      if (!matches) this.log(`dns: ignored mismatched reply from ${endpointText(upstream)} for ${question.name}`);
+      return matches ? answer : undefined;
+    };
+    const what = `${transport} query to ${endpointText(upstream)}`;
+    return this.withDeadline<DnsMessage>(what, (finish) => (transport === 'udp' ? this.exchangeUdp(upstream, query, accept, finish) : this.exchangeTcp(upstream, query, accept, finish)));
+  }
+
+  private exchangeUdp(upstream: DnsEndpoint, query: Buffer, accept: (message: Buffer) => DnsMessage | undefined, finish: (err: Error | null, answer?: DnsMessage) => void): () => void {
+    const socket = dgram.createSocket(net.isIPv6(upstream.address) ? 'udp6' : 'udp4');
+    socket.on('error', (err) => finish(err));
+    socket.on('message', (message, remote) => {
+      if (remote.port !== upstream.port || !sameAddress(remote.address, upstream.address)) return;
+      const answer = accept(message);
+      if (answer !== undefined) finish(null, answer);
+    });
+    socket.send(query, upstream.port, upstream.address, (err) => {
+      if (err) finish(err);
+    });
+    return () => {
+      try {
+        socket.close();
+      } catch {
+        // already closed after an error
+      }
+    };
+  }
+
+  private exchangeTcp(upstream: DnsEndpoint, query: Buffer, accept: (message: Buffer) => DnsMessage | undefined, finish: (err: Error | null, answer?: DnsMessage) => void): () => void {
+    const socket = net.connect({ host: upstream.address, port: upstream.port });
+    const read = lengthPrefixedReader(MAX_TCP_MESSAGE_BYTES, (message) => {
+      const answer = accept(message);
+      if (answer !== undefined) finish(null, answer);
+    });
+    socket.on('data', (chunk) => read(chunk));
+    socket.on('error', (err) => finish(err));
+    socket.on('close', () => finish(new Error('connection closed without an answer')));
+    socket.write(withLengthPrefix(query));
+    return () => socket.destroy();
+  }
+
+  /**
+   * Runs `start` (which returns its cleanup) until it calls `finish`, the upstream timeout passes,
+   * or close() aborts it; settles once and always cleans up.
+   */
+  private withDeadline<T>(what: string, start: (finish: (err: Error | null, value?: T) => void) => () => void): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      let settled = false;
+      let cleanup: (() => void) | undefined;
+      const finish = (err: Error | null, value?: T): void => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        this.upstreamExchanges.delete(abort);
+        cleanup?.();
+        if (err !== null) reject(err);
+        else resolve(value as T);
+      };
+      const abort = (): void => finish(new WarrenError('UNAVAILABLE', `${what} abandoned: DNS responder closed`));
+      const timer = setTimeout(() => finish(new WarrenError('TIMEOUT', `${what} timed out after ${this.upstreamTimeoutMs} ms`)), this.upstreamTimeoutMs);
+      this.upstreamExchanges.add(abort);
+      try {
+        cleanup = start(finish);
+      } catch (err) {
+        finish(err instanceof Error ? err : new Error(String(err)));
+      }
+      if (settled) cleanup?.();
+    });
+  }
+}

@@ -1,0 +1,422 @@
+/**
+ * Per-service egress for sandboxes (issue 4): the one place that ties the parts
+ * together.
+ *
+ *   HostNetwork     the bridge, its gateway address and the nftables NAT table
+ *   NetnsPool       pre-created network namespaces with a veth on the bridge
+ *   EgressEnforcer  the eBPF programs on each sandbox's cgroup and their maps
+ *   DnsResponder    the node's resolver on the gateway address: it answers only
+ *                   names of services the asking sandbox may reach, and binds the
+ *                   answered addresses into that sandbox's allow map first
+ *
+ * The services catalog and per-account defaults come from the policy directory
+ * (services.yaml, accounts.yaml); a policy apply re-computes every sandbox's
+ * allowlist. A sandbox's services are a map {name: boolean}; the sandbox may
+ * reach exactly the enabled services' hosts (once resolved through the node's
+ * DNS), their CIDRs, and its account's raw rules.
+ */
+import { join } from 'node:path';
+import { WarrenError } from '../../errors';
+import type { NativeAddon } from '../../native/types';
+import type { AccountNetwork, Policy, Service } from '../../security/policy';
+import { EGRESS_SERVICE_NONE, EGRESS_SERVICE_RULE } from '../../native/bpf-layouts';
+import { DnsResponder, type DnsAnswerAddress, type DnsEndpoint } from './dns-responder';
+import { EgressEnforcer, type EgressBinding, type EgressDenial, type EgressRange, type SandboxEgressPolicy } from './egress';
+import { HostNetwork } from './host-net';
+import { NetnsPool, type NetnsLease } from './netns-pool';
+import { parseCidr } from './addr';
+
+export interface NetworkOptions {
+  native: NativeAddon;
+  nodeId: string;
+  /** The policy in force (read on every decision, so an apply takes effect at once). */
+  policy(): Policy;
+  /** Host bridge (default warren0) and the sandboxes' subnet (default 10.88.0.0/16). */
+  bridge?: string;
+  subnet?: string;
+  nftTable?: string;
+  /** Idle namespaces kept ready (default 8). */
+  warm?: number;
+  /** Upstream resolvers of the DNS responder (default: /etc/resolv.conf). */
+  upstreams?: DnsEndpoint[];
+  /** Pin directory root (default /sys/fs/bpf/warren); the node pins under <root>/<nodeId>. */
+  pinRoot?: string;
+  objectPath: string;
+  log(line: string): void;
+}
+
+/** What a sandbox's record keeps so a restarted node can take its network over. */
+export interface SandboxNetworkRuntime {
+  lease: NetnsLease;
+  cgroupId: string;
+  services: Record<string, boolean>;
+  owner: string;
+}
+
+export interface SandboxNetworkInfo {
+  services: Record<string, boolean>;
+  address: string;
+  resolver: string;
+  rules: number;
+  bindings: { service: string; name: string; address: string; expiresInS: number }[];
+  denials: { at: string; service: string; destination: string; proto: string; hook: string }[];
+}
+
+interface Binding {
+  service: string;
+  name: string;
+  address: string;
+  expiresNs: bigint;
+}
+
+interface Attached {
+  id: string;
+  owner: string;
+  cgroupId: bigint;
+  lease: NetnsLease;
+  services: Record<string, boolean>;
+  /** address -> binding, for the services the sandbox has now. */
+  bindings: Map<string, Binding>;
+  denials: SandboxNetworkInfo['denials'];
+  logged: { second: number; count: number; suppressed: number };
+}
+
+const DENIALS_KEPT = 50;
+const DENIAL_LOGS_PER_SECOND = 20;
+
+export class NetworkManager {
+  readonly host: HostNetwork;
+  readonly pool: NetnsPool;
+  readonly egress: EgressEnforcer;
+  readonly dns: DnsResponder;
+  private readonly byId = new Map<string, Attached>();
+  private readonly byCgroup = new Map<bigint, Attached>();
+  private readonly byAddress = new Map<string, Attached>();
+  private timers: NodeJS.Timeout[] = [];
+  private started = false;
+
+  constructor(private readonly opts: NetworkOptions) {
+    this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable: opts.nftTable, log: opts.log });
+    this.pool = new NetnsPool({ host: this.host, prefix: `wn-${opts.nodeId}`.slice(0, 24), warm: opts.warm ?? 8, log: opts.log });
+    this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
+    this.dns = new DnsResponder({
+      listen: [{ address: this.host.gatewayAddress, port: 53 }],
+      upstreams: opts.upstreams,
+      log: opts.log,
+      clientFor: (source) => {
+        const a = this.byAddress.get(source);
+        if (a === undefined) return undefined;
+        return {
+          sandboxId: a.id,
+          serviceFor: (name) => this.serviceFor(a, name),
+          bind: (service, name, addrs) => this.bindAnswer(a, service, name, addrs),
+        };
+      },
+    });
+  }
+
+  get gatewayAddress(): string {
+    return this.host.gatewayAddress;
+  }
+
+  /** Bring up the bridge, NAT, pins, pool and resolver; `adopted` are sandboxes that survived a restart. */
+  async start(adopted: SandboxNetworkRuntime[] = []): Promise<void> {
+    await this.host.ensure();
+    this.egress.open();
+    await this.pool.start(adopted.map((r) => r.lease));
+    await this.dns.start();
+    this.started = true;
+    this.timers.push(setInterval(() => this.pollDenials(), 100).unref());
+    this.timers.push(setInterval(() => this.egress.sweep(), 30_000).unref());
+  }
+
+  /**
+   * The services a new sandbox gets: the request's map, or the account's default when the
+   * request has none. Null: no network at all (loopback only). Throws on unknown services
+   * (INVALID_ARGUMENT) and on services the account may not use (FORBIDDEN).
+   */
+  resolve(requested: Record<string, boolean> | undefined, owner: string): Record<string, boolean> | null {
+    const account = this.accountNetwork(owner);
+    if (requested === undefined) {
+      const enabled = Object.entries(account.default).filter(([, on]) => on);
+      if (enabled.length === 0 && account.rules.length === 0) return null;
+      return Object.fromEntries(enabled);
+    }
+    this.check(requested, owner);
+    return { ...requested };
+  }
+
+  /** Lease a namespace and put the sandbox's allowlist on its cgroup; before anything runs in it. */
+  async setUp(id: string, owner: string, cgroupDir: string, services: Record<string, boolean>): Promise<SandboxNetworkRuntime> {
+    this.assertStarted();
+    const lease = await this.pool.acquire();
+    try {
+      const a: Attached = { id, owner, cgroupId: 0n, lease, services: { ...services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
+      a.cgroupId = this.egress.attach(id, cgroupDir, this.compile(a));
+      this.track(a);
+      return this.runtimeOf(a);
+    } catch (err) {
+      await this.pool.release(lease).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Take over a sandbox's network after a restart (its pins kept enforcing meanwhile). */
+  adopt(id: string, cgroupDir: string, rt: SandboxNetworkRuntime): boolean {
+    const cgroupId = this.egress.adopt(id, cgroupDir);
+    if (cgroupId === null || String(cgroupId) !== rt.cgroupId) return false;
+    const a: Attached = { id, owner: rt.owner, cgroupId, lease: rt.lease, services: { ...rt.services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
+    this.track(a);
+    // DNS bindings are not known after a restart: re-derive the policy; answers re-bind on the next lookup
+    this.egress.update(cgroupId, this.compile(a));
+    return true;
+  }
+
+  /** Change a running sandbox's services (merge: true enables, false disables); atomic in the kernel. */
+  update(id: string, change: Record<string, boolean>): Record<string, boolean> {
+    const a = this.attached(id);
+    this.check(change, a.owner);
+    const services = { ...a.services, ...change };
+    const next: Attached = { ...a, services, bindings: new Map(a.bindings) };
+    for (const [addr, b] of a.bindings) if (services[b.service] !== true) next.bindings.delete(addr);
+    this.egress.update(a.cgroupId, this.compile(next));
+    a.services = services;
+    a.bindings = next.bindings;
+    this.opts.log(`network: sandbox ${id} services now ${describeServices(services)}`);
+    return { ...services };
+  }
+
+  /** After a policy apply: recompute every sandbox's allowlist from the new catalog. */
+  reapply(): void {
+    for (const a of this.byId.values()) {
+      try {
+        for (const [addr, b] of a.bindings) if (this.catalog()[b.service] === undefined) a.bindings.delete(addr);
+        this.egress.update(a.cgroupId, this.compile(a));
+      } catch (err) {
+        this.opts.log(`network: re-applying the policy to ${a.id} failed: ${(err as Error).message}`);
+      }
+    }
+  }
+
+  async tearDown(id: string, rt?: SandboxNetworkRuntime): Promise<void> {
+    const a = this.byId.get(id);
+    const lease = a?.lease ?? rt?.lease;
+    const cgroupId = a?.cgroupId ?? (rt ? BigInt(rt.cgroupId) : null);
+    if (a) this.untrack(a);
+    if (this.started) this.egress.detach(id, cgroupId);
+    if (lease) await this.pool.release(lease);
+  }
+
+  info(id: string): SandboxNetworkInfo {
+    const a = this.attached(id);
+    const now = process.hrtime.bigint();
+    return {
+      services: { ...a.services },
+      address: a.lease.address,
+      resolver: this.host.gatewayAddress,
+      rules: this.accountNetwork(a.owner).rules.length,
+      bindings: [...a.bindings.values()].map((b) => ({ service: b.service, name: b.name, address: b.address, expiresInS: Math.max(0, Number((b.expiresNs - now) / 1_000_000_000n)) })),
+      denials: [...a.denials],
+    };
+  }
+
+  has(id: string): boolean {
+    return this.byId.has(id);
+  }
+
+  stats() {
+    return { sandboxes: this.byId.size, pool: this.pool.stats(), dns: this.dns.stats() };
+  }
+
+  /** Stop serving; sandboxes keep their namespaces and their pinned enforcement. */
+  async close(): Promise<void> {
+    for (const t of this.timers) clearInterval(t);
+    this.timers = [];
+    if (!this.started) return;
+    this.started = false;
+    this.pollDenials();
+    await this.dns.close();
+    await this.pool.close();
+    this.egress.close();
+  }
+
+  /** Remove everything node-wide (bridge, NAT table, pins); only once no sandbox has network. */
+  async teardownHost(): Promise<void> {
+    await this.close();
+    if (this.egress.pinnedSandboxes().length === 0) this.egress.unpinAll();
+    await this.host.teardown();
+  }
+
+  // ---- policy ----------------------------------------------------------------------
+
+  private catalog(): Record<string, Service> {
+    return this.opts.policy().services;
+  }
+
+  private accountNetwork(owner: string): AccountNetwork {
+    const accounts = this.opts.policy().accounts;
+    return accounts.accounts[owner]?.network ?? accounts.defaultNetwork;
+  }
+
+  private check(services: Record<string, boolean>, owner: string): void {
+    const catalog = this.catalog();
+    const allow = this.accountNetwork(owner).allow;
+    for (const [name, on] of Object.entries(services)) {
+      if (typeof on !== 'boolean') throw new WarrenError('INVALID_ARGUMENT', `network.${name} must be true or false`, { field: `network.${name}` });
+      if (catalog[name] === undefined) {
+        throw new WarrenError('INVALID_ARGUMENT', `network.${name}: no service "${name}" in the services catalog (known: ${Object.keys(catalog).sort().join(', ')})`, { field: `network.${name}` });
+      }
+      if (on && allow !== null && !allow.includes(name)) {
+        throw new WarrenError('FORBIDDEN', `network.${name}: this account may not enable "${name}" (accounts.yaml allows: ${allow.join(', ') || 'nothing'})`, { field: `network.${name}` });
+      }
+    }
+  }
+
+  private compile(a: Attached): SandboxEgressPolicy {
+    const catalog = this.catalog();
+    const ranges: EgressRange[] = [];
+    for (const [name, on] of Object.entries(a.services)) {
+      const s = catalog[name];
+      if (!on || s === undefined) continue;
+      for (const cidr of s.cidrs) ranges.push({ cidr, ports: s.ports, proto: s.protocol, serviceId: serviceId(name) });
+    }
+    for (const r of this.accountNetwork(a.owner).rules) ranges.push({ cidr: r.cidr, ports: r.ports, proto: r.protocol, serviceId: EGRESS_SERVICE_RULE });
+    const bindings: EgressBinding[] = [];
+    for (const b of a.bindings.values()) {
+      const s = catalog[b.service];
+      if (s) bindings.push({ address: b.address, ports: s.ports, proto: s.protocol, serviceId: serviceId(b.service), expiresNs: b.expiresNs });
+    }
+    return { resolverV4: this.host.gatewayAddress, ranges, bindings };
+  }
+
+  private serviceFor(a: Attached, name: string): string | undefined {
+    const catalog = this.catalog();
+    for (const [svc, on] of Object.entries(a.services)) {
+      if (!on) continue;
+      const s = catalog[svc];
+      if (s && s.hosts.some((h) => hostMatches(h, name))) return svc;
+    }
+    return undefined;
+  }
+
+  private bindAnswer(a: Attached, service: string, name: string, addrs: DnsAnswerAddress[]): void {
+    if (!this.byId.has(a.id) || a.services[service] !== true) throw new WarrenError('FORBIDDEN', `${service} is no longer enabled for ${a.id}`);
+    const s = this.catalog()[service];
+    if (s === undefined) throw new WarrenError('FORBIDDEN', `no service ${service}`);
+    const now = process.hrtime.bigint();
+    const bindings: EgressBinding[] = [];
+    for (const addr of addrs) {
+      const expiresNs = now + BigInt(addr.ttl) * 1_000_000_000n;
+      const prev = a.bindings.get(addr.address);
+      a.bindings.set(addr.address, { service, name, address: addr.address, expiresNs: prev && prev.expiresNs > expiresNs ? prev.expiresNs : expiresNs });
+      bindings.push({ address: addr.address, ports: s.ports, proto: s.protocol, serviceId: serviceId(service), expiresNs });
+    }
+    this.egress.bind(a.cgroupId, bindings);
+  }
+
+  // ---- denials -------------------------------------------------------------------------
+
+  private pollDenials(): void {
+    let denials: EgressDenial[];
+    try {
+      denials = this.egress.drainDenials();
+    } catch (err) {
+      this.opts.log(`network: reading denials failed: ${(err as Error).message}`);
+      return;
+    }
+    for (const d of denials) {
+      const a = this.byCgroup.get(d.cgroupId);
+      const service = this.serviceOf(d.address);
+      const proto = d.proto === 6 ? 'tcp' : d.proto === 17 ? 'udp' : d.proto === 1 ? 'icmp' : `proto-${d.proto}`;
+      const destination = d.address.includes(':') ? `[${d.address}]:${d.port}` : `${d.address}:${d.port}`;
+      const id = a?.id ?? `cgroup-${d.cgroupId}`;
+      if (a) {
+        a.denials.push({ at: new Date().toISOString(), service, destination, proto, hook: d.hook });
+        if (a.denials.length > DENIALS_KEPT) a.denials.shift();
+        if (!this.rateOk(a)) continue;
+      }
+      this.opts.log(`egress denied: sandbox=${id} service=${service} dest=${destination}/${proto} hook=${d.hook} pid=${d.pid}`);
+    }
+  }
+
+  private rateOk(a: Attached): boolean {
+    const second = Math.floor(Date.now() / 1000);
+    if (a.logged.second !== second) {
+      if (a.logged.suppressed > 0) this.opts.log(`egress denied: sandbox=${a.id}: ${a.logged.suppressed} more denials not logged`);
+      a.logged = { second, count: 0, suppressed: 0 };
+    }
+    if (a.logged.count >= DENIAL_LOGS_PER_SECOND) {
+      a.logged.suppressed++;
+      return false;
+    }
+    a.logged.count++;
+    return true;
+  }
+
+  /** Which service an address belongs to, as far as this node knows (DNS answers, catalog CIDRs). */
+  private serviceOf(address: string): string {
+    for (const a of this.byId.values()) {
+      const b = a.bindings.get(address);
+      if (b) return b.service;
+    }
+    for (const s of Object.values(this.catalog())) if (s.cidrs.some((c) => cidrContains(c, address))) return s.name;
+    return 'unknown';
+  }
+
+  // ---- bookkeeping -----------------------------------------------------------------------
+
+  private track(a: Attached): void {
+    this.byId.set(a.id, a);
+    this.byCgroup.set(a.cgroupId, a);
+    this.byAddress.set(a.lease.address, a);
+  }
+
+  private untrack(a: Attached): void {
+    this.byId.delete(a.id);
+    this.byCgroup.delete(a.cgroupId);
+    if (this.byAddress.get(a.lease.address) === a) this.byAddress.delete(a.lease.address);
+  }
+
+  private attached(id: string): Attached {
+    const a = this.byId.get(id);
+    if (a === undefined) throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no network (it was created without \`network\`; create it with "network": {} to change services later)`);
+    return a;
+  }
+
+  private runtimeOf(a: Attached): SandboxNetworkRuntime {
+    return { lease: a.lease, cgroupId: String(a.cgroupId), services: { ...a.services }, owner: a.owner };
+  }
+
+  private assertStarted(): void {
+    if (!this.started) throw new WarrenError('NOT_SUPPORTED', 'networking is not running on this node');
+  }
+}
+
+export function hostMatches(pattern: string, name: string): boolean {
+  if (pattern.startsWith('*.')) return name.endsWith(pattern.slice(1)) && name.length > pattern.length - 1;
+  return pattern === name;
+}
+
+/** A stable small id per service name, carried in map entries (0 and 65535 are reserved). */
+export function serviceId(name: string): number {
+  let h = 5381;
+  for (let i = 0; i < name.length; i++) h = ((h * 33) ^ name.charCodeAt(i)) >>> 0;
+  const id = h % 65533;
+  return id + 1 === EGRESS_SERVICE_NONE ? 1 : id + 1;
+}
+
+function cidrContains(cidr: string, address: string): boolean {
+  try {
+    const { bytes, prefix } = parseCidr(cidr);
+    const a = parseCidr(address).bytes;
+    for (let bit = 0; bit < prefix; bit++) if ((bytes[bit >> 3]! ^ a[bit >> 3]!) & (0x80 >> (bit & 7))) return false;
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function describeServices(s: Record<string, boolean>): string {
+  const on = Object.entries(s).filter(([, v]) => v).map(([k]) => k);
+  return on.length ? on.join(', ') : '(none)';
+}
