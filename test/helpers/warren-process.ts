@@ -12,8 +12,10 @@ export interface WarrenProcess {
   url: string;
 }
 
+/** Sandbox networking stays off unless the test gives its own bridge (one node per bridge and DNS address). */
 export function startWarrenProcess(dataDir: string, nodeId: string, extraArgs: string[] = [], log?: string[]): Promise<WarrenProcess> {
-  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId, ...extraArgs], {
+  const network = extraArgs.includes('--bridge') ? [] : ['--no-network'];
+  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId, ...network, ...extraArgs], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   return new Promise((resolveUrl, reject) => {
@@ -31,6 +33,15 @@ export function startWarrenProcess(dataDir: string, nodeId: string, extraArgs: s
     child.stdout!.on('data', onData);
     child.stderr!.on('data', onData);
     child.on('exit', (code) => reject(new Error(`warren up exited ${code}: ${out}`)));
+  });
+}
+
+/** SIGTERM and wait for the exit (a clean shutdown). */
+export function stopGracefully(child: ChildProcess): Promise<void> {
+  return new Promise((r) => {
+    if (child.exitCode !== null || child.signalCode !== null) return r();
+    child.once('exit', () => r());
+    child.kill('SIGTERM');
   });
 }
 

@@ -142,7 +142,7 @@ test('warren up: listens, prints the admin token once (0600 file), stops cleanly
   try {
     const start = () =>
       new Promise<{ url: string; token: string | null; stop(): Promise<{ code: number | null; stderr: string }> }>((resolve, reject) => {
-        const child = spawn(process.execPath, [BIN, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image'], { stdio: ['ignore', 'pipe', 'pipe'] });
+        const child = spawn(process.execPath, [BIN, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'] });
         let stdout = '';
         let stderr = '';
         const timer = setTimeout(() => reject(new Error(`warren up did not start: ${stdout} ${stderr}`)), 60_000);

@@ -233,6 +233,19 @@ export class EgressEnforcer {
     return cgroupId;
   }
 
+  /** The exact (DNS-learned) entries a sandbox has now, one per address+port. */
+  bindingsOf(cgroupId: bigint): { address: string; port: number; proto: number; expiresNs: bigint; serviceId: number }[] {
+    const m = this.maps;
+    return [...this.state(cgroupId).exact.keys()].flatMap((hex) => {
+      const key = Buffer.from(hex, 'hex');
+      const v = this.n.bpfMapLookup(m.allow, key);
+      if (v === null) return [];
+      const k = decodeEgressKey(key);
+      const val = decodeEgressValue(v);
+      return [{ address: bytesToIp(k.addr), port: k.port, proto: k.proto, expiresNs: val.expiresNs, serviceId: val.serviceId }];
+    });
+  }
+
   /** Delete DNS bindings whose TTL ended more than the grace period ago; returns how many. */
   sweep(nowNs = process.hrtime.bigint()): number {
     const m = this.maps;

@@ -5,6 +5,7 @@
  * host's own services. Every rule is qualified by the bridge's name, so other
  * host traffic is left alone.
  */
+import { createHash } from 'node:crypto';
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { WarrenError } from '../../errors';
@@ -254,6 +255,10 @@ export class HostNetwork {
       batch.push(`link add name ${this.bridge} type bridge`);
       this.log(`creating bridge ${this.bridge}`);
     }
+    // A bridge without its own address takes the lowest MAC of its ports, so it would change
+    // whenever a veth comes or goes, and sandboxes would keep ARP entries for a MAC that is no
+    // longer the gateway's. A fixed, locally administered address per bridge name avoids that.
+    batch.push(`link set dev ${this.bridge} address ${bridgeMac(this.bridge)}`);
     batch.push(`address replace ${this.gatewayAddress}/${this.prefixLength} dev ${this.bridge}`);
     batch.push(`link set dev ${this.bridge} up`);
     await runToolChecked('ip', ['-batch', '-'], { input: batch.join('\n') + '\n', what: `setting up bridge ${this.bridge}` });
@@ -288,4 +293,10 @@ export class HostNetwork {
     this.serialized = next.catch(() => undefined);
     return next;
   }
+}
+
+/** A stable, locally administered unicast MAC for a bridge name. */
+export function bridgeMac(bridge: string): string {
+  const h = createHash('sha256').update(`warren-bridge:${bridge}`).digest();
+  return ['02', ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, '0'))].join(':');
 }

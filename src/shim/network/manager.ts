@@ -166,8 +166,15 @@ export class NetworkManager {
     const cgroupId = this.egress.adopt(id, cgroupDir);
     if (cgroupId === null || String(cgroupId) !== rt.cgroupId) return false;
     const a: Attached = { id, owner: rt.owner, cgroupId, lease: rt.lease, services: { ...rt.services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
+    // DNS bindings live in the map: take them back (with their TTLs) for services still enabled
+    const byId = new Map(Object.keys(this.catalog()).map((name) => [serviceId(name), name]));
+    for (const b of this.egress.bindingsOf(cgroupId)) {
+      const service = byId.get(b.serviceId);
+      if (service === undefined || a.services[service] !== true || b.expiresNs === 0n) continue;
+      a.bindings.set(b.address, { service, name: '(learned before a restart)', address: b.address, expiresNs: b.expiresNs });
+    }
     this.track(a);
-    // DNS bindings are not known after a restart: re-derive the policy; answers re-bind on the next lookup
+    // the catalog may have changed while no gateway ran: re-derive the allowlist from it
     this.egress.update(cgroupId, this.compile(a));
     return true;
   }
