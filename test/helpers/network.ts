@@ -65,6 +65,10 @@ export async function startInternet(tag: string): Promise<Internet> {
       join(policyDir, 'services.yaml'),
       `version: 1\nservices:\n  pypi:\n    hosts: [${names.pypi}, files.pypi.test]\n    ports: [${SERVICE_PORT}]\n  npm:\n    hosts: [${names.npm}]\n    ports: [${SERVICE_PORT}]\n  github:\n    hosts: [github.test]\n...\n`,
     );
+    writeFileSync(
+      join(policyDir, 'accounts.yaml'),
+      `version: 1\ndefaults:\n  profile: warren-default\naccounts:\n  acct-pypi-default:\n    profile: warren-default\n    network:\n      default: {pypi: true}\n  acct-npm-only:\n    profile: warren-default\n    network:\n      allow: [npm]\n      rules:\n        - cidr: ${other.address}/32\n          ports: [${SERVICE_PORT}]\n...\n`,
+    );
     usePolicyStore(new PolicyStore(policyDir, join(policyDir, 'audit.log')));
     const octet = 100 + (process.pid % 100);
     const third = Math.floor(Math.random() * 250);

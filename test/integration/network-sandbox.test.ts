@@ -148,3 +148,97 @@ t('deleting sandboxes leaves no netns, veth, BPF link or policy entry behind', a
   tt.is(res.bridgePorts, m.pool.stats().idle);
   tt.false(existsSync('/sys/fs/cgroup/unified/warren') && readdirSync('/sys/fs/cgroup/unified/warren').some((d) => ids.includes(d)));
 });
+
+t('account policies: a default for requests without network, an allow list, raw CIDR rules', async (tt) => {
+  const byDefault = await shim.createSandbox(spec({ image: 'judge', memoryMb: 512, owner: 'acct-pypi-default' }));
+  try {
+    tt.deepEqual(shim.networkInfo(byDefault.id).services, { pypi: true }, 'no `network` in the request: the account default');
+    tt.deepEqual(outcomes(await probe(byDefault.id, [{ kind: 'http', host: net.names.pypi, port: SERVICE_PORT }])), ['ok']);
+  } finally {
+    await shim.deleteSandbox(byDefault.id);
+  }
+  tt.is((await shim.createSandbox(spec({ image: 'judge', owner: 'acct-npm-only', network: { pypi: true } })).catch((e) => e)).code, 'FORBIDDEN');
+  const locked = await shim.createSandbox(spec({ image: 'judge', memoryMb: 512, owner: 'acct-npm-only', network: { npm: true } }));
+  try {
+    tt.is((await shim.updateNetwork(locked.id, { pypi: true }).catch((e) => e)).code, 'FORBIDDEN');
+    tt.is(shim.networkInfo(locked.id).rules, 1);
+    const rs = await probe(locked.id, [
+      { kind: 'http', host: net.other.address, port: SERVICE_PORT },
+      { kind: 'tcp', host: net.other.address, port: SERVICE_PORT + 1 },
+      { kind: 'http', host: net.names.npm, port: SERVICE_PORT },
+    ]);
+    tt.deepEqual(outcomes(rs), ['ok', 'EPERM', 'ok'], 'the raw rule opens exactly its address and port');
+  } finally {
+    await shim.deleteSandbox(locked.id);
+  }
+});
+
+t('a policy apply re-computes running sandboxes; a bad file keeps the last good policy and is audited', async (tt) => {
+  const { policyStore } = await import('../../src/security/confinement');
+  const { readFileSync, writeFileSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const file = join(net.policyDir, 'services.yaml');
+  const good = readFileSync(file, 'utf8');
+  const sb = await create({ pypi: true });
+  try {
+    tt.deepEqual(outcomes(await probe(sb.id, [{ kind: 'http', host: net.names.pypi, port: SERVICE_PORT }])), ['ok']);
+    writeFileSync(file, good.replace(`ports: [${SERVICE_PORT}]`, `ports: [${SERVICE_PORT + 1}]`));
+    tt.true(policyStore().apply().ok);
+    tt.deepEqual(outcomes(await probe(sb.id, [{ kind: 'tcp', host: net.pypi.address, port: SERVICE_PORT }])), ['EPERM'], 'the learned address now only opens the new port');
+    writeFileSync(file, good.replace('services:', 'services:\n  broken: {hosts: [Not A Host]}'));
+    tt.is((() => {
+      try {
+        policyStore().apply();
+        return 'applied';
+      } catch (e) {
+        return (e as { code: string }).code;
+      }
+    })(), 'POLICY_INVALID');
+    tt.is(policyStore().current.services.pypi!.ports[0], SERVICE_PORT + 1, 'the last good policy stays');
+    const audit = readFileSync(join(net.policyDir, 'audit.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { event: string });
+    tt.deepEqual(audit.slice(-2).map((a) => a.event), ['applied', 'rejected']);
+    writeFileSync(file, good);
+    policyStore().apply();
+    tt.deepEqual(outcomes(await probe(sb.id, [{ kind: 'tcp', host: net.pypi.address, port: SERVICE_PORT }])), ['ok']);
+  } finally {
+    writeFileSync(file, good);
+    policyStore().apply();
+    await shim.deleteSandbox(sb.id);
+  }
+});
+
+t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
+  const { createGateway } = await import('../../src/gateway/server');
+  const { Auth } = await import('../../src/gateway/auth');
+  const { openDatabase } = await import('../../src/state/db');
+  const { WarrenClient } = await import('../../src/sdk');
+  const { main } = await import('../../src/cli/main');
+  const { join } = await import('node:path');
+  const db = openDatabase(join(dataDir, 'warren.db'));
+  const auth = new Auth(db);
+  const token = auth.ensureAdminToken(dataDir) ?? require('node:fs').readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+  const gateway = await createGateway({ shim, db, dataDir, host: '127.0.0.1', port: 0 });
+  const client = new WarrenClient({ url: gateway.url, token });
+  try {
+    const sb = await client.createSandbox({ image: 'judge', network: { pypi: true }, memoryMb: 512 });
+    tt.deepEqual((await sb.network()).services, { pypi: true });
+    const changed = await sb.setNetwork({ npm: true });
+    tt.deepEqual(changed.services, { pypi: true, npm: true });
+    for (const [body, code] of [[{ npm: 'yes' }, 'INVALID_ARGUMENT'], [{ nosuch: true }, 'INVALID_ARGUMENT'], [[1], 'INVALID_ARGUMENT']] as const) {
+      const err = await sb.setNetwork(body as never).catch((e) => e);
+      tt.is(err.code, code, JSON.stringify(body));
+    }
+    const out: string[] = [];
+    const io = { out: (s: string) => void out.push(s), err: (s: string) => void out.push(s), env: { WARREN_URL: gateway.url, WARREN_TOKEN: token } };
+    tt.is(await main(['network', sb.id, 'npm=off'], io as never), 0, out.join(''));
+    tt.regex(out.join(''), /services  pypi\n/);
+    const plain = await client.createSandbox({ image: 'judge' });
+    tt.is((await plain.network().catch((e) => e)).code, 'NOT_SUPPORTED', 'a sandbox without network says so');
+    await plain.delete();
+    await sb.delete();
+  } finally {
+    await client.close();
+    await gateway.close();
+    db.close();
+  }
+});

@@ -156,3 +156,34 @@ test('confinement: nsexec arguments carry the same confinement as the addon spec
   const args = nsexecConfineArgs({ seccomp: { allow: 1 }, landlockAbi: 7, readOnly: ['/'], writable: ['/tmp'], scope: 3, fsizeBytes: 1024, nofile: 64 });
   t.deepEqual(args, ['--seccomp', '1', '--landlock', '7', '--ro', '/', '--rw', '/tmp', '--scope', '3', '--fsize', '1024', '--nofile', '64']);
 });
+
+test('services catalog and account network policies: valid forms are read, contradictions rejected (issue 4)', (t) => {
+  const d = copy();
+  writeFileSync(
+    join(d, 'services.yaml'),
+    'version: 1\nservices:\n  pypi:\n    hosts: [pypi.org, "*.pythonhosted.org"]\n  internal-db:\n    cidrs: [10.20.0.0/16]\n    ports: [5432]\n  metrics:\n    cidrs: [10.30.0.0/24]\n    ports: [8125]\n    protocol: udp\n...\n',
+  );
+  writeFileSync(
+    join(d, 'accounts.yaml'),
+    'version: 1\ndefaults:\n  profile: warren-default\n  network:\n    default: {pypi: true}\naccounts:\n  acct-locked:\n    profile: warren-default\n    network:\n      allow: [internal-db]\n      default: {internal-db: true}\n      rules:\n        - cidr: 192.168.7.0/24\n          ports: [443]\n...\n',
+  );
+  const p = loadPolicy(d);
+  t.deepEqual(p.services.pypi, { name: 'pypi', hosts: ['pypi.org', '*.pythonhosted.org'], ports: [443], cidrs: [], protocol: 'tcp' });
+  t.deepEqual(p.services['internal-db']!.hosts, [], 'a service may be CIDRs only');
+  t.is(p.services.metrics!.protocol, 'udp');
+  t.deepEqual(p.accounts.defaultNetwork, { default: { pypi: true }, allow: null, rules: [] });
+  t.deepEqual(p.accounts.accounts['acct-locked']!.network, { default: { 'internal-db': true }, allow: ['internal-db'], rules: [{ cidr: '192.168.7.0/24', ports: [443], protocol: 'tcp' }] });
+
+  edit(d, 'accounts.yaml', 'default: {internal-db: true}', 'default: {pypi: true, nosuch: false}');
+  edit(d, 'accounts.yaml', 'cidr: 192.168.7.0/24', 'cidr: 0.0.0.0/0');
+  edit(d, 'services.yaml', 'ports: [8125]', 'ports: [53]');
+  edit(d, 'services.yaml', '  internal-db:\n    cidrs: [10.20.0.0/16]', '  internal-db:\n    protocol: sctp\n    cidrs: [10.20.0.0/16]');
+  const msgs = issuesOf(() => loadPolicy(d)).map((i) => `${i.file}:${i.line}: ${i.message}`).join('\n');
+  t.regex(msgs, /accounts\.yaml:\d+: "pypi" is enabled by default but not in allow/);
+  t.regex(msgs, /accounts\.yaml:\d+: no service "nosuch"/);
+  t.regex(msgs, /accounts\.yaml:\d+: "0\.0\.0\.0\/0" is not an IPv4 CIDR of \/8 or longer/);
+  t.regex(msgs, /services\.yaml:\d+: DNS goes through the node resolver only/);
+  t.regex(msgs, /services\.yaml:\d+: protocol must be tcp or udp/);
+  writeFileSync(join(d, 'services.yaml'), 'version: 1\nservices:\n  empty: {}\n...\n');
+  t.regex(issuesOf(() => loadPolicy(d)).map((i) => i.message).join('\n'), /service "empty" needs hosts or cidrs/);
+});

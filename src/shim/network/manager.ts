@@ -102,7 +102,8 @@ export class NetworkManager {
     this.dns = new DnsResponder({
       listen: [{ address: this.host.gatewayAddress, port: 53 }],
       upstreams: opts.upstreams,
-      log: opts.log,
+      // a sandbox can ask for refused names in a loop: keep the log bounded
+      log: rateLimited(opts.log, 50),
       clientFor: (source) => {
         const a = this.byAddress.get(source);
         if (a === undefined) return undefined;
@@ -397,6 +398,24 @@ export class NetworkManager {
   private assertStarted(): void {
     if (!this.started) throw new WarrenError('NOT_SUPPORTED', 'networking is not running on this node');
   }
+}
+
+/** At most `perSecond` lines a second; the rest are counted and summarized. */
+function rateLimited(log: (line: string) => void, perSecond: number): (line: string) => void {
+  let second = 0;
+  let count = 0;
+  let dropped = 0;
+  return (line) => {
+    const now = Math.floor(Date.now() / 1000);
+    if (now !== second) {
+      if (dropped > 0) log(`dns: ${dropped} more log lines not shown`);
+      second = now;
+      count = 0;
+      dropped = 0;
+    }
+    if (count++ < perSecond) log(line);
+    else dropped++;
+  };
 }
 
 export function hostMatches(pattern: string, name: string): boolean {
