@@ -204,8 +204,9 @@ export class EgressEnforcer {
     }
     if (cgroupId === null || this.fds === null) return;
     const state = this.sandboxes.get(cgroupId);
+    // known state: exactly its entries (adopt already dropped other generations); unknown: scan
     if (state) this.deleteEntries(state);
-    this.sweepCgroup(cgroupId);
+    else this.sweepCgroup(cgroupId);
     this.n.bpfMapDelete(this.fds.policies, u64(cgroupId));
     this.sandboxes.delete(cgroupId);
   }
@@ -219,15 +220,22 @@ export class EgressEnforcer {
     if (raw === null || !HOOKS.every((h) => existsSync(this.linkPath(sandboxId, h)))) return null;
     const policy = decodeSandboxPolicy(raw);
     const state: SandboxState = { cgroupId, generation: policy.generation, resolverV4: policy.allowDns ? v4str(policy.resolverV4) : null, exact: new Map(), cidrs: new Set() };
+    // entries of another generation are what a crash in the middle of an update left behind
     for (const key of this.keys(m.allow)) {
       const k = decodeEgressKey(key);
-      if (k.cgroupId !== cgroupId || k.generation !== state.generation) continue;
+      if (k.cgroupId !== cgroupId) continue;
+      if (k.generation !== state.generation) {
+        this.n.bpfMapDelete(m.allow, key);
+        continue;
+      }
       const v = this.n.bpfMapLookup(m.allow, key);
       if (v) state.exact.set(key.toString('hex'), decodeEgressValue(v).expiresNs);
     }
     for (const key of this.keys(m.cidrs)) {
       const k = decodeEgressCidrKey(key);
-      if (k.cgroupId === cgroupId && k.generation === state.generation) state.cidrs.add(key.toString('hex'));
+      if (k.cgroupId !== cgroupId) continue;
+      if (k.generation === state.generation) state.cidrs.add(key.toString('hex'));
+      else this.n.bpfMapDelete(m.cidrs, key);
     }
     this.sandboxes.set(cgroupId, state);
     return cgroupId;
