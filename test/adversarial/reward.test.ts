@@ -17,7 +17,9 @@ it('reward: the verifier\'s hidden tests and answers are never visible in the ag
   const [agent, verifier] = node.boxes;
   await node.shim.writeFile(verifier!.id, '/root/tests/test_hidden.py', Buffer.from(`assert solve() == "${HIDDEN}"\n`));
   await verifier!.sh(`echo ${HIDDEN} > /tmp/expected; mkdir -p /work; cp /root/tests/test_hidden.py /work/`);
-  const r = await agent!.sh(`grep -rls ${HIDDEN} /bin /etc /home /root /tmp /usr /var /work /opt /srv /mnt /dev/shm 2>/dev/null | grep -v '^/tmp/pattern$'; find / -xdev -name test_hidden.py 2>/dev/null; echo end`, { timeoutMs: 60_000 });
+  // the needle comes from a file: the next test reads every command line in this sandbox
+  await node.shim.writeFile(agent!.id, '/tmp/needle', Buffer.from(`${HIDDEN}\n`));
+  const r = await agent!.sh(`grep -rls -f /tmp/needle /bin /etc /home /root /tmp /usr /var /work /opt /srv /mnt /dev/shm 2>/dev/null | grep -v '^/tmp/pattern$' | grep -v '^/tmp/needle$'; find / -xdev -name test_hidden.py 2>/dev/null; echo end`, { timeoutMs: 60_000 });
   t.is(r.stdout.trim(), 'end');
 });
 

@@ -4,7 +4,7 @@
  * and a real zram swap device that is always removed afterwards.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { statSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap } from '../../src/shim/lifecycle/swap';
@@ -74,14 +74,22 @@ export async function withZramSwap<T>(mb: number, fn: (swap: ZramSwap) => Promis
   const stateDir = mkdtempSync(join(tmpdir(), 'warren-zram-'));
   const swap = new ZramSwap(stateDir);
   await swap.setup({ sizeBytes: mb * 1024 * 1024 });
+  // kernfs gives a re-created device a new inode: another test may get the same index at once
+  const sysfsIdentity = (dev: string) => {
+    try {
+      return statSync(`/sys/block/${dev.slice(5)}`).ino;
+    } catch {
+      return null;
+    }
+  };
+  const ours = sysfsIdentity(swap.devicePath!);
   try {
     return await fn(swap);
   } finally {
     const dev = swap.devicePath!;
     await swap.teardown();
     rmSync(stateDir, { recursive: true, force: true });
-    if (readFileSync('/proc/swaps', 'utf8').includes(dev)) throw new Error(`${dev} is still a swap device`);
-    if (existsSync(`/sys/block/${dev.slice(5)}`)) throw new Error(`${dev} was not removed`);
+    if (sysfsIdentity(dev) === ours) throw new Error(`${dev} was not removed`);
   }
 }
 
