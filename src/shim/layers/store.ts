@@ -22,6 +22,8 @@ import {
   mkdirSync,
   openSync,
   readSync,
+  readFileSync,
+  writeFileSync,
   closeSync,
   readdirSync,
   realpathSync,
@@ -830,6 +832,73 @@ export class LayerStore {
       progress({ phase: 'fetch', message: `using the cached image ${cachePath}` }, true);
       return this.importErofsFile(cachePath, { name, kind, onProgress: opts.onProgress, source: `${source} [cached ${cachePath}]` });
     }
+    // One build per cache entry on this machine: other processes (another node, a test) wait for it.
+    const unlock = await this.lockCacheEntry(cachePath, (m) => progress({ phase: 'fetch', message: m }, true));
+    try {
+      if (!opts.refresh && existsSync(cachePath)) {
+        progress({ phase: 'fetch', message: `using the cached image ${cachePath} (built meanwhile)` }, true);
+        return await this.importErofsFile(cachePath, { name, kind, onProgress: opts.onProgress, source: `${source} [cached ${cachePath}]` });
+      }
+      return await this.buildDebianUncached(opts, o, name, kind, progress, cachePath, source);
+    } finally {
+      unlock();
+    }
+  }
+
+  /**
+   * An exclusive lock on a cache entry across processes: a lock file holding the owner's pid,
+   * created with O_EXCL; a lock whose owner is dead is taken over. Returns the unlock function.
+   */
+  private async lockCacheEntry(cachePath: string, notify: (m: string) => void): Promise<() => void> {
+    const lockPath = `${cachePath}.lock`;
+    try {
+      mkdirSync(this.cacheDir, { recursive: true, mode: 0o755 });
+    } catch {
+      return () => undefined; // no usable cache: nothing to share, nothing to lock
+    }
+    let waited = false;
+    for (;;) {
+      try {
+        writeFileSync(lockPath, `${process.pid}\n`, { flag: 'wx', mode: 0o644 });
+        return () => {
+          try {
+            unlinkSync(lockPath);
+          } catch {
+            /* gone */
+          }
+        };
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') return () => undefined;
+      }
+      let owner = NaN;
+      try {
+        owner = Number(readFileSync(lockPath, 'utf8').trim());
+      } catch {
+        continue; // released meanwhile
+      }
+      if (!Number.isInteger(owner) || !pidAlive(owner)) {
+        try {
+          unlinkSync(lockPath);
+        } catch {
+          /* another waiter took it over */
+        }
+        continue;
+      }
+      if (!waited) notify(`waiting for process ${owner}, which is building ${cachePath}`);
+      waited = true;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+
+  private buildDebianUncached(
+    opts: DebianBuildOptions,
+    o: ReturnType<typeof normalizeDebianOptions>,
+    name: string,
+    kind: ImageKind,
+    progress: (p: ImportProgress, force?: boolean) => void,
+    cachePath: string,
+    source: string,
+  ): Promise<ImageInfo> {
     return this.withScratch('debian', async (scratch) => {
       const tree = join(scratch, 'rootfs');
       const started = Date.now();
