@@ -100,5 +100,7 @@ export function instruments() {
       advice: { explicitBucketBoundaries: [1, 2, 5, 10, 20, 50, 100, 1000, 10000] },
     }),
     liveSandboxes: meter.createObservableGauge('warren.sandboxes.live', { description: 'Sandboxes alive on this node' }),
+    egressDenials: meter.createCounter('warren.egress.denials', { description: 'Connections and packets the egress programs denied (by service and hook)' }),
+    dnsAnswers: meter.createCounter('warren.egress.dns.bindings', { description: 'Addresses bound into sandbox allow maps from DNS answers' }),
   };
 }

@@ -25,6 +25,7 @@ import { EgressEnforcer, type EgressBinding, type EgressDenial, type EgressRange
 import { HostNetwork } from './host-net';
 import { NetnsPool, type NetnsLease } from './netns-pool';
 import { parseCidr } from './addr';
+import { instruments } from '../../telemetry';
 
 export interface NetworkOptions {
   native: NativeAddon;
@@ -94,6 +95,7 @@ export class NetworkManager {
   private readonly byAddress = new Map<string, Attached>();
   private timers: NodeJS.Timeout[] = [];
   private started = false;
+  private readonly metrics = instruments();
 
   constructor(private readonly opts: NetworkOptions) {
     this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable: opts.nftTable, log: opts.log });
@@ -320,6 +322,7 @@ export class NetworkManager {
       bindings.push({ address: addr.address, ports: s.ports, proto: s.protocol, serviceId: serviceId(service), expiresNs });
     }
     this.egress.bind(a.cgroupId, bindings);
+    this.metrics.dnsAnswers.add(bindings.length, { service });
   }
 
   // ---- denials -------------------------------------------------------------------------
@@ -338,6 +341,7 @@ export class NetworkManager {
       const proto = d.proto === 6 ? 'tcp' : d.proto === 17 ? 'udp' : d.proto === 1 ? 'icmp' : `proto-${d.proto}`;
       const destination = d.address.includes(':') ? `[${d.address}]:${d.port}` : `${d.address}:${d.port}`;
       const id = a?.id ?? `cgroup-${d.cgroupId}`;
+      this.metrics.egressDenials.add(1, { service, hook: d.hook, proto });
       if (a) {
         a.denials.push({ at: new Date().toISOString(), service, destination, proto, hook: d.hook });
         if (a.denials.length > DENIALS_KEPT) a.denials.shift();
