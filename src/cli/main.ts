@@ -40,7 +40,7 @@ const USAGE = `usage: warren <command> [options]
 commands:
   up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID]
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
-     [--no-network] [--bridge NAME] [--subnet CIDR] [--dns-upstream IP[:PORT]]... [--netns-warm N]
+     [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
@@ -173,6 +173,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'no-network': { type: 'boolean' },
     bridge: { type: 'string' },
     subnet: { type: 'string' },
+    'nft-table': { type: 'string' },
     'dns-upstream': { type: 'string', multiple: true },
     'netns-warm': { type: 'string' },
   });
@@ -212,6 +213,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     const net: NonNullable<Exclude<typeof opts.network, false>> = {};
     if (values.bridge) net.bridge = values.bridge;
     if (values.subnet) net.subnet = values.subnet;
+    if (values['nft-table']) net.nftTable = values['nft-table'];
     const warm = num(values, 'netns-warm');
     if (warm !== undefined) net.warm = warm;
     if (values['dns-upstream']) net.upstreams = values['dns-upstream'].map(parseEndpoint);

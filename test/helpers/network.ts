@@ -80,7 +80,7 @@ export async function startInternet(tag: string): Promise<Internet> {
       upstreams: [{ address: zone.address, port: zone.port }],
       pinRoot: '/sys/fs/bpf/warren-test',
     };
-    const upArgs = ['--bridge', network.bridge!, '--subnet', network.subnet!, '--dns-upstream', `${zone.address}:${zone.port}`, '--netns-warm', '1', '--policy-dir', policyDir];
+    const upArgs = ['--bridge', network.bridge!, '--subnet', network.subnet!, '--nft-table', network.nftTable!, '--dns-upstream', `${zone.address}:${zone.port}`, '--netns-warm', '1', '--policy-dir', policyDir];
     const z = zone;
     return {
       pypi,

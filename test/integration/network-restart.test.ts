@@ -6,11 +6,12 @@
  */
 import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { WarrenClient } from '../../src/sdk';
+import { native } from '../../src/native';
 import { HostNetwork } from '../../src/shim/network/host-net';
 import { removeTree } from '../../src/shim/layers/sys';
 import { egressSkipReason, SERVICE_PORT, startInternet, type Internet } from '../helpers/network';
@@ -49,6 +50,7 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
   let net: Internet | null = null;
   let child: ChildProcess | null = null;
   let client: WarrenClient | null = null;
+  let sandboxId: string | null = null;
   try {
     net = await startInternet(tag);
     {
@@ -63,6 +65,7 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
     client = new WarrenClient({ url: first.url, token });
     const sb = await client.createSandbox({ image: 'judge', network: { pypi: true }, memoryMb: 512 });
+    sandboxId = sb.id;
     // resolve pypi through the node's DNS (this binds its address), then loop on addresses
     const internet = net;
     const resolved = await sb.exec(probeArgv([{ kind: 'resolve', host: internet.names.pypi }]));
@@ -104,6 +107,7 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     const probe = parseProbeOutput((await again.exec(probeArgv([{ kind: 'http', host: net.names.npm, port: SERVICE_PORT }]))).stdout);
     t.is(probe[0]!.outcome, 'ok', 'the restarted node answers DNS and binds for the adopted sandbox');
     await again.delete();
+    sandboxId = null;
     t.false(existsSync(`/sys/fs/bpf/warren/${nodeId}/links/${sb.id}_connect4`), 'links unpinned on delete');
     await client.close();
     client = null;
@@ -115,11 +119,26 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
   } finally {
     await client?.close().catch(() => undefined);
     if (child) await kill9(child);
+    if (sandboxId !== null && native.cgroupExists(sandboxId)) {
+      // the test failed with the sandbox alive: its looping python must not outlive the test
+      native.cgroupKill(sandboxId);
+      await new Promise((r) => setTimeout(r, 200));
+      try {
+        native.cgroupDestroy(sandboxId);
+      } catch {
+        /* still busy: reported by the leak checks of later runs */
+      }
+    }
     if (net) {
       await new HostNetwork({ bridge: net.network.bridge, subnet: net.network.subnet, nftTable: net.network.nftTable }).teardown().catch(() => undefined);
       await net.close();
     }
     rmSync(`/sys/fs/bpf/warren/${nodeId}`, { recursive: true, force: true });
+    try {
+      rmdirSync('/sys/fs/bpf/warren'); // only when no other node pins there
+    } catch {
+      /* in use or gone */
+    }
     for (const ns of existsSync('/run/netns') ? readdirSync('/run/netns').filter((n) => n.startsWith(`wn-${nodeId}-`)) : []) {
       spawnSync('ip', ['netns', 'delete', ns]);
     }

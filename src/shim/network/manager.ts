@@ -98,7 +98,9 @@ export class NetworkManager {
   private readonly metrics = instruments();
 
   constructor(private readonly opts: NetworkOptions) {
-    this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable: opts.nftTable, log: opts.log });
+    // one nftables table per bridge: two nodes on one host must not replace each other's rules
+    const nftTable = opts.nftTable ?? (opts.bridge === undefined || opts.bridge === 'warren0' ? 'warren' : `warren_${opts.bridge.replace(/[^A-Za-z0-9_]/g, '_')}`);
+    this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable, log: opts.log });
     this.pool = new NetnsPool({ host: this.host, prefix: `wn-${opts.nodeId}`.slice(0, 24), warm: opts.warm ?? 8, log: opts.log });
     this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
     this.dns = new DnsResponder({
