@@ -193,7 +193,7 @@ async function main() {
 
 function startGatewayProcess(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
   const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'] });
   return new Promise((resolve, reject) => {
     let out = '';
     const onData = (c: Buffer) => {

@@ -63,7 +63,7 @@ function run(cmd: string, args: string[], opts: { cwd?: string } = {}): Promise<
 
 function startGateway(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
   const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'] });
   return new Promise((resolve, reject) => {
     let out = '';
     const onData = (c: Buffer) => {

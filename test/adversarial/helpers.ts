@@ -6,8 +6,7 @@
  * Every test asserts the SAFE outcome of a real attack; none of them mocks the kernel.
  */
 import { execFileSync } from 'node:child_process';
-import { chmodSync, copyFileSync, existsSync, mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chmodSync, copyFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import test, { type ExecutionContext } from 'ava';
 import { activeEnforcer } from '../../src/features';
@@ -15,6 +14,7 @@ import type { ExecResult, SandboxSpec } from '../../src/shim/types';
 import type { ShimNode } from '../../src/shim/node';
 import { type ShimFixture, openTestShim, rootSkipReason, spec, withShim } from '../helpers/warren';
 import { rm } from 'node:fs/promises';
+import { tempDir } from '../helpers/tmp';
 
 let attackBin: string | null = null;
 
@@ -22,7 +22,7 @@ let attackBin: string | null = null;
 export function attackBinary(): string {
   if (attackBin !== null) return attackBin;
   const src = join(__dirname, '..', '..', '..', 'test', 'adversarial', 'attack.c');
-  const out = join(mkdtempSync(join(tmpdir(), 'warren-attack-')), 'attack');
+  const out = join(tempDir('warren-attack-'), 'attack');
   execFileSync('gcc', ['-static', '-O1', '-o', out, src], { stdio: 'pipe' });
   attackBin = out;
   return out;

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { LayerStore } from '../../src/shim/layers/store';
 import { buildBusyboxRootfs, loopDevices, mountsAt, withTestStore } from '../helpers/images';
+import { tempDir } from '../helpers/tmp';
 
 const skip = process.getuid?.() !== 0 ? 'requires root (mounts)' : null;
 const rootTest = skip ? test.skip : test;
@@ -117,7 +118,7 @@ rootTest('the same content gives the same digest and one blob; other content ano
 
 rootTest('references: names, tags, digests; unknown and invalid refs give stable codes', async (t) => {
   await withTestStore(async ({ store }) => {
-    const wsDir = mkdtempSync(join(tmpdir(), 'warren-ws-'));
+    const wsDir = tempDir('warren-ws-');
     try {
       mkdirSync(join(wsDir, 'workspace/repo-x'), { recursive: true });
       writeFileSync(join(wsDir, 'workspace/repo-x/README'), 'repo x\n');
@@ -172,7 +173,7 @@ rootTest('references: names, tags, digests; unknown and invalid refs give stable
 
 rootTest('overlay over a busybox base and a workspace layer shows both', async (t) => {
   await withTestStore(async ({ store, dataDir }) => {
-    const wsDir = mkdtempSync(join(tmpdir(), 'warren-ws-'));
+    const wsDir = tempDir('warren-ws-');
     const ovl = join(dataDir, 'ovl');
     try {
       mkdirSync(join(wsDir, 'workspace/repo-x'), { recursive: true });

@@ -4,9 +4,9 @@ import { WarrenError } from '../../src/errors';
 import { scanTar } from '../../src/shim/layers/tar';
 import { spec, withShim } from '../helpers/warren';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, mkdirSync, symlinkSync, readFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync, mkdirSync, symlinkSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { tempDir } from '../helpers/tmp';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
 const it = skip === null ? test : test.skip;
@@ -29,7 +29,7 @@ it(`create -> exec -> files -> delete${why}`, async (t) => {
     t.deepEqual(listing.map((e) => [e.name, e.type, e.size]), [['a.txt', 'file', 7]]);
 
     // tar upload and download
-    const src = mkdtempSync(join(tmpdir(), 'warren-tar-'));
+    const src = tempDir('warren-tar-');
     mkdirSync(join(src, 'pkg'));
     writeFileSync(join(src, 'pkg', 'x.py'), 'print(1)\n');
     const tar = execFileSync('tar', ['-c', '-C', src, 'pkg']);
@@ -60,7 +60,7 @@ it(`file paths cannot escape the sandbox${why}`, async (t) => {
       t.true(err instanceof WarrenError && err.code === 'PATH_ESCAPE', `${bad}: ${err?.message}`);
     }
     // a tar with an escaping entry is refused before anything is written
-    const src = mkdtempSync(join(tmpdir(), 'warren-tar-'));
+    const src = tempDir('warren-tar-');
     writeFileSync(join(src, 'evil'), 'x');
     symlinkSync('/etc', join(src, 'link'));
     const evil = execFileSync('tar', ['-c', '-C', src, '--transform', 's,^evil,../../evil,', 'evil']);
@@ -80,10 +80,10 @@ it(`unknown images and layers create nothing${why}`, async (t) => {
 
 it(`workspace and toolkit layers stack over the image${why}`, async (t) => {
   await withShim(t, async ({ shim }) => {
-    const ws = mkdtempSync(join(tmpdir(), 'warren-ws-'));
+    const ws = tempDir('warren-ws-');
     mkdirSync(join(ws, 'workspace'));
     writeFileSync(join(ws, 'workspace', 'README'), 'repo\n');
-    const tk = mkdtempSync(join(tmpdir(), 'warren-tk-'));
+    const tk = tempDir('warren-tk-');
     mkdirSync(join(tk, 'opt', 'tool'), { recursive: true });
     writeFileSync(join(tk, 'opt', 'tool', 'run'), '#!/bin/sh\necho tool\n', { mode: 0o755 });
     await shim.importImage({ name: 'repo-x', kind: 'workspace', source: { type: 'directory', path: ws } });

@@ -3,16 +3,16 @@
  * malformed / half-written / symlinked / contradictory files as a whole, atomic apply with the
  * last good policy kept, and the audit log.
  */
-import { cpSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import test from 'ava';
 import { PolicyError, loadPolicy } from '../../src/security/policy';
 import { BUNDLED_POLICY_DIR, PolicyStore, nsexecConfineArgs } from '../../src/security/confinement';
 import { WarrenError } from '../../src/errors';
+import { tempDir } from '../helpers/tmp';
 
 function copy(): string {
-  const d = join(mkdtempSync(join(tmpdir(), 'warren-policy-')), 'policies');
+  const d = join(tempDir('warren-policy-'), 'policies');
   cpSync(BUNDLED_POLICY_DIR, d, { recursive: true });
   return d;
 }

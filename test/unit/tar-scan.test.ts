@@ -1,12 +1,12 @@
 import test from 'ava';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync, linkSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, linkSync } from 'node:fs';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { createGunzip, gzipSync } from 'node:zlib';
 import { indexTarFile, readTarStream, scanTar, type TarEntry } from '../../src/shim/layers/tar';
 import { makeTar, paxRecords } from '../helpers/images';
+import { tempDir } from '../helpers/tmp';
 
 function errCode(fn: () => unknown): string {
   try {
@@ -23,7 +23,7 @@ const LONG_TARGET = '../'.repeat(1) + 'x'.repeat(150);
 
 /** A tree with long names, a long symlink target, a hard link and unicode, tarred by GNU tar in `format`. */
 function gnuTar(format: 'gnu' | 'posix' | 'ustar'): { tar: Buffer; files: Record<string, string> } {
-  const dir = mkdtempSync(join(tmpdir(), 'warren-tar-'));
+  const dir = tempDir('warren-tar-');
   try {
     const root = join(dir, 'root');
     mkdirSync(join(root, LONG_DIR), { recursive: true });
@@ -92,7 +92,7 @@ test('readTarStream and indexTarFile agree with scanTar (through gzip)', async (
     expected,
   );
   for (const s of streamed) if (s.entry.path.endsWith('.txt') && s.entry.type === 'file') t.is(s.data, tar.subarray(s.entry.offset, s.entry.offset + s.entry.size).toString());
-  const dir = mkdtempSync(join(tmpdir(), 'warren-tar-'));
+  const dir = tempDir('warren-tar-');
   try {
     writeFileSync(join(dir, 'a.tar'), tar);
     t.deepEqual(indexTarFile(join(dir, 'a.tar')), expected);
