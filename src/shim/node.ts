@@ -250,6 +250,8 @@ export class ShimNode implements Shim {
     if (live.box) info.pid = live.box.pid;
     const lifecycle = this.lifecycle.info(record.id);
     if (lifecycle) info.lifecycle = lifecycle;
+    const net = record.runtime.network as SandboxNetworkRuntime | undefined;
+    if (net && live.box) info.network = { services: { ...net.services }, address: net.lease.address };
     return info;
   }
 

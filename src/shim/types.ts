@@ -131,6 +131,8 @@ export interface SandboxInfo {
   /** Host pid of the sandbox's pid 1 (not part of the public API; stripped by the gateway for non-admins). */
   pid?: number;
   lifecycle?: SandboxLifecycleInfo;
+  /** issue 4: present when the sandbox has network (details: GET /v1/sandboxes/:id/network). */
+  network?: { services: Record<string, boolean>; address: string };
 }
 
 export interface ExecRequest {

@@ -221,6 +221,7 @@ t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
   const client = new WarrenClient({ url: gateway.url, token });
   try {
     const sb = await client.createSandbox({ image: 'judge', network: { pypi: true }, memoryMb: 512 });
+    tt.deepEqual(sb.info?.network?.services, { pypi: true }, 'the create answer shows the services');
     tt.deepEqual((await sb.network()).services, { pypi: true });
     const changed = await sb.setNetwork({ npm: true });
     tt.deepEqual(changed.services, { pypi: true, npm: true });
@@ -232,6 +233,7 @@ t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
     const io = { out: (s: string) => void out.push(s), err: (s: string) => void out.push(s), env: { WARREN_URL: gateway.url, WARREN_TOKEN: token } };
     tt.is(await main(['network', sb.id, 'npm=off'], io as never), 0, out.join(''));
     tt.regex(out.join(''), /services  pypi\n/);
+    tt.deepEqual((await sb.refresh()).network?.services, { pypi: true, npm: false }, 'GET /v1/sandboxes/:id follows PATCH');
     const plain = await client.createSandbox({ image: 'judge' });
     tt.is((await plain.network().catch((e) => e)).code, 'NOT_SUPPORTED', 'a sandbox without network says so');
     await plain.delete();
