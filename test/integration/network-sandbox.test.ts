@@ -113,6 +113,10 @@ t('DNS bindings are per sandbox: A resolving npm does not open npm to B', async 
   const a = await create({ npm: true });
   const b = await create({ pypi: true });
   try {
+    // neighbours and the node itself are not destinations either
+    const bAddress = shim.networkInfo(b.id).address;
+    const gw = shim.network!.gatewayAddress;
+    tt.deepEqual(outcomes(await probe(a.id, [{ kind: 'tcp', host: bAddress, port: 22 }, { kind: 'udp', host: bAddress, port: 53 }, { kind: 'tcp', host: gw, port: 22 }, { kind: 'udp', host: gw, port: 123 }])), ['EPERM', 'EPERM', 'EPERM', 'EPERM']);
     tt.deepEqual(outcomes(await probe(a.id, [{ kind: 'http', host: net.names.npm, port: SERVICE_PORT }])), ['ok']);
     tt.deepEqual(outcomes(await probe(b.id, [{ kind: 'tcp', host: net.npm.address, port: SERVICE_PORT }, { kind: 'resolve', host: net.names.npm }])), ['EPERM', 'gaierror']);
     await new Promise((r) => setTimeout(r, 300));
