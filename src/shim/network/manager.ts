@@ -25,6 +25,7 @@ import { EgressEnforcer, type EgressBinding, type EgressDenial, type EgressRange
 import { HostNetwork } from './host-net';
 import { NetnsPool, type NetnsLease } from './netns-pool';
 import { parseCidr } from './addr';
+import type { SandboxNetworkInfo } from '../types';
 import { instruments } from '../../telemetry';
 
 export interface NetworkOptions {
@@ -52,15 +53,6 @@ export interface SandboxNetworkRuntime {
   cgroupId: string;
   services: Record<string, boolean>;
   owner: string;
-}
-
-export interface SandboxNetworkInfo {
-  services: Record<string, boolean>;
-  address: string;
-  resolver: string;
-  rules: number;
-  bindings: { service: string; name: string; address: string; expiresInS: number }[];
-  denials: { at: string; service: string; destination: string; proto: string; hook: string }[];
 }
 
 interface Binding {
