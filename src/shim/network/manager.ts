@@ -203,6 +203,7 @@ export class NetworkManager {
   }
 
   async tearDown(id: string, rt?: SandboxNetworkRuntime): Promise<void> {
+    if (this.started) this.pollDenials(); // its last denials, while they can still be attributed
     const a = this.byId.get(id);
     const lease = a?.lease ?? rt?.lease;
     const cgroupId = a?.cgroupId ?? (rt ? BigInt(rt.cgroupId) : null);
@@ -213,6 +214,7 @@ export class NetworkManager {
 
   info(id: string): SandboxNetworkInfo {
     const a = this.attached(id);
+    if (this.started) this.pollDenials();
     const now = process.hrtime.bigint();
     return {
       services: { ...a.services },
