@@ -551,3 +551,23 @@ test('close(): pending upstream queries are failed and no handle is left (the pr
   t.like(report.before, { queries: 2, forwarded: 2 });
   t.is(report.after.queries, 2);
 });
+
+test('one sandbox cannot hold more than its share of upstream lookups; others still get theirs', async (t) => {
+  const greedy = recordingPolicy('sb-greedy', { 'api.example.com': 'example-api' });
+  const other = recordingPolicy('sb-other', { 'api.example.com': 'example-api' });
+  const { port, logs } = await setup(t, {}, { [LOOPBACK]: greedy, '127.0.0.2': other }, {
+    upstreams: [{ address: LOOPBACK, port: await startBlackhole(t) }],
+    upstreamTimeoutMs: 800,
+    maxLookupsPerClient: 2,
+  });
+  const pending = [ask(port, 'api.example.com', DnsType.A, { timeoutMs: 3000 }), ask(port, 'api.example.com', DnsType.AAAA, { timeoutMs: 3000 })];
+  await new Promise((r) => setTimeout(r, 50));
+  const started = performance.now();
+  const third = await ask(port, 'api.example.com', DnsType.A, { timeoutMs: 3000 });
+  t.is(third.rcode, DnsRcode.SERVFAIL);
+  t.true(performance.now() - started < 300, 'refused at once, not after the upstream timeout');
+  t.true(logs.some((l) => l.includes('sb-greedy: it already has 2 lookups in flight')));
+  const fromOther = ask(port, 'api.example.com', DnsType.A, { source: '127.0.0.2', timeoutMs: 3000 });
+  t.false(logs.some((l) => l.includes('sb-other: it already has')), 'the other sandbox is forwarded');
+  for (const m of await Promise.all([...pending, fromOther])) t.is(m.rcode, DnsRcode.SERVFAIL, 'the blackhole never answers');
+});

@@ -74,6 +74,8 @@ export interface DnsResponderOptions {
   maxTcpConnections?: number;
   /** Queries being resolved upstream at once; more are answered SERVFAIL (default 1024). */
   maxConcurrentLookups?: number;
+  /** Upstream lookups one sandbox may have in flight (default 32): one sandbox cannot starve the others. */
+  maxLookupsPerClient?: number;
 }
 
 export interface DnsResponderStats {
@@ -226,6 +228,8 @@ export class DnsResponder {
   private readonly tcpIdleTimeoutMs: number;
   private readonly maxTcpConnections: number;
   private readonly maxConcurrentLookups: number;
+  private readonly maxLookupsPerClient: number;
+  private readonly lookupsByClient = new Map<string, number>();
   private upstreams: DnsEndpoint[] = [];
   private readonly listeners: Listener[] = [];
   private readonly tcpConnections = new Set<net.Socket>();
@@ -247,6 +251,7 @@ export class DnsResponder {
     this.tcpIdleTimeoutMs = checkCount(options.tcpIdleTimeoutMs, 10_000, 'tcpIdleTimeoutMs', 1);
     this.maxTcpConnections = checkCount(options.maxTcpConnections, 128, 'maxTcpConnections', 1);
     this.maxConcurrentLookups = checkCount(options.maxConcurrentLookups, 1024, 'maxConcurrentLookups', 1);
+    this.maxLookupsPerClient = checkCount(options.maxLookupsPerClient, 32, 'maxLookupsPerClient', 1);
   }
 
   /** Binds UDP and TCP on every listen address; on any failure closes what it bound and rejects. */
@@ -490,8 +495,14 @@ export class DnsResponder {
       this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: ${this.lookupsInFlight} lookups already in flight`);
       return reply(DnsRcode.SERVFAIL);
     }
+    const mine = this.lookupsByClient.get(client.sandboxId) ?? 0;
+    if (mine >= this.maxLookupsPerClient) {
+      this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: it already has ${mine} lookups in flight`);
+      return reply(DnsRcode.SERVFAIL);
+    }
     this.counters.forwarded += 1;
     this.lookupsInFlight += 1;
+    this.lookupsByClient.set(client.sandboxId, mine + 1);
     let upstreamReply: DnsMessage;
     try {
       upstreamReply = await this.resolveUpstream(question);
@@ -500,6 +511,9 @@ export class DnsResponder {
       return reply(DnsRcode.SERVFAIL);
     } finally {
       this.lookupsInFlight -= 1;
+      const left = (this.lookupsByClient.get(client.sandboxId) ?? 1) - 1;
+      if (left > 0) this.lookupsByClient.set(client.sandboxId, left);
+      else this.lookupsByClient.delete(client.sandboxId);
     }
 
     const { cnames, addresses } = answerChain(question, upstreamReply);
