@@ -681,7 +681,7 @@ export class ShimNode implements Shim {
     if (this.network === null || !this.network.has(id)) {
       throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no network (created without \`network\`, or the node runs without networking); create it with "network": {} to change services later`);
     }
-    const services = this.network.update(id, change);
+    const services = await this.network.update(id, change);
     const net = live.record.runtime.network as SandboxNetworkRuntime | undefined;
     if (net) {
       net.services = services;

@@ -104,6 +104,16 @@ t('policy changes apply live (PATCH semantics: merge)', async (tt) => {
     const err = await shim.updateNetwork(sb.id, { nosuch: true }).catch((e) => e);
     tt.is(err.code, 'INVALID_ARGUMENT');
     tt.deepEqual(shim.networkInfo(sb.id).services, { pypi: false, npm: true }, 'a rejected change leaves the policy as it was');
+    // an open connection to a service that is turned off is aborted, not left to stall
+    const holder = await shim.execStream(sb.id, {
+      cmd: ['python3', '-c', `import socket,time\ns=socket.create_connection(("${net.npm.address}", ${SERVICE_PORT}))\nprint("connected", flush=True)\nt=time.monotonic()\ntry:\n s.recv(10); print("closed")\nexcept OSError as e: print(type(e).__name__, round((time.monotonic()-t)*1000))`],
+    });
+    let out = '';
+    holder.stdout.on('data', (d: Buffer) => (out += d));
+    while (!out.includes('connected')) await new Promise((r) => setTimeout(r, 20));
+    await shim.updateNetwork(sb.id, { npm: false });
+    await holder.exited;
+    tt.regex(out, /connected\nConnectionAbortedError \d+\n/, `${out} ${logs.filter((l) => /abort/.test(l)).join(" ")}`);
   } finally {
     await shim.deleteSandbox(sb.id);
   }

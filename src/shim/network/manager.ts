@@ -22,7 +22,7 @@ import type { AccountNetwork, Policy, Service } from '../../security/policy';
 import { EGRESS_SERVICE_NONE, EGRESS_SERVICE_RULE } from '../../native/bpf-layouts';
 import { DnsResponder, type DnsAnswerAddress, type DnsEndpoint } from './dns-responder';
 import { EgressEnforcer, type EgressBinding, type EgressDenial, type EgressRange, type SandboxEgressPolicy } from './egress';
-import { HostNetwork } from './host-net';
+import { HostNetwork, runTool } from './host-net';
 import { NetnsPool, type NetnsLease } from './netns-pool';
 import { parseCidr } from './addr';
 import type { SandboxNetworkInfo } from '../types';
@@ -177,16 +177,18 @@ export class NetworkManager {
   }
 
   /** Change a running sandbox's services (merge: true enables, false disables); atomic in the kernel. */
-  update(id: string, change: Record<string, boolean>): Record<string, boolean> {
+  async update(id: string, change: Record<string, boolean>): Promise<Record<string, boolean>> {
     const a = this.attached(id);
     this.check(change, a.owner);
     const services = { ...a.services, ...change };
     const next: Attached = { ...a, services, bindings: new Map(a.bindings) };
     for (const [addr, b] of a.bindings) if (services[b.service] !== true) next.bindings.delete(addr);
-    this.egress.update(a.cgroupId, this.compile(next));
+    const policy = this.compile(next);
+    this.egress.update(a.cgroupId, policy);
     a.services = services;
     a.bindings = next.bindings;
     this.opts.log(`network: sandbox ${id} services now ${describeServices(services)}`);
+    await this.abortRevoked(a, policy);
     return { ...services };
   }
 
@@ -195,10 +197,39 @@ export class NetworkManager {
     for (const a of this.byId.values()) {
       try {
         for (const [addr, b] of a.bindings) if (this.catalog()[b.service] === undefined) a.bindings.delete(addr);
-        this.egress.update(a.cgroupId, this.compile(a));
+        const policy = this.compile(a);
+        this.egress.update(a.cgroupId, policy);
+        void this.abortRevoked(a, policy);
       } catch (err) {
         this.opts.log(`network: re-applying the policy to ${a.id} failed: ${(err as Error).message}`);
       }
+    }
+  }
+
+  /**
+   * Open TCP connections the new policy no longer allows are aborted (SOCK_DESTROY through
+   * `ss -K` in the sandbox's namespace): the program gets ECONNABORTED at once instead of a
+   * connection whose packets the skb program now drops. Best effort; failures are logged.
+   */
+  private async abortRevoked(a: Attached, policy: SandboxEgressPolicy): Promise<void> {
+    const inNetns = (args: string[]) => runTool('ip', ['netns', 'exec', a.lease.name, 'ss', ...args], { timeoutMs: 5000 });
+    try {
+      const listed = await inNetns(['-tnH', 'state', 'established', 'state', 'syn-sent']);
+      if (listed.code !== 0) throw new Error(listed.stderr.trim() || `ss exited ${listed.code}`);
+      const revoked = new Set<string>();
+      for (const line of listed.stdout.split('\n')) {
+        // columns: [State] Recv-Q Send-Q Local:Port Peer:Port [Process]; the peer is the last address
+        const endpoints = line.trim().split(/\s+/).filter((f) => /^\[?[0-9a-f.:]+\]?:\d+$/i.test(f));
+        const m = endpoints.length < 2 ? null : /^\[?([0-9a-f.:]+?)\]?:(\d+)$/i.exec(endpoints[endpoints.length - 1]!);
+        if (m && !policyAllows(policy, m[1]!.replace(/^::ffff:/i, ''), Number(m[2]), 'tcp')) revoked.add(`${m[1]}:${m[2]}`);
+      }
+      for (const dst of revoked) {
+        const r = await inNetns(['-K', '-tn', 'dst', dst]);
+        if (r.code !== 0) throw new Error(r.stderr.trim() || `ss -K exited ${r.code}`);
+      }
+      if (revoked.size > 0) this.opts.log(`network: sandbox ${a.id}: aborted connections to ${[...revoked].join(', ')} (no longer allowed)`);
+    } catch (err) {
+      this.opts.log(`network: sandbox ${a.id}: could not abort revoked connections: ${(err as Error).message}`);
     }
   }
 
@@ -416,6 +447,15 @@ function rateLimited(log: (line: string) => void, perSecond: number): (line: str
     if (count++ < perSecond) log(line);
     else dropped++;
   };
+}
+
+/** The decision the programs make for a destination (expiry ignored, like the skb backstop). */
+export function policyAllows(policy: SandboxEgressPolicy, address: string, port: number, proto: 'tcp' | 'udp'): boolean {
+  if (address.startsWith('127.') || address === '::1') return true;
+  if (policy.resolverV4 !== null && address === policy.resolverV4 && port === 53) return true;
+  const portOk = (ports: number[]) => ports.length === 0 || ports.includes(port);
+  if (policy.bindings.some((b) => b.address === address && b.proto === proto && portOk(b.ports))) return true;
+  return policy.ranges.some((r) => r.proto === proto && portOk(r.ports) && cidrContains(r.cidr, address));
 }
 
 export function hostMatches(pattern: string, name: string): boolean {
