@@ -241,6 +241,17 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     };
     process.on('SIGINT', stop);
     process.on('SIGTERM', stop);
+    // SIGHUP: re-read the policy directory (validated as a whole; the last good policy stays on error; audited)
+    process.on('SIGHUP', () => {
+      void import('../security/confinement').then(({ policyStore }) => {
+        try {
+          const r = policyStore().apply();
+          io.err(`warren: SIGHUP: policy applied (${r.changes.length} change${r.changes.length === 1 ? '' : 's'})\n`);
+        } catch (err) {
+          io.err(`warren: SIGHUP: policy rejected, the last good one stays: ${(err as Error).message}\n`);
+        }
+      });
+    });
   });
   // Idle keep-alive connections must not hold the process open after a clean stop.
   setTimeout(() => process.exit(0), 2000).unref();

@@ -6,7 +6,7 @@
  */
 import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -89,7 +89,8 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     t.deepEqual([...new Set(after.map((l) => l.split(' ').slice(1).join(' ')))], ['pypi=ok npm=EPERM'], 'pypi still allowed, npm still denied');
     t.true(existsSync(`/sys/fs/bpf/warren/${nodeId}/links/${sb.id}_connect4`), 'links pinned in bpffs');
 
-    const second = await startWarrenProcess(dataDir, nodeId, net.upArgs);
+    const log2: string[] = [];
+    const second = await startWarrenProcess(dataDir, nodeId, net.upArgs, log2);
     child = second.child;
     const restartedAt = Date.now() / 1000;
     client = new WarrenClient({ url: second.url, token });
@@ -106,6 +107,16 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     await again.setNetwork({ npm: true });
     const probe = parseProbeOutput((await again.exec(probeArgv([{ kind: 'http', host: net.names.npm, port: SERVICE_PORT }]))).stdout);
     t.is(probe[0]!.outcome, 'ok', 'the restarted node answers DNS and binds for the adopted sandbox');
+    // SIGHUP re-reads the policy directory: a broken services.yaml is refused and the last good one stays
+    const servicesFile = join(net.policyDir, 'services.yaml');
+    const good = readFileSync(servicesFile, 'utf8');
+    writeFileSync(servicesFile, good.replace('services:', 'services:\n  broken: {hosts: [Not A Host]}'));
+    child.kill('SIGHUP');
+    const until = Date.now() + 5000;
+    while (!log2.join('').includes('SIGHUP: policy rejected') && Date.now() < until) await new Promise((r) => setTimeout(r, 50));
+    t.true(log2.join('').includes('SIGHUP: policy rejected'), 'a bad file is refused on SIGHUP');
+    writeFileSync(servicesFile, good);
+    t.deepEqual((await again.network()).services, { pypi: true, npm: true }, 'and the sandbox keeps its policy');
     await again.delete();
     sandboxId = null;
     t.false(existsSync(`/sys/fs/bpf/warren/${nodeId}/links/${sb.id}_connect4`), 'links unpinned on delete');
