@@ -50,13 +50,65 @@ export interface StepOptions {
   tmpfsBytes: number;
   /** Cores of the container (to schedule CPU-time checks). */
   cpu: number;
+  /** A python3 interpreter started ahead of time may run this step (language python3, no env). */
+  warmPython?: { script: string };
 }
+
+/** What a prewarmed interpreter was started with; it is used only when a step matches. */
+export interface WarmSpec {
+  fileSizeBytes: number;
+  tmpfsBytes: number;
+  /** RLIMIT_CPU backstop: the pool's longest allowed run (the cgroup check enforces each request's cpuMs). */
+  maxCpuMs: number;
+}
+
+/**
+ * The interpreter of a prewarmed python3 step: started (isolated, unprivileged, confined) before
+ * the request exists, it reads one line from stdin, the script path, and then runs that script
+ * exactly as `python3 -B <script>` would: a fresh __main__ module, sys.argv and sys.path[0] of a
+ * script, tracebacks without this frame, SystemExit as usual. The rest of stdin is the program's.
+ */
+const PYTHON_WARM_BOOTSTRAP = [
+  'import os, sys, types',
+  'def _warren_run():',
+  '    raw = sys.stdin.buffer.raw',
+  "    line = b''",
+  "    while not line.endswith(b'\\n'):",
+  '        c = raw.read(1)',
+  '        if not c:',
+  '            sys.exit(0)',
+  '        line += c',
+  '    script = line[:-1].decode()',
+  '    path = os.path.abspath(script)',
+  '    sys.argv = [script]',
+  '    sys.path[0] = os.path.dirname(path)',
+  "    main = types.ModuleType('__main__')",
+  '    main.__file__ = path',
+  '    main.__cached__ = None',
+  '    main.__spec__ = None',
+  '    main.__builtins__ = __builtins__',
+  "    sys.modules['__main__'] = main",
+  '    try:',
+  "        with open(path, 'rb') as f:",
+  "            code = compile(f.read(), path, 'exec')",
+  '        exec(code, main.__dict__)',
+  '    except SystemExit:',
+  '        raise',
+  '    except BaseException as e:',
+  '        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None',
+  '        sys.excepthook(type(e), e.with_traceback(tb), tb)',
+  '        sys.exit(1)',
+  '_warren_run()',
+].join('\n');
 
 export class PoolContainer {
   /** Paths (relative) in the overlay upper dir right after setup. */
   private baseline = '';
   private memoryMb: number;
   private dead = false;
+  /** A python3 interpreter waiting for the next invocation (see prewarmPython). */
+  private warm: { proc: ExecProcess; spec: WarmSpec; exited: Promise<ExitStatus>; ready: boolean; since: number } | null = null;
+  private warming: Promise<void> | null = null;
   readonly createdAt = Date.now();
   lastUsed = Date.now();
   uses = 0;
@@ -207,32 +259,14 @@ export class PoolContainer {
       native.cgroupUpdate(this.id, { memoryBytes: bytes, memorySwapBytes: bytes });
       this.memoryMb = o.memoryMb;
     }
+    if (this.warming) await this.warming;
+    const warm = this.takeWarm(o);
     resetMemoryPeak(this.id);
     const before = native.cgroupStats(this.id);
     const started = performance.now();
-    const env = { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody', ...o.env };
     let proc: ExecProcess;
     try {
-      proc = await native.execAsync({
-        initPid: this.box.pid,
-        cgroup: this.id,
-        argv: o.argv,
-        env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
-        cwd: WORK_DIR,
-        uid: RUN_UID,
-        gid: RUN_GID,
-        schedIdle: false,
-        isolate: {
-          ipc: true,
-          readOnlyRoot: true,
-          writable: [WORK_DIR],
-          tmpfs: [
-            { path: '/tmp', sizeBytes: o.tmpfsBytes, mode: 0o1777 },
-            { path: '/dev/shm', sizeBytes: o.tmpfsBytes, mode: 0o1777 },
-          ],
-          rlimits: { cpuSeconds: Math.ceil(o.cpuMs / 1000) + 1, fileSizeBytes: o.fileSizeBytes, coreBytes: 0, openFiles: 1024 },
-        },
-      });
+      proc = warm?.proc ?? (await this.spawnStep(o.argv, o.env, { fileSizeBytes: o.fileSizeBytes, tmpfsBytes: o.tmpfsBytes, maxCpuMs: o.cpuMs }));
     } catch (err) {
       if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && (err.errno === 2 || err.errno === 13)) {
         const msg = `warren: ${o.argv[0]}: ${err.errno === 2 ? 'command not found' : 'permission denied'}\n`;
@@ -262,10 +296,13 @@ export class PoolContainer {
     const errDone = pumpInto(proc.stderr!, stderr);
     const stdin = new Socket({ fd: proc.stdin!, readable: false, writable: true });
     stdin.on('error', () => undefined);
-    if (o.stdin.length > 0) stdin.end(o.stdin);
+    // a prewarmed interpreter first reads the script's path, then the program reads the rest
+    const input = warm ? Buffer.concat([Buffer.from(`${o.warmPython!.script}\n`), o.stdin]) : o.stdin;
+    if (input.length > 0) stdin.end(input);
     else stdin.end();
 
-    const exited = new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
+    // one watcher per pidfd: the exit status goes to whoever reaps first
+    const exited = warm?.exited ?? new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
     const wallTimer = setTimeout(() => kill('wallMs'), o.wallMs);
     // CPU time: the container runs one invocation at a time, so its cgroup's usage is the invocation's.
     // Check when the budget could first be spent at full speed, then again for what is left.
@@ -343,6 +380,95 @@ export class PoolContainer {
     return r;
   }
 
+  /** One isolated, unprivileged, confined process in the container (docs/fncall.md). */
+  private spawnStep(argv: string[], extraEnv: Record<string, string>, limits: WarmSpec): Promise<ExecProcess> {
+    const env = { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody', ...extraEnv };
+    return native.execAsync({
+      initPid: this.box.pid,
+      cgroup: this.id,
+      argv,
+      env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
+      cwd: WORK_DIR,
+      uid: RUN_UID,
+      gid: RUN_GID,
+      schedIdle: false,
+      isolate: {
+        ipc: true,
+        readOnlyRoot: true,
+        writable: [WORK_DIR],
+        tmpfs: [
+          { path: '/tmp', sizeBytes: limits.tmpfsBytes, mode: 0o1777 },
+          { path: '/dev/shm', sizeBytes: limits.tmpfsBytes, mode: 0o1777 },
+        ],
+        rlimits: { cpuSeconds: Math.ceil(limits.maxCpuMs / 1000) + 1, fileSizeBytes: limits.fileSizeBytes, coreBytes: 0, openFiles: 1024 },
+      },
+    });
+  }
+
+  /**
+   * Start the next invocation's python3 ahead of time: the same isolation, user, confinement and
+   * limits as a step started on demand, in a container that was just reset and verified; it only
+   * waits for its script. It serves exactly one step, and any other step kills it first (it is
+   * never left next to another invocation's processes). Its start-up CPU is not the invocation's.
+   */
+  prewarmPython(spec: WarmSpec): Promise<void> {
+    if (this.dead || this.warm !== null || this.warming !== null) return this.warming ?? Promise.resolve();
+    this.warming = (async () => {
+      try {
+        const proc = await this.spawnStep(['python3', '-B', '-c', PYTHON_WARM_BOOTSTRAP], {}, spec);
+        const exited = new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
+        const w = { proc, spec, exited, ready: true, since: performance.now() };
+        void exited.then(() => {
+          w.ready = false;
+        });
+        this.warm = w;
+      } catch {
+        /* the next python3 step starts on demand */
+      } finally {
+        this.warming = null;
+      }
+    })();
+    return this.warming;
+  }
+
+  get hasWarmPython(): boolean {
+    return this.warm !== null && this.warm.ready;
+  }
+
+  /** When the waiting interpreter was started (performance.now()), or null without one. */
+  get warmSince(): number | null {
+    return this.warm !== null && this.warm.ready ? this.warm.since : null;
+  }
+
+  /** The warm interpreter when it fits this step; otherwise it is discarded before the step runs. */
+  private takeWarm(o: StepOptions): { proc: ExecProcess; exited: Promise<ExitStatus> } | null {
+    const w = this.warm;
+    if (w === null) return null;
+    this.warm = null;
+    const fits = o.warmPython !== undefined && Object.keys(o.env).length === 0 && w.ready && w.spec.fileSizeBytes === o.fileSizeBytes && w.spec.tmpfsBytes === o.tmpfsBytes && w.spec.maxCpuMs >= o.cpuMs;
+    if (fits) return w;
+    this.discardWarm(w);
+    return null;
+  }
+
+  private discardWarm(w: { proc: ExecProcess; exited: Promise<ExitStatus> }): void {
+    try {
+      native.pidfdSendSignal(w.proc.pidfd, SIGKILL);
+    } catch {
+      /* gone */
+    }
+    // the pidfd has an exit watcher: it is closed once that has fired
+    void w.exited.then(() => native.close(w.proc.pidfd));
+    for (const fd of [w.proc.stdin, w.proc.stdout, w.proc.stderr]) {
+      if (fd === undefined) continue;
+      try {
+        native.close(fd);
+      } catch {
+        /* closed */
+      }
+    }
+  }
+
   /** Kill every process of the container except its pid 1; true when only pid 1 is left. */
   async killLeftovers(deadlineMs = 2000): Promise<boolean> {
     const deadline = Date.now() + deadlineMs;
@@ -394,6 +520,11 @@ export class PoolContainer {
    */
   async reset(): Promise<{ ok: boolean; reason?: string }> {
     if (this.dead) return { ok: false, reason: 'container died' };
+    if (this.warming) await this.warming;
+    if (this.warm !== null) {
+      this.discardWarm(this.warm);
+      this.warm = null;
+    }
     if (!(await this.killLeftovers())) return { ok: false, reason: 'processes survived the kill' };
     const work = `${this.root}${WORK_DIR}`;
     try {
@@ -417,6 +548,10 @@ export class PoolContainer {
 
   destroy(): Promise<void> {
     this.dead = true;
+    if (this.warm !== null) {
+      this.discardWarm(this.warm);
+      this.warm = null;
+    }
     return this.box.destroy();
   }
 }

@@ -16,7 +16,7 @@ import { inSpan } from '../../telemetry';
 import { ContainerBackend } from '../backends/container';
 import type { LayerStore } from '../layers/store';
 import { check, verdictOf } from './checkers';
-import { type PoolContainer, internalError } from './container';
+import { type PoolContainer, type StepOptions, internalError } from './container';
 import { DEFAULT_COMPILE_TIMEOUT_MS, LANGUAGES } from './languages';
 import { Pool } from './pool';
 import type { FnCallConfig, InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, JudgeTestResult, PoolSpec, PoolStats, StepResult } from './types';
@@ -183,13 +183,15 @@ export class FnCallManager {
     }
   }
 
-  private async withContainer<T>(poolName: string, account: string, opts: { wait: boolean }, fn: (c: PoolContainer, queueMs: number, pool: Pool) => Promise<T>): Promise<T> {
+  private async withContainer<T>(poolName: string, account: string, opts: { wait: boolean; python?: boolean }, fn: (c: PoolContainer, queueMs: number, pool: Pool) => Promise<T>): Promise<T> {
     const pool = this.pool(poolName);
     const release = await this.admit(account, opts.wait);
     const t0 = performance.now();
     let c: PoolContainer;
+    const l = pool.spec.limits;
+    pool.noteInvocation(opts.python === true && process.env.WARREN_FNCALL_PREWARM !== '0' ? { fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: l.maxTimeoutMs } : null);
     try {
-      c = await pool.acquire({ bypassQueueLimit: opts.wait });
+      c = await pool.acquire({ bypassQueueLimit: opts.wait, python: opts.python === true });
     } catch (err) {
       release();
       throw err;
@@ -207,7 +209,7 @@ export class FnCallManager {
 
   invoke(poolName: string, account: string, req: InvokeRequest, opts: { wait?: boolean } = {}): Promise<InvokeResult> {
     return inSpan('warren.fncall.invoke', { 'warren.fncall.pool': poolName, 'warren.fncall.language': req.language ?? 'cmd' }, async (span) => {
-      const result = await this.withContainer(poolName, account, { wait: opts.wait ?? false }, async (c, queueMs, pool) => {
+      const result = await this.withContainer(poolName, account, { wait: opts.wait ?? false, python: req.language === 'python3' }, async (c, queueMs, pool) => {
         span.setAttribute('warren.fncall.container', c.id);
         return this.runIn(c, pool, req, queueMs);
       });
@@ -235,6 +237,12 @@ export class FnCallManager {
       tmpfsBytes: l.tmpfsBytes,
       cpu: l.cpu,
     };
+  }
+
+  /** python3 runs may use an interpreter started ahead of time (PoolContainer.prewarmPython). */
+  private warmOptions(language: InvokeRequest['language']): Partial<Pick<StepOptions, 'warmPython'>> {
+    if (language !== 'python3' || process.env.WARREN_FNCALL_PREWARM === '0') return {};
+    return { warmPython: { script: LANGUAGES.python3.source } };
   }
 
   /** Check limits against the pool before queueing (a bad request must not wait for a container). */
@@ -277,7 +285,7 @@ export class FnCallManager {
       } else {
         c.writeFiles(req.files);
       }
-      const run = await c.run({ argv: argv!, env: req.env, stdin: req.stdin, ...l });
+      const run = await c.run({ argv: argv!, env: req.env, stdin: req.stdin, ...l, ...this.warmOptions(req.language) });
       const result: InvokeResult = { ...run, phase: 'run', ...base };
       if (compile !== undefined) result.compile = compile;
       if (req.fetchFiles.length > 0 && run.status !== 'internal_error') result.files = c.readFiles(req.fetchFiles, FETCH_FILE_LIMIT);
@@ -294,7 +302,7 @@ export class FnCallManager {
 
   judge(poolName: string, account: string, req: JudgeRequest): Promise<JudgeResult> {
     return inSpan('warren.fncall.judge', { 'warren.fncall.pool': poolName, 'warren.fncall.language': req.language, 'warren.fncall.tests': req.tests.length }, async (span) => {
-      const r = await this.withContainer(poolName, account, { wait: false }, async (c, _q, pool) => {
+      const r = await this.withContainer(poolName, account, { wait: false, python: req.language === 'python3' }, async (c, _q, pool) => {
         const base: JudgeResult = { verdict: 'AC', passed: 0, total: req.tests.length, ran: 0, tests: [], maxWallMs: 0, maxCpuMs: 0, maxMemPeakBytes: 0, pool: poolName };
         const inv: InvokeRequest = { code: req.code, language: req.language, files: [], stdin: Buffer.alloc(0), env: {}, fetchFiles: [] };
         for (const k of ['timeoutMs', 'cpuMs', 'memoryMb', 'maxOutputBytes', 'compileTimeoutMs'] as const) if (req[k] !== undefined) inv[k] = req[k];
@@ -316,12 +324,13 @@ export class FnCallManager {
         for (const [index, t] of req.tests.entries()) {
           let run: StepResult;
           try {
-            run = await c.run({ argv, env: {}, stdin: t.stdin, ...l });
+            run = await c.run({ argv, env: {}, stdin: t.stdin, ...l, ...this.warmOptions(req.language) });
           } catch (err) {
             run = internalError(asWarrenError(err).message);
           }
           // Between tests of one submission: no process survives, files (the binary) stay.
           if (!(await c.killLeftovers())) run = internalError('processes survived the kill');
+          else if (req.language === 'python3' && index + 1 < req.tests.length) void c.prewarmPython({ fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: pool.spec.limits.maxTimeoutMs });
           let verdict = verdictOf(run.status);
           if (verdict === 'AC' && !check(req.checker, run.stdout, t.expected)) verdict = 'WA';
           const tr: JudgeTestResult = {

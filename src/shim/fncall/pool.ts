@@ -10,7 +10,7 @@ import { randomBytes } from 'node:crypto';
 import { WarrenError } from '../../errors';
 import type { ContainerBackend } from '../backends/container';
 import type { ResolvedLayer, SandboxSpec } from '../types';
-import { PoolContainer } from './container';
+import { PoolContainer, type WarmSpec } from './container';
 import type { PoolSpec, PoolStats } from './types';
 
 interface Waiter {
@@ -28,10 +28,19 @@ export interface PoolDeps {
 }
 
 const LATENCY_WINDOW = 2048;
+/** Idle containers keep a python3 interpreter waiting this long after the pool's last python3 invocation. */
+const PYTHON_WARM_KEEP_MS = 5 * 60_000;
+/** Below this average idle time between invocations, interpreters are not started ahead of time. */
+const PYTHON_WARM_MIN_IDLE_MS = 15;
 
 export class Pool {
   private readonly containers = new Set<PoolContainer>();
   private readonly idle: PoolContainer[] = [];
+  private warmPython: WarmSpec | null = null;
+  private lastPythonAt = 0;
+  private pythonShare = 0;
+  private idleGapMs = 1000;
+  private readonly idleSince = new WeakMap<PoolContainer, number>();
   private readonly waiters: Waiter[] = [];
   private starting = 0;
   private state: PoolStats['state'] = 'preparing';
@@ -79,11 +88,11 @@ export class Pool {
   }
 
   /** A container for one invocation; resolves when one is free (FIFO). */
-  acquire(opts: { bypassQueueLimit?: boolean } = {}): Promise<PoolContainer> {
+  acquire(opts: { bypassQueueLimit?: boolean; python?: boolean } = {}): Promise<PoolContainer> {
     if (this.state === 'closing') return Promise.reject(new WarrenError('NOT_FOUND', `pool ${this.spec.name} is being deleted`));
     if (this.state === 'failed') return Promise.reject(new WarrenError('UNAVAILABLE', `pool ${this.spec.name} failed: ${this.message}`));
     for (;;) {
-      const c = this.idle.pop();
+      const c = this.takeIdle(opts.python === true);
       if (c === undefined) break;
       if (c.alive) return Promise.resolve(c);
       this.forget(c);
@@ -99,6 +108,30 @@ export class Pool {
       this.waiters.push({ resolve, reject, since: Date.now() });
       this.maintain();
     });
+  }
+
+  /**
+   * Which idle container serves the next invocation: for python3, the one whose prewarmed
+   * interpreter has been waiting longest (most likely done starting); otherwise the most recently
+   * used one without an interpreter (so none is killed for nothing), else the most recent.
+   */
+  private takeIdle(python: boolean): PoolContainer | undefined {
+    let at = -1;
+    if (python) {
+      let since = Infinity;
+      this.idle.forEach((c, i) => {
+        const w = c.warmSince;
+        if (w !== null && w < since) {
+          since = w;
+          at = i;
+        }
+      });
+    } else {
+      for (let i = this.idle.length - 1; i >= 0 && at < 0; i--) if (this.idle[i]!.warmSince === null) at = i;
+    }
+    const c = at < 0 ? this.idle.pop() : this.idle.splice(at, 1)[0];
+    if (c !== undefined) this.noteIdleGap(performance.now() - (this.idleSince.get(c) ?? performance.now()));
+    return c;
   }
 
   /** Seconds a refused client should wait: the queue's drain time at the recent pace. */
@@ -123,13 +156,47 @@ export class Pool {
       this.maintain();
       return;
     }
+    // Only when containers wait between invocations: when they are taken again at once, the
+    // interpreter's start is on the next invocation's path anyway, and one started early is CPU
+    // taken from the invocations that are running.
+    if (this.waiters.length === 0 && this.idleGapMs > PYTHON_WARM_MIN_IDLE_MS) this.prewarm(c);
     this.handOver(c);
+  }
+
+  /**
+   * A pool that serves python3 keeps an interpreter waiting in each idle container
+   * (PoolContainer.prewarmPython), for as long as python3 invocations keep coming.
+   */
+  noteInvocation(python: WarmSpec | null): void {
+    // recent share of python3 invocations (an exponential average over the last few: two others in a row stop the prewarming)
+    this.pythonShare = this.pythonShare * 0.7 + (python !== null ? 0.3 : 0);
+    if (python !== null) {
+      this.warmPython = python;
+      this.lastPythonAt = Date.now();
+    }
+  }
+
+  private prewarm(c: PoolContainer): void {
+    if (this.warmPython === null) return;
+    // an interpreter that the next invocation would only kill is CPU for nothing
+    if (this.pythonShare < 0.5 || Date.now() - this.lastPythonAt > PYTHON_WARM_KEEP_MS) return;
+    void c.prewarmPython(this.warmPython);
   }
 
   private handOver(c: PoolContainer): void {
     const w = this.waiters.shift();
-    if (w) w.resolve(c);
-    else this.idle.push(c);
+    if (w) {
+      this.noteIdleGap(0);
+      w.resolve(c);
+    } else {
+      this.idleSince.set(c, performance.now());
+      this.idle.push(c);
+    }
+  }
+
+  /** How long containers sit idle between invocations (an exponential average). */
+  private noteIdleGap(ms: number): void {
+    this.idleGapMs = this.idleGapMs * 0.8 + ms * 0.2;
   }
 
   private forget(c: PoolContainer): void {
@@ -154,6 +221,7 @@ export class Pool {
     want = Math.min(want, Math.max(2, this.spec.max), 8 - this.starting);
     if (Date.now() < this.nextStartAt) want = 0;
     for (let i = 0; i < want; i++) void this.startOne();
+    if (this.waiters.length === 0 && this.idleGapMs > PYTHON_WARM_MIN_IDLE_MS) for (const c of this.idle) if (c.warmSince === null) this.prewarm(c);
     // Shrink: idle containers above min, unused for idleSeconds (oldest idle first).
     if (this.idle.length > 0 && this.containers.size > min) {
       const cutoff = Date.now() - idleSeconds * 1000;
