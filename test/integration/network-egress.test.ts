@@ -43,21 +43,27 @@ if (!skip) {
     udpServer.on('message', (m, rinfo) => udpServer.send(m, rinfo.port, rinfo.address));
     mkdirSync(cgRoot, { recursive: true });
   });
+  // also when the worker dies of an uncaught exception, which skips after.always
+  process.once('exit', removeAddresses);
   test.after.always(() => {
     const e = new EgressEnforcer({ native, objectPath, pinDir });
     if (existsSync(pinDir)) e.unpinAll();
     tcp?.close();
     udpServer.close();
-    for (const ip of [ALLOWED, DENIED, RANGE_HOST, RESOLVER]) {
-      try {
-        execFileSync('ip', ['addr', 'del', `${ip}/32`, 'dev', 'lo']);
-      } catch {
-        /* gone */
-      }
-    }
+    removeAddresses();
     for (const d of existsSync(cgRoot) ? readdirSync(cgRoot, { withFileTypes: true }) : []) if (d.isDirectory()) rmdirSync(join(cgRoot, d.name));
     if (existsSync(cgRoot)) rmdirSync(cgRoot);
   });
+}
+
+function removeAddresses(): void {
+  for (const ip of [ALLOWED, DENIED, RANGE_HOST, RESOLVER]) {
+    try {
+      execFileSync('ip', ['addr', 'del', `${ip}/32`, 'dev', 'lo'], { stdio: 'ignore' });
+    } catch {
+      /* gone */
+    }
+  }
 }
 
 let groups = 0;
