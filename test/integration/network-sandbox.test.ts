@@ -258,3 +258,25 @@ t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
     db.close();
   }
 });
+
+t('a node whose resolver cannot listen refuses to start and leaves nothing behind', async (tt) => {
+  const { openDatabase } = await import('../../src/state/db');
+  const { ShimNode } = await import('../../src/shim/node');
+  const { mkdtempSync, rmSync } = await import('node:fs');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync('/tmp/warren-netfail-');
+  const db = openDatabase(join(dir, 'warren.db'));
+  // same bridge and resolver address as the running node, whose responder holds port 53
+  const second = new ShimNode({ dataDir: dir, db, nodeId: `nf${tag}`, network: { ...net.network, warm: 2 } });
+  try {
+    const err = await second.start().catch((e) => e);
+    tt.is(err?.code, 'UNAVAILABLE', String(err));
+    const res = await netResources(`wn-nf${tag}`);
+    tt.is(res.netns, 0, 'no namespace of the failed node is left');
+    tt.false(existsSync(`/sys/fs/bpf/warren-test/nf${tag}`), 'nor its pinned programs and maps');
+  } finally {
+    await second.close().catch(() => undefined);
+    db.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -120,8 +120,16 @@ export class NetworkManager {
   async start(adopted: SandboxNetworkRuntime[] = []): Promise<void> {
     await this.host.ensure();
     this.egress.open();
-    await this.pool.start(adopted.map((r) => r.lease));
-    await this.dns.start();
+    try {
+      await this.pool.start(adopted.map((r) => r.lease));
+      await this.dns.start(); // e.g. UNAVAILABLE when something else holds <gateway>:53
+    } catch (err) {
+      // nothing half-started stays behind (idle namespaces, open map fds); adopted sandboxes keep theirs
+      await this.pool.close().catch(() => undefined);
+      if (this.egress.pinnedSandboxes().length === 0) this.egress.unpinAll();
+      else this.egress.close();
+      throw err;
+    }
     this.started = true;
     this.timers.push(setInterval(() => this.pollDenials(), 100).unref());
     this.timers.push(setInterval(() => this.egress.sweep(), 30_000).unref());
