@@ -226,6 +226,13 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
       return no('bpf/out/sandbox_egress.bpf.o is not built (npm run build:bpf)', 'sandboxes are loopback-only');
     }
     if (!existsSync('/sys/fs/bpf')) return no('no /sys/fs/bpf to pin programs and maps', 'sandboxes are loopback-only');
+    // the kernel's verifier is the real test: load the programs once into a scratch pin directory
+    try {
+      const { probeEgressPrograms } = require('./shim/network/egress') as typeof import('./shim/network/egress');
+      probeEgressPrograms();
+    } catch (err) {
+      return no(`the egress programs do not load here: ${(err as Error).message}`, 'sandboxes are loopback-only');
+    }
     return yes('connect4/6, sendmsg4/6 and cgroup_skb egress programs per sandbox cgroup; pinned under /sys/fs/bpf/warren');
   },
   'sandbox-network': () => {

@@ -373,6 +373,29 @@ export class EgressEnforcer {
   }
 }
 
+/** Load the egress object into a scratch pin directory and remove it again (feature detection). */
+export function probeEgressPrograms(): void {
+  const { native, bpfObject } = require('../../native') as typeof import('../../native');
+  const dir = `/sys/fs/bpf/warren-probe-${process.pid}`; // bpffs refuses names with a dot
+  mountBpffs(native, `${dir}/x`);
+  try {
+    native.bpfLoadPinned(bpfObject('sandbox_egress'), dir);
+  } finally {
+    for (const f of existsSync(dir) ? readdirSync(dir) : []) {
+      try {
+        unlinkSync(join(dir, f));
+      } catch {
+        /* gone */
+      }
+    }
+    try {
+      rmdirSync(dir);
+    } catch {
+      /* never made */
+    }
+  }
+}
+
 /** Mount bpffs at /sys/fs/bpf when the host has not. */
 function mountBpffs(n: NativeAddon, pinDir: string): void {
   if (!pinDir.startsWith('/sys/fs/bpf/')) return;
