@@ -17,13 +17,35 @@ function walk(dir, exts, out = []) {
   return out;
 }
 
-// 1. Tests assert behaviour: no focused tests, no bare t.pass(), every skip says why.
+// 1. Tests assert behaviour: no focused tests, no assertions that hold whatever happened, every
+//    skip says why (test/helpers/skip.ts puts the reason into the title), and waiting is on a
+//    condition (test/helpers/wait.ts), not a bare sleep.
+const SKIP_HELPER = path.join(root, 'test/helpers/skip.ts');
+const WAIT_HELPER = path.join(root, 'test/helpers/wait.ts');
 for (const file of walk(path.join(root, 'test'), ['.ts'])) {
   const lines = fs.readFileSync(file, 'utf8').split('\n');
   lines.forEach((line, i) => {
     const where = `${path.relative(root, file)}:${i + 1}`;
-    if (/\btest(\.serial)?\.only\(/.test(line)) findings.push(`${where}: focused test (.only)`);
+    if (/\b(test|it)(\.serial)?\.only\(/.test(line)) findings.push(`${where}: focused test (.only)`);
     if (/\bt\.pass\(\)/.test(line)) findings.push(`${where}: t.pass() asserts nothing`);
+    if (/\.log\(\s*(skip|why|reason)\s*\)\s*\)/.test(line)) findings.push(`${where}: a test whose body only logs passes without asserting; skip it with its reason (testUnless)`);
+    if (/\bt\.not\([^,]+,\s*undefined\s*\)/.test(line)) findings.push(`${where}: t.not(x, undefined) holds for almost any outcome; assert what x must be`);
+    if (file !== SKIP_HELPER) {
+      if (/\?\s*(any)?[Tt]est(\.serial)?\s*:\s*(any)?[Tt]est\.skip\b|\?\s*(any)?[Tt]est\.skip\s*:/.test(line)) findings.push(`${where}: a conditional test.skip without its reason in the title; use testUnless(reason) from test/helpers/skip`);
+      else if (/\b(any)?[Tt]est\.skip\(/.test(line) && !/\(skipped: /.test(line)) findings.push(`${where}: test.skip without "(skipped: <reason>)" in its title`);
+    }
+    if (file !== WAIT_HELPER && /^\s*await (new Promise\(\(?\w*\)? => setTimeout\(|sleep\(|delay\()/.test(line)) {
+      // a sleep between the tries of a polling loop is fine: look at the block that encloses it
+      const indent = /^\s*/.exec(line)[0].length;
+      let opener = '';
+      for (let j = i - 1; j >= 0; j--) {
+        if (lines[j].trim() !== '' && /^\s*/.exec(lines[j])[0].length < indent) {
+          opener = lines[j];
+          break;
+        }
+      }
+      if (!/^\s*(while|for|do)\b/.test(opener)) findings.push(`${where}: a bare sleep as synchronisation; wait on the condition (waitFor) or say why time must pass (elapse)`);
+    }
   });
 }
 

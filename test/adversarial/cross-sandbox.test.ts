@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { activeEnforcer } from '../../src/features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
 import { box, refused, sharedNode } from './helpers';
+import { waitFor } from '../helpers/wait';
 
 // Sandboxes owned by "judge" run under warren-fncall (Landlock signal/abstract-unix scoping).
 const policyDir = mkdtempSync(join(tmpdir(), 'warren-policy-x-'));
@@ -99,8 +100,7 @@ it.serial('cross-sandbox: killing pid 1 from inside does nothing; killing it fro
     await c.sh('kill -9 1; kill -TERM 1; echo sent');
     t.is((await c.sh('echo alive')).stdout, 'alive\n');
     process.kill(c.pid, 'SIGKILL');
-    await new Promise((r) => setTimeout(r, 300));
-    t.not(node.shim.getSandbox(c.id).state, 'running');
+    await waitFor(() => node.shim.getSandbox(c.id).state !== 'running', 5000, 'the sandbox to be seen stopped');
     t.is((await node.boxes[1]!.sh('echo b-ok')).stdout, 'b-ok\n');
   } finally {
     await node.shim.deleteSandbox(c.id).catch(() => undefined);

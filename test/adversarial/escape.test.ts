@@ -3,7 +3,8 @@
  * Real attacks from attack.c inside a confined sandbox; each asserts the safe outcome.
  */
 import { existsSync, readFileSync } from 'node:fs';
-import { refused, sharedNode } from './helpers';
+import { join } from 'node:path';
+import { REPO_ROOT, refused, sharedNode } from './helpers';
 
 const node = sharedNode(1);
 const { it } = node;
@@ -116,8 +117,9 @@ it('escape: every sandbox process runs with no_new_privs, a seccomp filter and n
 it('escape: the host root is not reachable through /proc/1/root or the sandbox root', async (t) => {
   const b = node.boxes[0]!;
   // a file only the host has
-  t.true(existsSync('/work/main/package.json'));
-  const r = await b.sh('cat /proc/1/root/work/main/package.json 2>&1; ls /proc/1/root/work/main 2>&1; echo done');
+  t.true(existsSync(join(REPO_ROOT, 'package.json')));
+  const r = await b.sh(`cat /proc/1/root${REPO_ROOT}/package.json ${REPO_ROOT}/package.json 2>&1; ls /proc/1/root${REPO_ROOT} 2>&1; echo done`);
+  t.regex(r.stdout, /done\n$/, 'the probe ran to its end');
   t.false(r.stdout.includes('"name": "warren"'));
 });
 
@@ -132,7 +134,7 @@ it('escape: the shell session holder runs confined like exec', async (t) => {
     const res = await att.run('c1', 'grep -E "Seccomp|NoNewPrivs" /proc/self/status; /usr/local/bin/attack mount', 15_000);
     t.regex(out, /Seccomp:\s+2/);
     t.regex(out, /DENIED EPERM/);
-    t.not(res, undefined);
+    t.is(res.exitCode, 1, 'the attack reports its denial and exits 1');
   } finally {
     await att.close();
   }

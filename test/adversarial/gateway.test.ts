@@ -2,13 +2,14 @@
  * Adversarial suite, part 4: gateway abuse (research/security_anchors.md E.42-E.46).
  * A real gateway with real accounts; each request is an attack, each answer must be the refusal.
  */
-import test from 'ava';
 import WebSocket from 'ws';
 import { integrationSkipReason, withGateway } from '../integration/gateway-fixture';
 import { WarrenError } from '../../src/errors';
+import { testUnless } from '../helpers/skip';
+import { REPO_ROOT } from './helpers';
 
 const why = integrationSkipReason();
-const it = why === null ? test : (title: string, _fn: unknown) => test.skip(`${title} (skipped: ${why})`, () => undefined);
+const it = testUnless(why);
 
 /** Outcome of a WebSocket upgrade: 'open', or the HTTP status / close code that refused it. */
 function upgrade(url: string, opts: { token?: string; origin?: string; protocols?: string[] }): Promise<string> {
@@ -141,7 +142,7 @@ it('gateway: an oversized upload is refused with 413 and nothing is written', as
 it('gateway: path escapes in the files API stay inside the sandbox', async (t) => {
   await withGateway(t, async ({ admin }) => {
     const sb = await admin.createSandbox({ image: 'busybox' });
-    for (const p of ['/../../../../work/main/package.json', '../../work/main/package.json', '/proc/1/root/work/main/package.json']) {
+    for (const p of [`/../../../..${REPO_ROOT}/package.json`, `../..${REPO_ROOT}/package.json`, `/proc/1/root${REPO_ROOT}/package.json`]) {
       const r = await sb.readFile(p).then((b) => b.toString(), (e: WarrenError) => e.code);
       t.false(r.includes('"name": "warren"'), `read ${p}`);
     }
@@ -151,8 +152,8 @@ it('gateway: path escapes in the files API stay inside the sandbox', async (t) =
 it('gateway: a symlink planted in the sandbox (link -> /) cannot make the files API read or write the host', async (t) => {
   await withGateway(t, async ({ admin }) => {
     const sb = await admin.createSandbox({ image: 'busybox' });
-    await sb.exec('ln -s / /tmp/host; ln -s /work/main/package.json /tmp/pkg; ln -s /etc /tmp/etc');
-    for (const p of ['/tmp/host/work/main/package.json', '/tmp/pkg']) {
+    await sb.exec(`ln -s / /tmp/host; ln -s ${REPO_ROOT}/package.json /tmp/pkg; ln -s /etc /tmp/etc`);
+    for (const p of [`/tmp/host${REPO_ROOT}/package.json`, '/tmp/pkg']) {
       const r = await sb.readFile(p).then((b) => b.toString(), (e: WarrenError) => e.code);
       t.false(r.includes('"name": "warren"'), `read ${p}: ${r.slice(0, 40)}`);
     }

@@ -16,6 +16,9 @@ import { type ShimFixture, openTestShim, rootSkipReason, spec, withShim } from '
 import { rm } from 'node:fs/promises';
 import { tempDir } from '../helpers/tmp';
 
+/** The checkout this suite runs from (dist/test/adversarial -> the repository): a directory only the host has. */
+export const REPO_ROOT = join(__dirname, '../../..');
+
 let attackBin: string | null = null;
 
 /** Path of the static attack binary on the host (compiled once). */

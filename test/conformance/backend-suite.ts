@@ -104,7 +104,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
       const chunks: Buffer[] = [];
       s.stdout.on('data', (c: Buffer) => chunks.push(c));
       const st = await s.exited;
-      await new Promise((r) => setTimeout(r, 20));
+      if (!s.stdout.readableEnded) await new Promise((r) => s.stdout.once('end', r));
       t.is(st.exitCode, 0);
       t.is(Buffer.concat(chunks).toString(), '1\n2\n3\n');
     });

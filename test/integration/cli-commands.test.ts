@@ -7,14 +7,11 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import anyTest, { type TestFn } from 'ava';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) {
-  anyTest.skip(`cli integration (skipped: ${skip})`, () => undefined);
-}
+const test = testUnless(skip);
 
 const ROOT = join(__dirname, '..', '..', '..');
 const BIN = join(ROOT, 'bin', 'warren');

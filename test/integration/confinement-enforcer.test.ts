@@ -8,13 +8,13 @@ process.env.WARREN_FEATURES_DISABLE = 'landlock,apparmor';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import test from 'ava';
 import { activeEnforcer, featureReport } from '../../src/features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
 import { rootSkipReason, spec, withShim } from '../helpers/warren';
+import { testUnless } from '../helpers/skip';
 
 const why = rootSkipReason();
-const it = why === null ? test.serial : (title: string, _fn: unknown) => test.skip(`${title} (skipped: ${why})`, () => undefined);
+const it = testUnless(why).serial;
 
 const dir = join(mkdtempSync(join(tmpdir(), 'warren-policy-enf-')), 'policies');
 cpSync(BUNDLED_POLICY_DIR, dir, { recursive: true });

@@ -6,15 +6,15 @@
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import test from 'ava';
 import { main } from '../../src/cli/main';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
 import { spec, withShim } from '../helpers/warren';
 import { attackBinary } from '../adversarial/helpers';
+import { testUnless } from '../helpers/skip';
 
 const why = integrationSkipReason();
-const it = why === null ? test.serial : (title: string, _fn: unknown) => test.skip(`${title} (skipped: ${why})`, () => undefined);
+const it = testUnless(why).serial;
 
 const dir = join(mkdtempSync(join(tmpdir(), 'warren-policy-conf-')), 'policies');
 cpSync(BUNDLED_POLICY_DIR, dir, { recursive: true });

@@ -9,9 +9,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'ava';
 import { type FnFixture, integrationSkipReason, openFnFixture } from './fncall-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const maybe = skip ? test.skip : test.serial;
+const maybe = testUnless(skip).serial;
 const BIN = join(__dirname, '..', '..', '..', 'bin', 'warren');
 let f: FnFixture;
 let dir: string;

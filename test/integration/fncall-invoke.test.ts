@@ -8,6 +8,7 @@ import test from 'ava';
 import { WarrenError } from '../../src/errors';
 import type { InvokeOptions, InvokeResult } from '../../src/sdk/functions';
 import { type FnFixture, integrationSkipReason, openFnFixture, rawRequest } from './fncall-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
 let f: FnFixture;
@@ -32,7 +33,7 @@ async function expectCode(t: import('ava').ExecutionContext, p: Promise<unknown>
   return err as WarrenError;
 }
 
-const maybe = skip ? test.skip : test.serial;
+const maybe = testUnless(skip).serial;
 
 maybe('the result has exactly the documented shape', async (t) => {
   const r = await run({ code: 'print("hello")', language: 'python3' });

@@ -12,10 +12,11 @@ import { native } from '../../src/native';
 import { WarrenClient } from '../../src/sdk';
 import { countHostResources } from '../helpers/warren';
 import { type FnFixture, integrationSkipReason, openFnFixture, rawRequest } from './fncall-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
 let f: FnFixture;
-const maybe = skip ? test.skip : test.serial;
+const maybe = testUnless(skip).serial;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 test.before(async () => {
@@ -139,7 +140,7 @@ maybe('per-account concurrency quota', async (t) => {
     const { token } = f.auth.createAccount('quota-user', 'runtime');
     const c = new WarrenClient({ url: f.url, token });
     const first = c.functions.invoke('g', { cmd: ['sleep', '0.5'] });
-    await sleep(150);
+    await until(() => f.shim.functions.pool('g').stats().busy >= 1, 5000);
     const second = await rawRequest(f.url, { method: 'POST', path: '/v1/functions/g/invoke', token, headers: { 'content-type': 'application/json' }, body: JSON.stringify({ cmd: ['true'] }) });
     t.is(second.status, 429);
     t.is(second.json.error.code, 'RESOURCE_EXHAUSTED');

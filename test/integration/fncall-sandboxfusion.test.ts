@@ -10,10 +10,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { openTestShim } from '../helpers/warren';
 import { type FnFixture, integrationSkipReason, openFnFixture, rawRequest } from './fncall-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
 let f: FnFixture;
-const maybe = skip ? test.skip : test.serial;
+const maybe = testUnless(skip).serial;
 
 test.before(async () => {
   if (skip) return;
@@ -116,7 +117,7 @@ maybe('bad input and auth', async (t) => {
   }
 });
 
-(skip ? test.skip : test)('pools declared in <dataDir>/fncall.json start with the node', async (t) => {
+testUnless(skip)('pools declared in <dataDir>/fncall.json start with the node', async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-fncfg-'));
   writeFileSync(join(dataDir, 'fncall.json'), JSON.stringify({ pools: [{ name: 'cfg', min: 1, max: 1, limits: { memoryMb: 128 } }], accountConcurrency: 8 }));
   const { shim } = await openTestShim({ dataDir });

@@ -7,6 +7,8 @@
 import test from 'ava';
 import type { InvokeOptions, InvokeResult } from '../../src/sdk/functions';
 import { type FnFixture, integrationSkipReason, openFnFixture } from './fncall-fixture';
+import { testUnless } from '../helpers/skip';
+import { waitFor } from '../helpers/wait';
 
 const skip = integrationSkipReason();
 let f: FnFixture;
@@ -25,14 +27,16 @@ test.after.always(async () => {
 const run = (req: InvokeOptions): Promise<InvokeResult> => f.admin.functions.invoke('w', req);
 /** The same program started on demand, exactly as the language runs it, for comparison. */
 const onDemand = (code: string, stdin?: string): Promise<InvokeResult> => run({ cmd: ['python3', '-B', 'main.py'], files: { 'main.py': code }, ...(stdin !== undefined ? { stdin } : {}) } as never);
+/** Waits until an idle container of the pool holds a started interpreter, so the next python3 invocation uses it. */
+const interpreterReady = () => waitFor(() => f.shim.functions.pool('w').stats().interpreters >= 1, 10_000, 'a prewarmed interpreter', 20);
 const warm = async (code: string, stdin?: string, extra: Partial<InvokeOptions> = {}): Promise<InvokeResult> => {
   await run({ code: 'pass', language: 'python3' }); // leaves a warm interpreter behind for the next one
-  await new Promise((r) => setTimeout(r, 500));
+  await interpreterReady();
   return run({ code, language: 'python3', ...(stdin !== undefined ? { stdin } : {}), ...extra });
 };
 const same = (a: InvokeResult) => ({ status: a.status, exitCode: a.exitCode, signal: a.signal, stdout: a.stdout, stderr: a.stderr });
 
-const maybe = skip ? test.skip : test.serial;
+const maybe = testUnless(skip).serial;
 
 maybe('a prewarmed interpreter behaves exactly like python3 -B main.py: argv, __file__, __main__, sys.path, stdin, exit codes, tracebacks', async (t) => {
   const programs: [string, string?][] = [
@@ -56,14 +60,14 @@ maybe('a prewarmed interpreter behaves exactly like python3 -B main.py: argv, __
 
 maybe('nothing carries over: interpreter state, /tmp and /work are fresh for every invocation', async (t) => {
   await run({ code: 'import builtins, sys\nbuiltins.LEAK = 1\nsys.modules["leak"] = object()\nopen("/tmp/x", "w").write("x")\nopen("/work/y", "w").write("y")\n', language: 'python3' });
-  await new Promise((r) => setTimeout(r, 300));
+  await interpreterReady();
   const r = await run({ code: 'import builtins, os, sys\nprint(hasattr(builtins, "LEAK"), "leak" in sys.modules, os.path.exists("/tmp/x"), os.listdir("/work"))\n', language: 'python3' });
   t.is(r.stdout, "False False False ['main.py']\n");
 });
 
 maybe('another invocation never runs next to a waiting interpreter', async (t) => {
   await run({ code: 'pass', language: 'python3' });
-  await new Promise((r) => setTimeout(r, 300));
+  await interpreterReady();
   const r = await run({ cmd: ['sh', '-c', 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'] });
   t.false(r.stdout.includes('python3'), r.stdout);
   const mine = await run({ code: 'import os\nprint(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))', language: 'python3' });

@@ -2,12 +2,11 @@
  * REST API against a real gateway and a REAL shim (busybox sandboxes).
  * Needs root and the container backend; skips with the reason otherwise.
  */
-import anyTest, { type TestFn } from 'ava';
 import { integrationSkipReason, rawRequest, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) anyTest.skip(`gateway http integration (skipped: ${skip})`, () => undefined);
+const test = testUnless(skip);
 
 test('health needs no token; everything else does', async (t) => {
   await withGateway(t, async ({ url, adminToken }) => {

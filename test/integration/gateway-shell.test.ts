@@ -3,15 +3,14 @@
  * client against a real gateway and a REAL shim. Needs root and the container
  * backend; skips with the reason otherwise.
  */
-import anyTest, { type ExecutionContext, type TestFn } from 'ava';
+import { type ExecutionContext } from 'ava';
 import WebSocket from 'ws';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
+import { elapse, waitFor as waitUntil } from '../helpers/wait';
 
 const skip = integrationSkipReason();
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) {
-  anyTest.skip(`gateway shell integration (skipped: ${skip})`, () => undefined);
-}
+const test = testUnless(skip);
 
 interface Conn {
   ws: WebSocket;
@@ -202,7 +201,7 @@ test('command mode: hello, output with offsets, done with exit codes, state pers
     const exit = (await c.next(isType('exit'))) as Record<string, any>;
     t.true('exitCode' in exit && 'signal' in exit);
     t.is((await c.closed).code, 1000);
-    await new Promise((r) => setTimeout(r, 200));
+    await waitUntil(async () => !(await sb.sessions()).some((s) => s.id === hello.session && s.alive), 5000, 'the closed session to end', 50);
     t.false((await sb.sessions()).some((s) => s.id === hello.session && s.alive));
     await sb.delete();
   });
@@ -219,7 +218,8 @@ test('detach and re-attach: missed output is replayed from the offset', async (t
     a.ws.send(JSON.stringify({ type: 'run', id: 'later', cmd: 'sleep 0.5; echo while-detached' }));
     a.ws.close(); // plain close: detach only
     t.is((await a.closed).code, 1005);
-    await new Promise((r) => setTimeout(r, 1200));
+    // the command finishes while nobody is attached: its output moves the session's end offset
+    await waitUntil(async () => (await sb.sessions()).some((s) => s.id === hello.session && s.outputOffset > firstDone.offset + 'while-detached'.length), 10_000, 'output while detached', 50);
     t.true((await sb.sessions()).some((s) => s.id === hello.session && s.alive));
 
     const b = must(t, await open(wsUrl(url, sb.id, `?session=${hello.session}&offset=${firstDone.offset}`), { token: adminToken }));
@@ -286,7 +286,8 @@ test('pty mode: signal INT interrupts the foreground command', async (t) => {
     await c.next(isType('hello'));
     const started = Date.now();
     c.ws.send(Buffer.from('sleep 100\r'), { binary: true });
-    await new Promise((r) => setTimeout(r, 300));
+    // the signal must find `sleep` in the foreground, not the shell still reading its line
+    await waitUntil(async () => /^sleep$/m.test((await sb.exec('ps -o comm')).stdout), 5000, 'sleep to start', 50);
     c.ws.send(JSON.stringify({ type: 'signal', signal: 'INT' }));
     c.ws.send(Buffer.from('echo back-$((1+1))\r'), { binary: true });
     await waitFor('back-2');
@@ -331,7 +332,7 @@ test.serial('back-pressure: a client that stops reading is dropped with 4429 and
     // stop reading from the socket; the command floods output
     (c.ws as unknown as { _socket: import('node:net').Socket })._socket.pause();
     c.ws.send(JSON.stringify({ type: 'run', id: 'flood', cmd: 'head -c 200000000 /dev/zero | tr "\\0" x' }));
-    await new Promise((r) => setTimeout(r, 3000));
+    await elapse(3000, 'the flood keeps coming while the client does not read');
     const grown = process.memoryUsage().rss - rssBefore;
     (c.ws as unknown as { _socket: import('node:net').Socket })._socket.resume();
     const closed = await c.closed;

@@ -11,10 +11,10 @@ import { join } from 'node:path';
 import type { ImportProgress } from '../../src/shim/types';
 import { buildBusyboxRootfs, buildLayerDir, buildOciArchive, makeTar, mountsAt, withTestStore, type TestStore } from '../helpers/images';
 import { readMountInfo } from '../../src/shim/layers/sys';
+import { testUnless } from '../helpers/skip';
 
 const skip = process.getuid?.() !== 0 ? 'requires root (mounts)' : null;
-const rootTest = skip ? test.skip : test;
-if (skip) test.skip("archive imports: requires root (mounts)", () => undefined);
+const rootTest = testUnless(skip);
 
 const LONG = 'opt/' + 'long-directory-name-'.repeat(4) + '/' + 'a-file-with-a-rather-long-name-'.repeat(3) + '.txt';
 

@@ -11,10 +11,10 @@ import { join } from 'node:path';
 import { LayerStore } from '../../src/shim/layers/store';
 import { buildBusyboxRootfs, loopDevices, mountsAt, withTestStore } from '../helpers/images';
 import { tempDir } from '../helpers/tmp';
+import { testUnless } from '../helpers/skip';
 
 const skip = process.getuid?.() !== 0 ? 'requires root (mounts)' : null;
-const rootTest = skip ? test.skip : test;
-if (skip) test.skip("layer store integration: requires root (mounts)", () => undefined);
+const rootTest = testUnless(skip);
 
 let busybox = '';
 test.before(async () => {

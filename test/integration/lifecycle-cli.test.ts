@@ -1,11 +1,10 @@
 /** The lifecycle commands of the `warren` CLI against a live gateway (in-process main(), real shim). */
-import test from 'ava';
 import { main } from '../../src/cli/main';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 async function warren(env: Record<string, string>, ...argv: string[]): Promise<{ code: number; out: string; err: string }> {
   let out = '';
@@ -14,7 +13,7 @@ async function warren(env: Record<string, string>, ...argv: string[]): Promise<{
   return { code, out, err };
 }
 
-it(`warren create --ttl/--idle, pause, resume, extend, pack, env, quota${why}`, async (t) => {
+it(`warren create --ttl/--idle, pause, resume, extend, pack, env, quota`, async (t) => {
   await withGateway(t, async ({ url, adminToken, account }) => {
     const env = { WARREN_URL: url, WARREN_TOKEN: adminToken };
     const created = await warren(env, 'create', '--image', 'busybox', '--ttl', '600', '--idle', '300', '--on-idle', 'pause', '--label', 'job=cli');

@@ -4,7 +4,6 @@
  * environment; build residue and requested paths are scrubbed; chains of packs
  * work and squash into one layer with the same result.
  */
-import test from 'ava';
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
@@ -12,10 +11,10 @@ import { readMountInfo } from '../../src/shim/layers/sys';
 import type { ShimNode } from '../../src/shim/node';
 import { spec, withShim } from '../helpers/warren';
 import { packBaseRootfs } from './lifecycle-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer', 'mkfs-erofs');
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 async function sh(shim: ShimNode, id: string, cmd: string): Promise<string> {
   const r = await shim.exec(id, { cmd });
@@ -37,7 +36,7 @@ const EXPECT_V1 = [
   'for p in /root/.ash_history /root/.cache /work/answers /work/app/secret.key /var/tmp/build.log; do test -e $p && echo LEAK $p; done; true',
 ].join('; echo "|"; ');
 
-it(`pack_diff keeps additions, modifications and deletions exactly, scrubs residue, chains and squashes${why}`, async (t) => {
+it(`pack_diff keeps additions, modifications and deletions exactly, scrubs residue, chains and squashes`, async (t) => {
   await withShim(t, async ({ shim, dataDir }) => {
     await shim.importImage({ name: 'packbase', source: { type: 'directory', path: await packBaseRootfs() } });
     const sb = await shim.createSandbox(spec({ image: 'packbase' }));

@@ -4,21 +4,21 @@
  * counter that keeps counting), files and shell sessions. Requests to a paused
  * sandbox resume it transparently; a label selector pauses a whole job.
  */
-import test from 'ava';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
 import { countHostResources, spec, withShim } from '../helpers/warren';
 import { memhogBinary, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
+import { testUnless } from '../helpers/skip';
+import { elapse, waitFor, waitForValue } from '../helpers/wait';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer') ?? zramSkipReason() ?? memhogSkipReason();
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 const MIB = 1024 * 1024;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-it(`pause releases the memory of a sandbox holding 200 MiB and resume restores it exactly${why}`, async (t) => {
+it(`pause releases the memory of a sandbox holding 200 MiB and resume restores it exactly`, async (t) => {
   await withZramSwap(1024, async (swap) => {
     await withShim(t, async ({ shim, dataDir }) => {
       const sb = await shim.createSandbox(spec({ memoryMb: 512 }));
@@ -43,7 +43,7 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
       // Frozen: the counter does not move while paused (read from the host, which does not resume it).
       const upperCount = () => readFileSync(join(dataDir, 'sandboxes', sb.id, 'upper', 'tmp', 'count'), 'utf8');
       const frozenAt = upperCount();
-      await sleep(300);
+      await elapse(300, 'a running loop would have written several times by now');
       t.is(upperCount(), frozenAt, 'nothing runs while paused');
       t.is(shim.getSandbox(sb.id).state, 'paused', 'reading metadata does not resume');
       t.true(Number((await shim.readFile(sb.id, '/tmp/count', 100)).toString()) >= Number(frozenAt));
@@ -52,8 +52,7 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
       // Pause again and let a session command resume it.
       await shim.pauseSandbox(sb.id);
       const count1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
-      await sleep(300);
-      const count2 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
+      const count2 = await waitForValue(async () => Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout), (c) => c > count1, 5000, 'the counter to move after the resume', 50);
       t.true(count2 > count1, `the background counter keeps counting after resume (${count1} -> ${count2})`);
       t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n', 'all 200 MiB came back intact');
       t.is((await shim.readFile(sb.id, '/root/file', 100)).toString(), 'keep\n');
@@ -63,7 +62,7 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
       session.onOutput((o) => void out.push(o.data.toString()));
       const r = await session.run('c2', 'pwd; echo $PAUSED');
       t.is(r.exitCode, 0);
-      await sleep(50);
+      await waitFor(() => out.join('').includes('/root\nno\n'), 5000, 'the command output').catch(() => undefined);
       t.true(out.join('').includes('/root\nno\n'), `session state survived: ${JSON.stringify(out.join(''))}`);
       t.is(shim.getSandbox(sb.id).state, 'running');
       session.detach();
@@ -75,7 +74,7 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
   });
 });
 
-it(`a label selector pauses and resumes every sandbox of a job${why}`, async (t) => {
+it(`a label selector pauses and resumes every sandbox of a job`, async (t) => {
   await withZramSwap(256, async () => {
     await withShim(t, async ({ shim, dataDir }) => {
       const a = await shim.createSandbox(spec({ labels: { job: 'j1' } }));

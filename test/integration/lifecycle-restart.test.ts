@@ -5,7 +5,6 @@
  * while it was down at once, and the others on time. An extension made before
  * the crash is kept.
  */
-import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -18,10 +17,11 @@ import { ZramSwap } from '../../src/shim/lifecycle/swap';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
 import { zramSkipReason } from './lifecycle-fixture';
 import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { testUnless } from '../helpers/skip';
+import { elapse } from '../helpers/wait';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer') ?? zramSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 function startUp(dataDir: string, nodeId: string, log: string[]) {
   return startWarrenProcess(dataDir, nodeId, ['--zram-swap-mb', '128'], log);
@@ -39,7 +39,7 @@ async function waitFor(client: WarrenClient, id: string, pred: (s: SandboxInfo) 
   return last;
 }
 
-it(`ttl and idle policies fire after a gateway kill -9 and restart${why}`, async (t) => {
+it(`ttl and idle policies fire after a gateway kill -9 and restart`, async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-lcrestart-'));
   const nodeId = `l${process.pid.toString(36)}`;
   const log: string[] = [];
@@ -69,7 +69,7 @@ it(`ttl and idle policies fire after a gateway kill -9 and restart${why}`, async
     await client.close();
     client = null;
     // The idle deadlines (2 s) and the original ttl of `extended` pass while no gateway runs.
-    await sleep(3000);
+    await elapse(3000, 'the idle deadlines and the original ttl pass while no gateway runs');
 
     const second = await startUp(dataDir, nodeId, log);
     child = second.child;

@@ -5,14 +5,13 @@
  * lifecycle endpoints (pause, resume, label-selector pause, extend) work over
  * HTTP with ownership enforced.
  */
-import test from 'ava';
 import { WarrenError } from '../../src/errors';
 import { feature } from '../../src/features';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 async function code(p: Promise<unknown>): Promise<string> {
   try {
@@ -24,7 +23,7 @@ async function code(p: Promise<unknown>): Promise<string> {
   return 'ok';
 }
 
-it(`builders pack and publish; runtime accounts use only published environments and see no residue${why}`, async (t) => {
+it(`builders pack and publish; runtime accounts use only published environments and see no residue`, async (t) => {
   await withGateway(t, async ({ admin, account }) => {
     const builder = account('builder');
     const other = account('builder');

@@ -1,18 +1,17 @@
 /** Swap for paused sandboxes: a real zram device (adopted across restarts, removed by teardown) and zswap toggling. */
-import test from 'ava';
 import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap, setZswap } from '../../src/shim/lifecycle/swap';
 import { rootSkipReason } from '../helpers/warren';
 import { zramSkipReason } from './lifecycle-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = rootSkipReason() ?? zramSkipReason();
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 const swaps = () => readFileSync('/proc/swaps', 'utf8');
 
-it(`a zram swap device is created, adopted by a restarted node, and removed without a trace${why}`, async (t) => {
+it(`a zram swap device is created, adopted by a restarted node, and removed without a trace`, async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'warren-zramtest-'));
   const first = new ZramSwap(dir);
   try {
@@ -34,7 +33,7 @@ it(`a zram swap device is created, adopted by a restarted node, and removed with
   }
 });
 
-(skip === null && existsSync('/sys/module/zswap/parameters/enabled') ? test.serial : test.skip)(`zswap can be turned on and put back${why}`, async (t) => {
+testUnless(skip ?? (existsSync('/sys/module/zswap/parameters/enabled') ? null : 'this kernel has no zswap')).serial(`zswap can be turned on and put back`, async (t) => {
   const before = await setZswap(true);
   try {
     t.regex(readFileSync('/sys/module/zswap/parameters/enabled', 'utf8'), /^[Y1]/);

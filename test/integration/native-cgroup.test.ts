@@ -2,16 +2,16 @@
  * cgroups through the addon: layout, create/limits on disk, update, stats,
  * attach, freeze/thaw, kill, destroy (EBUSY while populated) and validation.
  */
-import test from 'ava';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 
 import { WarrenError } from '../../src/errors';
-import { destroyCgroup, isRoot, native, processExists, sleep, uniqueId, warrenErrorOf } from '../helpers/native-fixtures';
+import { destroyCgroup, native, processExists, sleep, uniqueId, warrenErrorOf } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
 const MiB = 1024 * 1024;
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 function read(dir: string, file: string): string {
   return fs.readFileSync(path.join(dir, file), 'utf8').trim();

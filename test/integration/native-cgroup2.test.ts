@@ -5,12 +5,11 @@
  * everything but the controller files (limits, stats) exists. On a v2 host every other
  * native-*.test.ts already runs on v2 and this file is skipped.
  */
-import test from 'ava';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 
-import { isRoot } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
 const CG2 = '/sys/fs/cgroup/unified';
 const CGROUP2_SUPER_MAGIC = 0x63677270;
@@ -23,9 +22,9 @@ function isCgroup2(p: string): boolean {
   }
 }
 
-const runnable = isRoot && !isCgroup2('/sys/fs/cgroup') && isCgroup2(CG2);
+const runnable = rootReason ?? (isCgroup2('/sys/fs/cgroup') ? 'the host is cgroup v2 only: the real v2 paths are used by every other test' : isCgroup2(CG2) ? null : `no cgroup2 hierarchy at ${CG2}`);
 
-(runnable ? test : test.skip)('v2 paths: spawn/exec into the group, freeze, kill, destroy (emulated on the cgroup2 tree)', (t) => {
+testUnless(runnable)('v2 paths: spawn/exec into the group, freeze, kill, destroy (emulated on the cgroup2 tree)', (t) => {
   const fixtures = path.resolve(__dirname, '../helpers/native-fixtures.js');
   const script = `
     const fs = require('node:fs');

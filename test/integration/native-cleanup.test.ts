@@ -1,11 +1,11 @@
 /** After kill + destroy nothing is left: no process, no cgroup directory, no host mount. */
-import test from 'ava';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 
-import { createSandbox, destroyCgroup, hostMountLines, isRoot, native, processExists, sh, sleep } from '../helpers/native-fixtures';
+import { createSandbox, destroyCgroup, hostMountLines, native, processExists, sh, sleep } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 maybe('kill + destroy leaves no process, no cgroup and no host mount', async (t) => {
   const before = new Set(hostMountLines());

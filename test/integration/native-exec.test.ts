@@ -2,24 +2,22 @@
  * spawnSandbox + exec: pipes, exit codes, stdin, the status pipe, pty mode,
  * synchronous exec errors, users, PATH search, and the warren-nsexec helper.
  */
-import test from 'ava';
 import { spawn, spawnSync } from 'node:child_process';
 
 import {
   PATH_ENV,
   execSpec,
   helperBinary,
-  isRoot,
   native,
   run,
   runPty,
   sh,
-  sleep,
   warrenErrorOf,
   withSandbox,
 } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 maybe('exec echo with pipes: output, exit codes, stderr, stdin, status pipe', async (t) => {
   await withSandbox(t, {}, async (sb) => {
@@ -202,6 +200,5 @@ maybe('watchExit reports a status for children and nulls for processes it cannot
     native.pidfdSendSignal(pidfd, 9);
     t.deepEqual(await adopted, { exitCode: null, signal: null });
     native.close(pidfd);
-    await sleep(1);
   });
 });

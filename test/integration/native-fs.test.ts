@@ -1,12 +1,12 @@
 /** openInRoot / mkdirInRoot: confinement to the root against .., symlinks and procfs magic links. */
-import test from 'ava';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 
-import { isRoot, native, run, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { native, run, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 function readFdAll(fd: number): string {
   try {

@@ -3,13 +3,14 @@
  * loopback only, reduced capabilities + no_new_privs, masked /proc paths,
  * a cgroup namespace, inert device nodes, SCHED_IDLE, and a tiny pid 1.
  */
-import test from 'ava';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 
-import { isRoot, native, run, sh, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { native, run, sh, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
+import { waitForValue } from '../helpers/wait';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 maybe('pid namespace: ps and /proc show only the sandbox processes; pid 1 is warren-init', async (t) => {
   await withSandbox(t, {}, async (sb) => {
@@ -143,8 +144,7 @@ maybe('warren-init stays tiny (RSS well under 1 MiB)', async (t) => {
     t.regex(status, /NoNewPrivs:\t1/);
     // it reaps orphans: a double-forked child does not stay a zombie
     await sh(sb, '(sleep 0.05 &) ; true');
-    await new Promise((r) => setTimeout(r, 300));
-    const z = await sh(sb, 'ps -o stat,comm | grep -c "^Z" || true');
-    t.is(z.stdout.trim(), '0');
+    const z = await waitForValue(async () => (await sh(sb, 'ps -o stat,comm | grep -c "^Z" || true')).stdout.trim(), (n) => n === '0', 5000, 'no zombie left', 50);
+    t.is(z, '0');
   });
 });

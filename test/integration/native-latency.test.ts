@@ -2,14 +2,14 @@
  * Latency of the hot path: spawnSandbox + exec(`true`) + wait, 50 iterations.
  * Reports p50/p90 (target: p50 under 5 ms on the 2-core dev VM); it does not fail on slowness.
  */
-import test from 'ava';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 
-import { busyboxRootfs, destroyCgroup, exitOf, execSpec, helperBinary, isRoot, native, uniqueId } from '../helpers/native-fixtures';
+import { busyboxRootfs, destroyCgroup, exitOf, execSpec, helperBinary, native, uniqueId } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 function pct(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);

@@ -1,10 +1,10 @@
 /** Resource limits enforced on real sandboxes: memory (OOM kill), pids (fork fails), cpu quota. */
-import test from 'ava';
 
-import { execSpec, exitOf, isRoot, native, run, sh, sleep, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { execSpec, exitOf, native, run, sh, sleep, warrenErrorOf, withSandbox } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
 const MiB = 1024 * 1024;
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 maybe('memory limit: a process allocating past it is OOM-killed, the sandbox survives', async (t) => {
   await withSandbox(t, { limits: { memoryBytes: 32 * MiB } }, async (sb) => {

@@ -1,13 +1,13 @@
 /** mount/umount through the addon: tmpfs with flags, bind + ro remount, private, file-backed EROFS, errors. */
-import test from 'ava';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 
-import { isRoot, native, warrenErrorOf } from '../helpers/native-fixtures';
+import { native, warrenErrorOf } from '../helpers/native-fixtures';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 function mountLine(target: string): string | undefined {
   return fs
@@ -68,7 +68,7 @@ maybe('bind + ro is remounted read-only; private changes propagation', (t) => {
 });
 
 const hasErofs = fs.existsSync('/usr/bin/mkfs.erofs') || fs.existsSync('/sbin/mkfs.erofs') || fs.existsSync('/usr/sbin/mkfs.erofs');
-(isRoot && hasErofs ? test : test.skip)('file-backed EROFS layer mounts read-only', (t) => {
+testUnless(rootReason ?? (hasErofs ? null : 'mkfs.erofs is not installed'))('file-backed EROFS layer mounts read-only', (t) => {
   const base = tmp();
   const content = path.join(base, 'content');
   const image = path.join(base, 'layer.erofs');

@@ -10,7 +10,6 @@ import {
   busyboxRootfs,
   destroyCgroup,
   helperBinary,
-  isRoot,
   native,
   processExists,
   sh,
@@ -19,8 +18,9 @@ import {
   withSandbox,
 } from '../helpers/native-fixtures';
 import type { SpawnSandboxSpec } from '../../src/native/types';
+import { testUnless, rootReason } from '../helpers/skip';
 
-const maybe = isRoot ? test : test.skip;
+const maybe = testUnless(rootReason);
 
 function specFor(id: string, dir: string, over: Partial<SpawnSandboxSpec> = {}): SpawnSandboxSpec {
   return {

@@ -14,6 +14,7 @@ import { WarrenError } from '../../src/errors';
 import { DnsResponder, type DnsAnswerAddress, type DnsClientPolicy, type DnsResponderOptions } from '../../src/shim/network/dns-responder';
 import { DnsClass, DnsRcode, DnsType, buildQuery, buildResponse, encodeMessage, parseMessage, type DnsMessage } from '../../src/shim/network/dns-wire';
 import { startDnsZone, type DnsZone, type ZoneRecords } from '../helpers/dns-zone';
+import { elapse, waitFor } from '../helpers/wait';
 
 const LOOPBACK = '127.0.0.1';
 const OTHER_LOOPBACK = '127.0.0.2';
@@ -158,7 +159,8 @@ test('allowed name: answered, bound with clamped TTLs before the reply leaves', 
     events.push('reply');
     return message;
   });
-  await delay(300);
+  await waitFor(() => events.includes('bind'), 5000, 'the bind to start');
+  await elapse(300, 'a reply that did not wait for its bind would arrive in this window');
   t.deepEqual(events, ['bind'], 'the reply waits for bind');
   events.push('bind released');
   releaseBind();
@@ -399,7 +401,7 @@ test('malformed packets get FORMERR/NOTIMP or nothing, and the responder keeps a
     if (garbage.length > 2) garbage[2] = garbage[2]! & 0x7f; // mostly queries, so they reach the parser
     noise.send(garbage, port, LOOPBACK);
   }
-  await delay(200);
+  await elapse(200, 'the responder parses the garbage while it arrives');
   noise.close();
 
   const good = await ask(port, 'api.example.com', DnsType.A);
@@ -527,7 +529,7 @@ test('close(): pending upstream queries are failed and no handle is left (the pr
       await new Promise((resolve) => tcp.on('connect', resolve));
       const query = buildQuery(2, 'pending-tcp.test', 1);
       tcp.write(Buffer.concat([Buffer.from([0, query.length]), query]));
-      await new Promise((resolve) => setTimeout(resolve, 300));
+      while (responder.stats().forwarded < 2) await new Promise((resolve) => setTimeout(resolve, 10));
       const before = responder.stats();
       await responder.close();
       await responder.close();
@@ -555,13 +557,13 @@ test('close(): pending upstream queries are failed and no handle is left (the pr
 test('one sandbox cannot hold more than its share of upstream lookups; others still get theirs', async (t) => {
   const greedy = recordingPolicy('sb-greedy', { 'api.example.com': 'example-api' });
   const other = recordingPolicy('sb-other', { 'api.example.com': 'example-api' });
-  const { port, logs } = await setup(t, {}, { [LOOPBACK]: greedy, '127.0.0.2': other }, {
+  const { port, logs, responder } = await setup(t, {}, { [LOOPBACK]: greedy, '127.0.0.2': other }, {
     upstreams: [{ address: LOOPBACK, port: await startBlackhole(t) }],
     upstreamTimeoutMs: 800,
     maxLookupsPerClient: 2,
   });
   const pending = [ask(port, 'api.example.com', DnsType.A, { timeoutMs: 3000 }), ask(port, 'api.example.com', DnsType.AAAA, { timeoutMs: 3000 })];
-  await new Promise((r) => setTimeout(r, 50));
+  await waitFor(() => responder.stats().forwarded >= 2, 5000, 'both lookups to be in flight upstream');
   const started = performance.now();
   const third = await ask(port, 'api.example.com', DnsType.A, { timeoutMs: 3000 });
   t.is(third.rcode, DnsRcode.SERVFAIL);

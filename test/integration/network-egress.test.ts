@@ -14,6 +14,7 @@ import { native } from '../../src/native';
 import { EgressEnforcer, type SandboxEgressPolicy } from '../../src/shim/network/egress';
 import { parseProbeOutput, probeArgv, type Probe, type ProbeResult } from '../helpers/net-probe';
 import { egressSkipReason } from '../helpers/network';
+import { testUnless } from '../helpers/skip';
 
 const skip = egressSkipReason();
 const tag = process.pid.toString(36);
@@ -103,8 +104,7 @@ function withEnforcer(fn: (e: EgressEnforcer, tt: ExecutionContext) => Promise<v
 }
 
 const outcomes = (rs: ProbeResult[]) => rs.map((r) => r.outcome);
-const t = skip ? test.skip : test.serial;
-if (skip) test(`egress enforcement (skipped: ${skip})`, (tt) => tt.log(skip));
+const t = testUnless(skip).serial;
 
 t('only allowed destinations connect; denials are EPERM and prompt, over IPv4, IPv4-mapped IPv6 and UDP', withEnforcer(async (e, tt) => {
   const cg = group();

@@ -14,9 +14,10 @@ import { HostNetwork, runTool } from '../../src/shim/network/host-net';
 import { type NetnsLease, NetnsPool, hostVethName } from '../../src/shim/network/netns-pool';
 import { netResources, startTestHost } from '../helpers/net-hosts';
 import { rootSkipReason } from '../helpers/warren';
+import { testUnless } from '../helpers/skip';
 
 const why = rootSkipReason();
-const it = why === null ? test.serial : (title: string, _fn: unknown) => test.skip(`${title} (skipped: ${why})`, () => undefined);
+const it = testUnless(why).serial;
 
 const id = randomBytes(4).readUInt32BE(0).toString(36).padStart(6, '0').slice(-6);
 const bridge = `wt${id}`;

@@ -4,7 +4,6 @@
  * denials stay in force with no Warren process alive, and a restarted gateway
  * takes the sandbox's network over (GET/PATCH work, DNS answers again).
  */
-import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
@@ -21,8 +20,7 @@ import { kill9, startWarrenProcess, stopGracefully } from '../helpers/warren-pro
 import { parseProbeOutput, probeArgv } from '../helpers/net-probe';
 
 const skip = egressSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 const tag = process.pid.toString(36);
 
 /** Every 100 ms: one connect to pypi's and one to npm's address, with a timestamp. */
@@ -43,8 +41,10 @@ with open("/tmp/egress.log", "a", buffering=1) as f:
         f.write("%.3f pypi=%s npm=%s\n" % (time.time(), attempt(pypi), attempt(npm)))
         time.sleep(0.1)
 `;
+import { testUnless } from '../helpers/skip';
+import { elapse, waitFor } from '../helpers/wait';
 
-it(`denials stay in force while no gateway runs; a restarted gateway takes over${why}`, async (t) => {
+it(`denials stay in force while no gateway runs; a restarted gateway takes over`, async (t) => {
   const nodeId = `nr${tag}`;
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-netrestart-'));
   let net: Internet | null = null;
@@ -73,14 +73,14 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     t.is(pypiAddress, internet.pypi.address);
     await sb.exec(['sh', '-c', `python3 -c '${LOOP}' ${pypiAddress} ${internet.npm.address} ${SERVICE_PORT} >/dev/null 2>&1 &`]);
     const pid = (await sb.refresh()).pid!;
-    await new Promise((r) => setTimeout(r, 500));
+    await waitFor(() => { try { return readFileSync(`/proc/${pid}/root/tmp/egress.log`, 'utf8').includes('npm=EPERM'); } catch { return false; } }, 10_000, 'the loop to log its first attempts', 50);
 
     await kill9(child);
     child = null;
     await client.close();
     client = null;
     const killedAt = Date.now() / 1000;
-    await new Promise((r) => setTimeout(r, 1500));
+    await elapse(1500, 'the loop keeps connecting while no gateway runs');
     const after = readFileSync(`/proc/${pid}/root/tmp/egress.log`, 'utf8')
       .trim()
       .split('\n')
@@ -98,7 +98,8 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     const adopted = await again.network();
     t.deepEqual(adopted.services, { pypi: true });
     t.true(adopted.bindings.some((b) => b.service === 'pypi' && b.address === pypiAddress), 'DNS bindings survive the restart');
-    await new Promise((r) => setTimeout(r, 500));
+    const logSince = () => readFileSync(`/proc/${pid}/root/tmp/egress.log`, 'utf8').trim().split('\n').filter((l) => Number(l.split(' ')[0]) > restartedAt + 0.05);
+    await waitFor(() => logSince().length >= 3, 10_000, 'attempts after the restart', 50);
     const sinceRestart = readFileSync(`/proc/${pid}/root/tmp/egress.log`, 'utf8')
       .trim()
       .split('\n')
@@ -133,7 +134,7 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over$
     if (sandboxId !== null && native.cgroupExists(sandboxId)) {
       // the test failed with the sandbox alive: its looping python must not outlive the test
       native.cgroupKill(sandboxId);
-      await new Promise((r) => setTimeout(r, 200));
+      await waitFor(() => native.cgroupProcs(sandboxId!).length === 0, 5000, 'the killed processes to go').catch(() => undefined);
       try {
         native.cgroupDestroy(sandboxId);
       } catch {

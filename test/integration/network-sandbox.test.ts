@@ -11,6 +11,8 @@ import { openTestShim, spec } from '../helpers/warren';
 import { egressSkipReason, SERVICE_PORT, startInternet, type Internet } from '../helpers/network';
 import { netResources } from '../helpers/net-hosts';
 import { parseProbeOutput, probeArgv, type Probe, type ProbeResult } from '../helpers/net-probe';
+import { testUnless } from '../helpers/skip';
+import { waitFor, waitForValue } from '../helpers/wait';
 
 const skip = egressSkipReason();
 const tag = process.pid.toString(36);
@@ -37,8 +39,7 @@ if (!skip) {
   });
 }
 
-const t = skip ? test.skip : test.serial;
-if (skip) test(`sandbox egress (skipped: ${skip})`, (tt) => tt.log(skip));
+const t = testUnless(skip).serial;
 
 async function probe(id: string, probes: Probe[]): Promise<ProbeResult[]> {
   const r = await shim.exec(id, { cmd: probeArgv(probes), timeoutMs: 60_000 });
@@ -75,8 +76,7 @@ t('{pypi: true, npm: false}: pypi by name works; npm is denied quickly every way
     for (const r of rs.slice(3, 11)) tt.true(r.ms < 200, `${r.kind} ${r.host}:${r.port} took ${r.ms} ms`);
     tt.false(net.zone.queries.some((q) => q.name === names.npm || q.name === names.other), 'refused names never reach the upstream');
     // denials are logged with the sandbox id
-    await new Promise((r) => setTimeout(r, 300));
-    const info = shim.networkInfo(sb.id);
+    const info = await waitForValue(() => shim.networkInfo(sb.id), (i) => i.denials.some((d) => d.destination === `${npm.address}:${SERVICE_PORT}`), 5000, 'the denial to be logged');
     tt.true(info.denials.some((d) => d.destination === `${npm.address}:${SERVICE_PORT}` && d.hook === 'connect4'), JSON.stringify(info.denials));
     tt.true(info.denials.some((d) => d.hook === 'sendmsg4'));
     tt.true(logs.some((l) => l.includes(`egress denied: sandbox=${sb.id}`) && l.includes(`dest=${npm.address}:${SERVICE_PORT}/tcp`)));
@@ -110,7 +110,7 @@ t('policy changes apply live (PATCH semantics: merge)', async (tt) => {
     });
     let out = '';
     holder.stdout.on('data', (d: Buffer) => (out += d));
-    while (!out.includes('connected')) await new Promise((r) => setTimeout(r, 20));
+    await waitFor(() => out.includes('connected'), 10_000, 'the holder to connect');
     await shim.updateNetwork(sb.id, { npm: false });
     await holder.exited;
     tt.regex(out, /connected\nConnectionAbortedError \d+\n/, `${out} ${logs.filter((l) => /abort/.test(l)).join(" ")}`);
@@ -129,8 +129,7 @@ t('DNS bindings are per sandbox: A resolving npm does not open npm to B', async 
     tt.deepEqual(outcomes(await probe(a.id, [{ kind: 'tcp', host: bAddress, port: 22 }, { kind: 'udp', host: bAddress, port: 53 }, { kind: 'tcp', host: gw, port: 22 }, { kind: 'udp', host: gw, port: 123 }])), ['EPERM', 'EPERM', 'EPERM', 'EPERM']);
     tt.deepEqual(outcomes(await probe(a.id, [{ kind: 'http', host: net.names.npm, port: SERVICE_PORT }])), ['ok']);
     tt.deepEqual(outcomes(await probe(b.id, [{ kind: 'tcp', host: net.npm.address, port: SERVICE_PORT }, { kind: 'resolve', host: net.names.npm }])), ['EPERM', 'gaierror']);
-    await new Promise((r) => setTimeout(r, 300));
-    const denial = shim.networkInfo(b.id).denials.find((d) => d.destination.startsWith(net.npm.address));
+    const denial = (await waitForValue(() => shim.networkInfo(b.id).denials, (ds) => ds.some((d) => d.destination.startsWith(net.npm.address)), 5000, 'the denial to be logged')).find((d) => d.destination.startsWith(net.npm.address));
     tt.is(denial?.service, 'npm', 'the denial names the service the address belongs to');
   } finally {
     await shim.deleteSandbox(a.id);

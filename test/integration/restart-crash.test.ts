@@ -3,7 +3,6 @@
  * runs in a child process, is SIGKILLed mid-session, and a second `warren up`
  * on the same data dir re-adopts everything.
  */
-import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,14 +12,15 @@ import { WarrenClient } from '../../src/sdk';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
 import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { removeTree } from '../../src/shim/layers/sys';
+import { testUnless } from '../helpers/skip';
+import { elapse, waitFor, waitForValue } from '../helpers/wait';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 const startUp = (dataDir: string, nodeId: string) => startWarrenProcess(dataDir, nodeId);
 
-it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) => {
+it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-crash-'));
   const nodeId = `k${process.pid.toString(36)}`;
   let child: ChildProcess | null = null;
@@ -40,13 +40,13 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) =
     const offset = shell.offset;
     // output produced while no gateway is listening must be replayed after the restart
     const pending = shell.run('sleep 1; echo produced-while-down').catch(() => undefined);
-    await new Promise((r) => setTimeout(r, 200));
+    await waitFor(async () => /^sleep$/m.test((await sb.exec(['sh', '-c', 'cat /proc/[0-9]*/comm'])).stdout), 5000, 'the command to be running', 20);
 
     await kill9(child);
     child = null;
     await pending;
     await client.close();
-    await new Promise((r) => setTimeout(r, 1200));
+    await elapse(1200, 'the command ends and prints while no gateway is listening');
 
     const second = await startUp(dataDir, nodeId);
     child = second.child;
@@ -56,8 +56,8 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions${why}`, async (t) =
     const again = await client.getSandbox(sb.id);
     t.is((await again.exec('cat /tmp/state')).stdout, 'persisted\n');
     const ticks = Number((await again.exec('wc -l < /tmp/ticks')).stdout.trim());
-    await new Promise((r) => setTimeout(r, 600));
-    t.true(Number((await again.exec('wc -l < /tmp/ticks')).stdout.trim()) > ticks, 'the background loop kept running');
+    const later = await waitForValue(async () => Number((await again.exec('wc -l < /tmp/ticks')).stdout.trim()), (n) => n > ticks, 5000, 'another tick', 50);
+    t.true(later > ticks, 'the background loop kept running');
 
     const seen: string[] = [];
     const reattached = await again.shell({ mode: 'command', session: sessionId, offset, onOutput: (o) => void seen.push(o.data.toString()) });

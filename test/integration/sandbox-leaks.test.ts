@@ -1,12 +1,11 @@
-import test from 'ava';
 import { skipReason } from '../../src/features';
 import { countHostResources, spec, withShim } from '../helpers/warren';
+import { testUnless } from '../helpers/skip';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
-it(`delete leaves no process, mount, cgroup, loop device or netns behind${why}`, async (t) => {
+it(`delete leaves no process, mount, cgroup, loop device or netns behind`, async (t) => {
   await withShim(t, async ({ shim, dataDir }) => {
     const scope = { dataDir, idPrefix: `${shim.nodeId}-` };
     // warm-up: the first sandbox mounts the image's layer, which stays mounted as a node cache

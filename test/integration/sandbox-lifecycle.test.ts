@@ -1,4 +1,3 @@
-import test from 'ava';
 import { skipReason } from '../../src/features';
 import { WarrenError } from '../../src/errors';
 import { scanTar } from '../../src/shim/layers/tar';
@@ -7,12 +6,12 @@ import { execFileSync } from 'node:child_process';
 import { writeFileSync, mkdirSync, symlinkSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tempDir } from '../helpers/tmp';
+import { testUnless } from '../helpers/skip';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
-it(`create -> exec -> files -> delete${why}`, async (t) => {
+it(`create -> exec -> files -> delete`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const info = await shim.createSandbox(spec({ labels: { job: 'j1' } }));
     t.is(info.state, 'running');
@@ -45,7 +44,7 @@ it(`create -> exec -> files -> delete${why}`, async (t) => {
   });
 });
 
-it(`file paths cannot escape the sandbox${why}`, async (t) => {
+it(`file paths cannot escape the sandbox`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const { id } = await shim.createSandbox(spec());
     await shim.exec(id, { cmd: 'ln -s / /rootlink; ln -s ../../../../../../etc /up; echo sandbox > /etc/marker' });
@@ -70,7 +69,7 @@ it(`file paths cannot escape the sandbox${why}`, async (t) => {
   });
 });
 
-it(`unknown images and layers create nothing${why}`, async (t) => {
+it(`unknown images and layers create nothing`, async (t) => {
   await withShim(t, async ({ shim }) => {
     await t.throwsAsync(shim.createSandbox(spec({ image: 'nope' })), { code: 'IMAGE_NOT_FOUND' } as never);
     await t.throwsAsync(shim.createSandbox(spec({ workspaces: ['missing-ws'] })), { code: 'LAYER_NOT_FOUND' } as never);
@@ -78,7 +77,7 @@ it(`unknown images and layers create nothing${why}`, async (t) => {
   });
 });
 
-it(`workspace and toolkit layers stack over the image${why}`, async (t) => {
+it(`workspace and toolkit layers stack over the image`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const ws = tempDir('warren-ws-');
     mkdirSync(join(ws, 'workspace'));

@@ -2,15 +2,12 @@
  * The TypeScript SDK end to end against a real gateway and a REAL shim.
  * Needs root and the container backend; skips with the reason otherwise.
  */
-import anyTest, { type TestFn } from 'ava';
 import { WarrenClient, WarrenError } from '../../src/sdk';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) {
-  anyTest.skip(`sdk integration (skipped: ${skip})`, () => undefined);
-}
+const test = testUnless(skip);
 
 test('health, features, images', async (t) => {
   await withGateway(t, async ({ admin, url }) => {

@@ -5,6 +5,7 @@ import { WarrenError } from '../../src/errors';
 import { listSessions, sessionInfo, spawnHolder } from '../../src/shim/sessions/session-manager';
 import type { CommandResult } from '../../src/shim/types';
 import { BASH, collect, freshSocketDir, openSession, pidAlive, socketDir, waitFor } from './session-fixture';
+import { testUnless } from '../helpers/skip';
 
 const POSIX_SHELLS: Array<[string, string[]]> = [
   ['dash', ['/bin/dash']],
@@ -13,7 +14,7 @@ const POSIX_SHELLS: Array<[string, string[]]> = [
 
 for (const [name, argv] of POSIX_SHELLS) {
   const missing = !existsSync(argv[0]!);
-  (missing ? test.skip : test)(`command mode works on ${name} too${missing ? ` (skipped: ${argv[0]} is not installed)` : ''}`, async (t) => {
+  testUnless(missing ? `${argv[0]} is not installed` : null)(`command mode works on ${name} too`, async (t) => {
     const { session } = await openSession(t, { argv });
     const out = collect(session);
     t.is((await session.run('a', 'cd /tmp; X=1; f() { echo "f $X"; }; echo out; echo err >&2; (exit 3)')).exitCode, 3);

@@ -10,6 +10,7 @@ import type { ExecutionContext } from 'ava';
 import type { SessionOutput } from '../../src/shim/types';
 import { attachSession, newSessionId, spawnHolder, type SpawnHolderOptions } from '../../src/shim/sessions/session-manager';
 import type { ShellSession, ShellSessionOptions } from '../../src/shim/sessions/shell-session';
+import { waitFor } from '../helpers/wait';
 
 export const BASH = ['/bin/bash', '--noprofile', '--norc'];
 
@@ -51,13 +52,8 @@ export function rssKb(pid: number): number {
   return m ? Number(m[1]) : 0;
 }
 
-export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await cond())) {
-    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+
+export { waitFor };
 
 /** Kill a holder we started, whatever state it is in. */
 export async function destroyHolder(t: ExecutionContext, s: { id: string; socketPath: string; pid: number }): Promise<void> {

@@ -3,6 +3,7 @@ import test from 'ava';
 import net from 'node:net';
 import { FrameDecoder, encodeAttach, encodeInfo, parseHolderFrame, type HolderFrame } from '../../src/shim/sessions/holder-protocol';
 import { collect, openSession, pidAlive, waitFor } from './session-fixture';
+import { sessionInfo } from '../../src/shim/sessions/session-manager';
 
 async function rawConnect(path: string): Promise<{ sock: net.Socket; frames: HolderFrame[]; closed: Promise<void> }> {
   const sock = net.createConnection({ path });
@@ -46,7 +47,7 @@ test('INFO works without ATTACH and several clients see the same live output', a
 
   const b = await rawConnect(socketPath);
   b.sock.write(encodeAttach(session.nextOffset));
-  await new Promise((r) => setTimeout(r, 50));
+  await waitFor(async () => (await sessionInfo(socketPath)).clients >= 4, 5000, 'the second raw client to be attached');
   t.is((await session.run('x', 'echo shared')).exitCode, 0);
   const text = (fs: HolderFrame[]): string => fs.filter((f) => f.type === 'output' && f.stream === 'stdout').map((f) => (f.type === 'output' ? f.data.toString() : '')).join('');
   const hasStatus = (): boolean => b.frames.some((f) => f.type === 'output' && f.stream === 'status' && f.data.toString() === 'x 0\n');

@@ -23,12 +23,24 @@ test('pty mode: echo, window size and resize', async (t) => {
   t.throws(() => session.resize(0, 10), { instanceOf: WarrenError });
 });
 
+/** Command names of a process's children. */
+function childCommands(pid: number): string[] {
+  const { readFileSync } = require('node:fs') as typeof import('node:fs');
+  try {
+    const kids = readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean);
+    return kids.map((k) => { try { return readFileSync(`/proc/${k}/comm`, 'utf8').trim(); } catch { return ''; } });
+  } catch {
+    return [];
+  }
+}
+
 test('pty mode: a signal reaches the foreground job, not the shell', async (t) => {
-  const { session } = await openSession(t, { mode: 'pty', argv: PTY_BASH });
+  const { session, childPid } = await openSession(t, { mode: 'pty', argv: PTY_BASH });
   const out = collect(session);
   session.write('sleep 30; echo after-sleep-$?\r');
   await waitFor(() => out.text().includes('sleep 30'), 5000, 'command echo');
-  await new Promise((r) => setTimeout(r, 200));
+  // the signal must find `sleep` in the foreground, not the shell still reading its line
+  await waitFor(() => childCommands(childPid).includes('sleep'), 5000, 'sleep to start under the shell');
   session.signal(2); // SIGINT to the foreground process group
   session.write('echo shell-$((40+2))\r');
   await waitFor(() => out.text().includes('shell-42'), 5000, 'the shell to answer after the interrupt');

@@ -8,6 +8,7 @@ import { FrameDecoder, commandWrapper, encodeAttach, encodeMark, encodeInput, pa
 import { attachSession, newSessionId, sessionInfo } from '../../src/shim/sessions/session-manager';
 import type { CommandResult } from '../../src/shim/types';
 import { collect, destroyHolder, openSession, pidAlive, rssKb, socketDir, waitFor } from './session-fixture';
+import { elapse } from '../helpers/wait';
 
 const managerJs = resolve(__dirname, '../../src/shim/sessions/session-manager.js');
 
@@ -48,7 +49,7 @@ test('a gateway killed with -9 re-attaches and gets the missed output exactly on
   t.true(pidAlive(first!.pid), 'the holder survived its starter');
   // Command "three" finishes while nobody is attached.
   await waitFor(async () => (await sessionInfo(socketPath)).outputOffset > first!.seen + 1000, 5000, 'output while detached');
-  await new Promise((r) => setTimeout(r, 400));
+  await elapse(400, 'command three (sleep 0.3) ends while nobody is attached');
 
   const s = await attachSession(socketPath, first!.seen);
   const out = collect(s);
@@ -124,7 +125,7 @@ test('a client that does not read never blocks the holder or other clients', asy
   const slow = net.createConnection({ path: socketPath });
   await new Promise((r) => slow.once('connect', r));
   slow.write(encodeAttach(session.nextOffset));
-  await new Promise((r) => setTimeout(r, 50));
+  await waitFor(async () => (await sessionInfo(socketPath)).clients >= 3, 5000, 'the slow client to be attached');
   slow.pause();
 
   const total = 20_000_000;

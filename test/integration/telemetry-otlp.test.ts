@@ -3,16 +3,15 @@
  * live sandboxes) are exported over OTLP/HTTP to a real collector endpoint
  * started by the test.
  */
-import test from 'ava';
 import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { skipReason } from '../../src/features';
 import { initTelemetry } from '../../src/telemetry';
 import { spec, withShim } from '../helpers/warren';
+import { testUnless } from '../helpers/skip';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 function body(req: IncomingMessage): Promise<string> {
   return new Promise((resolve) => {
@@ -22,7 +21,7 @@ function body(req: IncomingMessage): Promise<string> {
   });
 }
 
-it(`create, exec and delete are traced and measured over OTLP${why}`, async (t) => {
+it(`create, exec and delete are traced and measured over OTLP`, async (t) => {
   const received: Record<string, string[]> = { '/v1/traces': [], '/v1/metrics': [] };
   const collector = createServer(async (req, res) => {
     received[req.url ?? '']?.push(await body(req));

@@ -303,6 +303,7 @@ export class Pool {
       max: s.max,
       maxQueue: s.maxQueue,
       warm: this.idle.length,
+      interpreters: this.idle.filter((c) => c.warmSince !== null).length,
       busy: this.containers.size - this.idle.length,
       starting: this.starting,
       queued: this.waiters.length,

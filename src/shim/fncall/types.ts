@@ -155,6 +155,8 @@ export interface PoolStats {
   maxQueue: number;
   /** Idle, ready containers. */
   warm: number;
+  /** Idle containers whose python3 interpreter is already started, waiting for its program. */
+  interpreters: number;
   busy: number;
   starting: number;
   queued: number;
