@@ -260,7 +260,7 @@ export class PoolContainer {
       this.memoryMb = o.memoryMb;
     }
     if (this.warming) await this.warming;
-    const warm = this.takeWarm(o);
+    const warm = await this.takeWarm(o);
     resetMemoryPeak(this.id);
     const before = native.cgroupStats(this.id);
     const started = performance.now();
@@ -440,25 +440,29 @@ export class PoolContainer {
     return this.warm !== null && this.warm.ready ? this.warm.since : null;
   }
 
-  /** The warm interpreter when it fits this step; otherwise it is discarded before the step runs. */
-  private takeWarm(o: StepOptions): { proc: ExecProcess; exited: Promise<ExitStatus> } | null {
+  /**
+   * The warm interpreter when it fits this step; otherwise it is killed, and gone (its exit seen),
+   * before the step runs: a step must never share the container with a process it did not start.
+   */
+  private async takeWarm(o: StepOptions): Promise<{ proc: ExecProcess; exited: Promise<ExitStatus> } | null> {
     const w = this.warm;
     if (w === null) return null;
     this.warm = null;
     const fits = o.warmPython !== undefined && Object.keys(o.env).length === 0 && w.ready && w.spec.fileSizeBytes === o.fileSizeBytes && w.spec.tmpfsBytes === o.tmpfsBytes && w.spec.maxCpuMs >= o.cpuMs;
     if (fits) return w;
-    this.discardWarm(w);
+    await this.discardWarm(w);
     return null;
   }
 
-  private discardWarm(w: { proc: ExecProcess; exited: Promise<ExitStatus> }): void {
+  /** Kills a waiting interpreter; the promise settles when its exit has been seen. */
+  private discardWarm(w: { proc: ExecProcess; exited: Promise<ExitStatus> }): Promise<void> {
     try {
       native.pidfdSendSignal(w.proc.pidfd, SIGKILL);
     } catch {
       /* gone */
     }
     // the pidfd has an exit watcher: it is closed once that has fired
-    void w.exited.then(() => native.close(w.proc.pidfd));
+    const gone = w.exited.then(() => native.close(w.proc.pidfd));
     for (const fd of [w.proc.stdin, w.proc.stdout, w.proc.stderr]) {
       if (fd === undefined) continue;
       try {
@@ -467,6 +471,7 @@ export class PoolContainer {
         /* closed */
       }
     }
+    return gone;
   }
 
   /** Kill every process of the container except its pid 1; true when only pid 1 is left. */
@@ -522,8 +527,9 @@ export class PoolContainer {
     if (this.dead) return { ok: false, reason: 'container died' };
     if (this.warming) await this.warming;
     if (this.warm !== null) {
-      this.discardWarm(this.warm);
+      const w = this.warm;
       this.warm = null;
+      await this.discardWarm(w);
     }
     if (!(await this.killLeftovers())) return { ok: false, reason: 'processes survived the kill' };
     const work = `${this.root}${WORK_DIR}`;
@@ -549,7 +555,8 @@ export class PoolContainer {
   destroy(): Promise<void> {
     this.dead = true;
     if (this.warm !== null) {
-      this.discardWarm(this.warm);
+      // the container's destruction kills it too; its exit is not waited for here
+      void this.discardWarm(this.warm);
       this.warm = null;
     }
     return this.box.destroy();
