@@ -183,6 +183,13 @@ export class ShimNode implements Shim {
   /** After a gateway crash: running sandboxes are re-adopted, dead ones are cleaned up and reported stopped. */
   private async adoptSurvivors(): Promise<void> {
     for (const record of this.registry.all()) {
+      if (record.state === 'creating') {
+        // the client never got an answer for it: nothing of it is kept
+        this.log(`sandbox ${record.id}: its create was interrupted; removing what it made`);
+        await this.container.cleanup(record.id, record);
+        this.registry.remove(record.id);
+        continue;
+      }
       if (record.state === 'stopped' || record.state === 'failed') {
         this.sandboxes.set(record.id, { record, box: null, state: record.state });
         this.lifecycle.adopted(record);
@@ -212,6 +219,15 @@ export class ShimNode implements Shim {
       this.lifecycle.adopted(record);
       this.watchEnd(live, box);
       this.log(`sandbox ${record.id}: re-adopted (pid ${box.pid})`);
+    }
+    // Whatever carries this node's prefix on the host but has no record (a crash between making
+    // a resource and recording it) is removed, so no kill -9 can leak a cgroup, mount or link.
+    const known = new Set(this.sandboxes.keys());
+    const prefix = `${this.nodeId}-`;
+    const orphans = new Set([...this.container.leftovers(known, prefix), ...(this.network?.pinnedUnknown(known).filter((id) => id.startsWith(prefix)) ?? [])]);
+    for (const id of orphans) {
+      this.log(`sandbox ${id}: left on the host without a record; removing it`);
+      await this.container.cleanup(id).catch((err: Error) => this.log(`sandbox ${id}: cleanup failed: ${err.message}`));
     }
   }
 
@@ -299,16 +315,23 @@ export class ShimNode implements Shim {
       ];
       const digests = [...extra, ...image.layers];
       const layers = await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
+      const record: SandboxRecord = { id, spec, layers: digests, state: 'creating', createdAt: new Date().toISOString(), runtime: {} };
+      this.lifecycle.created(record);
+      // Written before anything exists in the kernel: a node killed in the middle of this create
+      // finds the record when it starts again and removes what was made (adoptSurvivors).
+      this.registry.insert(record);
       let box: ContainerSandbox;
       try {
         box = await inSpan('warren.sandbox.create.spawn', {}, () => this.container.create(id, spec, layers));
       } catch (err) {
         this.layers.release(digests);
+        this.registry.remove(id);
+        this.lifecycle.forget(id);
         throw err;
       }
-      const record: SandboxRecord = { id, spec, layers: digests, state: 'running', createdAt: new Date().toISOString(), runtime: box.runtime };
-      this.lifecycle.created(record);
-      this.registry.insert(record);
+      record.state = 'running';
+      record.runtime = box.runtime;
+      this.registry.update(id, 'running', box.runtime);
       const live: LiveSandbox = { record, box, state: 'running' };
       this.sandboxes.set(id, live);
       this.lifecycle.track(id);

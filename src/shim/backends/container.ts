@@ -2,6 +2,7 @@
  * The container backend: namespaces + cgroups over an overlay of read-only
  * EROFS layers. The native helper does the kernel work; this file decides.
  */
+import { existsSync, readdirSync } from 'node:fs';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
@@ -115,6 +116,22 @@ export class ContainerBackend implements Backend {
     const pidfd = native.pidfdOpen(runtime.pid);
     registerSandbox(record.id, typeof runtime.profile === 'string' ? runtime.profile : (this.profileName ?? profileForOwner(record.spec.owner)));
     return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd, this.network);
+  }
+
+  /**
+   * Ids of this node's sandboxes that exist on the host (a cgroup in any hierarchy, or a sandbox
+   * directory) but are not in `known`: what a node killed in the middle of a create or a delete
+   * left behind. `prefix` is the node's id prefix, so other nodes' sandboxes and pool containers
+   * on the same host are never touched.
+   */
+  leftovers(known: ReadonlySet<string>, prefix: string): string[] {
+    const found = new Set<string>();
+    for (const root of Object.values(native.cgroupLayout().roots)) {
+      if (!existsSync(root)) continue;
+      for (const d of readdirSync(root, { withFileTypes: true })) if (d.isDirectory() && d.name.startsWith(prefix)) found.add(d.name);
+    }
+    if (existsSync(this.sandboxesDir)) for (const d of readdirSync(this.sandboxesDir)) if (d.startsWith(prefix)) found.add(d);
+    return [...found].filter((id) => !known.has(id));
   }
 
   /** Remove whatever a dead or half-created sandbox left behind. */
