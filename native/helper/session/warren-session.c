@@ -954,6 +954,17 @@ static void set_cloexec_from(int first)
 	}
 }
 
+static void close_inherited(int keep)
+{
+	if (keep < 3) {
+		if (syscall(SYS_close_range, 3, ~0U, 0) == 0) return;
+	} else if ((keep == 3 || syscall(SYS_close_range, 3, (unsigned)keep - 1, 0) == 0) && syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0) == 0) {
+		return;
+	}
+	for (int fd = 3; fd < 4096; fd++)
+		if (fd != keep) close(fd);
+}
+
 static void spawn_child(char **argv)
 {
 	int in[2], out[2], err[2], st[2], ep[2];
@@ -1090,6 +1101,9 @@ int main(int argc, char **argv)
 		else usage();
 	}
 	if (!sock_path || !mode || !buffer || i >= argc) usage();
+	/* Nothing the starter had open (its sockets, pipes, database) stays open in the holder, which
+	 * lives in the sandbox's cgroup and outlives the starter: only stdio and the ready pipe. */
+	close_inherited(ready_fd);
 	if (!strcmp(mode, "pty")) mode_pty = 1;
 	else if (strcmp(mode, "command")) fail("bad --mode: %s", mode);
 	size_t il = strlen(info_json);

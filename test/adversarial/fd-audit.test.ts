@@ -1,0 +1,82 @@
+/**
+ * No descriptor of the gateway reaches a sandbox: every process in a sandbox's cgroup (pid 1,
+ * execs, background jobs, the shell-session holder and its shell) is checked against the
+ * gateway's own descriptors, including one the gateway inherited from whoever started it.
+ */
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { WarrenClient } from '../../src/sdk';
+import { removeTree } from '../../src/shim/layers/sys';
+import { busyboxRootfs } from '../helpers/warren';
+import { kill9 } from '../helpers/warren-process';
+import { testUnless } from '../helpers/skip';
+import { adversarialSkipReason } from './helpers';
+import { waitFor } from '../helpers/wait';
+
+function fdTargets(pid: number): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      out.set(fd, readlinkSync(`/proc/${pid}/fd/${fd}`));
+    } catch {
+      /* closed meanwhile */
+    }
+  }
+  return out;
+}
+
+function pidsInCgroup(id: string): number[] {
+  return readdirSync('/proc')
+    .filter((d) => /^\d+$/.test(d))
+    .map(Number)
+    .filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cgroup`, 'utf8').includes(`/warren/${id}`);
+      } catch {
+        return false;
+      }
+    });
+}
+
+testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descriptor of the gateway, not even one the gateway inherited', async (t) => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-fdaudit-'));
+  // fd 3 of the gateway: a pipe it inherited without close-on-exec, as from a careless supervisor
+  const child = spawn(process.execPath, [resolve(__dirname, '../../src/cli/main.js'), 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network', '--node-id', `fd${process.pid % 10000}`], {
+    stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
+  });
+  let client: WarrenClient | null = null;
+  try {
+    let out = '';
+    child.stdout!.on('data', (c: Buffer) => (out += c));
+    child.stderr!.on('data', (c: Buffer) => (out += c));
+    await waitFor(() => /listening on http/.test(out) || child.exitCode !== null, 30_000, 'warren up to listen');
+    const url = /listening on (http:\/\/[\d.:]+)/.exec(out)![1]!;
+    client = new WarrenClient({ url, token: readFileSync(join(dataDir, 'admin.token'), 'utf8').trim() });
+    await client.images.import('busybox', await busyboxRootfs());
+    const sb = await client.createSandbox({ image: 'busybox' });
+    await sb.exec('(sleep 300 &) ; true');
+    const shell = await sb.shell({ mode: 'command' });
+    await shell.run('sleep 300 & echo started');
+    const gateway = fdTargets(child.pid!);
+    const inherited = gateway.get('3');
+    t.truthy(inherited, 'the gateway holds the inherited descriptor');
+    const gatewayTargets = new Set([...gateway.values()].filter((v) => v !== '/dev/null'));
+    const pids = pidsInCgroup(sb.id);
+    t.true(pids.length >= 5, `pid 1, a background job, the holder, its shell and a job: ${pids.length}`);
+    for (const pid of pids) {
+      const comm = readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
+      for (const [fd, target] of fdTargets(pid)) {
+        t.false(gatewayTargets.has(target), `${comm} (pid ${pid}) fd ${fd} -> ${target} is the gateway's`);
+        t.false(target.startsWith(dataDir), `${comm} (pid ${pid}) fd ${fd} -> ${target} is a file of the node's`);
+      }
+    }
+    await shell.close();
+    await sb.delete();
+  } finally {
+    await client?.close().catch(() => undefined);
+    await kill9(child);
+    removeTree(dataDir);
+  }
+});
