@@ -22,6 +22,7 @@ import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerSystemRoutes } from './routes/system';
 import { registerPolicyRoutes } from './routes/policy';
 import { registerShellRoutes } from './ws-shell';
+import { registerUiRoutes } from './routes/ui';
 
 export interface GatewayOptions {
   shim: Shim;
@@ -91,6 +92,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerImageRoutes(app, ctx);
   registerEnvironmentRoutes(app, ctx);
   registerFunctionRoutes(app, ctx);
+  registerUiRoutes(app, ctx);
   const shells = registerShellRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
 
   app.set_not_found_handler((req, res) => {

@@ -324,6 +324,22 @@ class ShellConnection {
   }
 }
 
+/**
+ * A page served by this gateway itself (the dashboard at /ui) opens shells
+ * from the gateway's own origin: the browser's Origin names the host the
+ * request is addressed to. A page on any other site cannot produce that pair
+ * (browsers set both headers), and still needs a token.
+ */
+export function sameOrigin(origin: string, host: string | undefined): boolean {
+  if (host === undefined || host === '') return false;
+  try {
+    const u = new URL(origin);
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.host === host.toLowerCase();
+  } catch {
+    return false;
+  }
+}
+
 export interface ShellRoutes {
   /** Live shell connections. */
   readonly size: number;
@@ -339,7 +355,7 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
   app.upgrade(pattern, async (req: Request, res: Response) => {
     try {
       const origin = req.headers.origin;
-      if (origin !== undefined && !allowed.has(origin)) {
+      if (origin !== undefined && !allowed.has(origin) && !sameOrigin(origin, req.headers.host)) {
         throw new WarrenError('ORIGIN_REFUSED', `origin ${JSON.stringify(origin)} may not open shells (not in allowedOrigins)`);
       }
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);

@@ -52,7 +52,7 @@ export class PolicyStore {
 
   constructor(
     readonly dir: string,
-    private readonly auditLog: string | null = null,
+    readonly auditLog: string | null = null,
   ) {
     this.policy = loadPolicy(dir);
     this.audit({ event: 'load', dir, digests: this.policy.digests });

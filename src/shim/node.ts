@@ -43,6 +43,7 @@ import type {
   SandboxNetworkInfo,
   SandboxRecord,
   SandboxSpec,
+  SandboxStats,
   SessionAttachment,
   SessionInfo,
   Shim,
@@ -340,6 +341,16 @@ export class ShimNode implements Shim {
       this.metrics.createLatency.record(performance.now() - started, { backend: spec.backend });
       return this.info(live);
     });
+  }
+
+  /**
+   * Resource use of a live sandbox from its cgroup. Reading counters is not a
+   * request to the sandbox: it neither resumes a paused one nor resets its idle clock.
+   */
+  async sandboxStats(id: string): Promise<SandboxStats | null> {
+    const live = this.live(id);
+    if (live.box === null || !['running', 'paused'].includes(live.state)) return null;
+    return live.box.stats();
   }
 
   getSandbox(id: string): SandboxInfo {

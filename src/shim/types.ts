@@ -192,11 +192,21 @@ export interface BackendSandbox {
   execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
   /** Host path through which the sandbox's root can be reached (for confined file access). */
   rootPath(): string;
-  stats(): Promise<{ memoryCurrentBytes: number; memoryPeakBytes: number; oomKills: number; cpuUsageUs: number; pidsCurrent: number }>;
+  stats(): Promise<SandboxStats>;
   /** Kill everything and release every resource. Idempotent. */
   destroy(): Promise<void>;
   /** Resolves when the sandbox's pid 1 is gone (crash, kill -9 1, ...). */
   readonly ended: Promise<void>;
+}
+
+/** Counters of a sandbox's cgroup. */
+export interface SandboxStats {
+  memoryCurrentBytes: number;
+  memoryPeakBytes: number;
+  oomKills: number;
+  /** CPU time used since the sandbox started. */
+  cpuUsageUs: number;
+  pidsCurrent: number;
 }
 
 export interface SandboxNetworkInfo {
@@ -359,6 +369,8 @@ export interface Shim {
   /** Enable (true) or disable (false) services of a running sandbox; atomic in the kernel. */
   updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo>;
   networkInfo(id: string): SandboxNetworkInfo;
+  /** Cgroup counters of a running or paused sandbox (null otherwise); optional for shims that cannot read them. */
+  sandboxStats?(id: string): Promise<SandboxStats | null>;
 
   listImages(): ImageInfo[];
   importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;

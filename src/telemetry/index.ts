@@ -10,6 +10,7 @@ import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { OTLPMetricExporter } from '@opentelemetry/exporter-metrics-otlp-http';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { WarrenError } from '../errors';
+import { keepRecent } from './recent';
 
 const VERSION = '0.1.0';
 
@@ -89,11 +90,21 @@ export async function inSpan<T>(name: string, attributes: Attributes, fn: (span:
 export function instruments() {
   const meter = metrics.getMeter('warren', VERSION);
   return {
-    createLatency: meter.createHistogram('warren.sandbox.create.duration', {
-      description: 'Time from create request to a running sandbox',
-      unit: 'ms',
-      advice: { explicitBucketBoundaries: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000] },
-    }),
+    createLatency: keepRecent(
+      'warren.sandbox.create.duration',
+      meter.createHistogram('warren.sandbox.create.duration', {
+        description: 'Time from create request to a running sandbox',
+        unit: 'ms',
+        advice: { explicitBucketBoundaries: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000] },
+      }),
+    ),
+    pauseReleased: keepRecent(
+      'warren.sandbox.pause.released',
+      meter.createHistogram('warren.sandbox.pause.released', {
+        description: 'Memory given back to the host by pausing or hibernating a sandbox',
+        unit: 'By',
+      }),
+    ),
     execLatency: meter.createHistogram('warren.sandbox.exec.duration', {
       description: 'Exec duration, spawn to exit',
       unit: 'ms',

@@ -20,6 +20,7 @@ import type { LayerStore } from '../layers/store';
 import { imageDigest } from '../layers/store';
 import { mkfsErofs } from '../layers/erofs';
 import { removeTree } from '../layers/sys';
+import { instruments } from '../../telemetry';
 import type {
   EnvironmentInfo,
   PackRequest,
@@ -89,6 +90,7 @@ export class LifecycleManager {
   private readonly locks = new Map<string, Promise<unknown>>();
   private readonly tmpDir: string;
   private zswapBefore: boolean | null = null;
+  private readonly metrics = instruments();
 
   constructor(
     private readonly host: LifecycleHost,
@@ -298,6 +300,7 @@ export class LifecycleManager {
         durationMs: report.durationMs,
       };
       if (report.note !== undefined) result.note = report.note;
+      this.metrics.pauseReleased.record(report.releasedBytes, { reclaim: report.reclaim });
       return result;
     });
   }
@@ -380,6 +383,7 @@ export class LifecycleManager {
       this.host.saveState(live);
       this.persist(id, { hibernated: { at: Date.now(), dir } });
       const after = native.cgroupExists(id) ? native.cgroupStats(id).memoryCurrentBytes : 0;
+      this.metrics.pauseReleased.record(Math.max(0, before - after), { reclaim: 'criu' });
       return { id, state: 'hibernated', changed: true, memoryBeforeBytes: before, memoryAfterBytes: after, releasedBytes: Math.max(0, before - after), swapBytes: 0, reclaim: 'criu', durationMs: Math.round(performance.now() - started) };
     });
   }
