@@ -19,6 +19,8 @@ export interface PlotOptions {
   empty?: string;
   /** Draw points as dots instead of lines (events such as creates). */
   dots?: boolean;
+  /** Hold each value until the next sample (counts) instead of interpolating. */
+  step?: boolean;
   width?: number;
   height?: number;
 }
@@ -72,10 +74,14 @@ export function plot(series: Series[], opts: PlotOptions): HTMLElement {
         pen = false;
         continue;
       }
+      if (pen && opts.step) d += `H${x(p.t).toFixed(1)}`;
       d += `${pen ? 'L' : 'M'}${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`;
       pen = true;
     }
     if (d !== '') root.appendChild(svg('path', { d, class: `line ${s.cls}` }));
+    // the latest value as a dot (also makes a single sample visible)
+    const last = [...s.points].reverse().find((p) => p.v !== null);
+    if (last) root.appendChild(svg('circle', { cx: x(last.t).toFixed(1), cy: y(last.v as number).toFixed(1), r: 2.5, class: `dot ${s.cls}` }));
   }
   figure.appendChild(root);
   figure.appendChild(legend);

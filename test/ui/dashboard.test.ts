@@ -65,7 +65,8 @@ const XSS_LABEL = '<script>window.__pwned=1</script><img src=x onerror="window._
 async function shot(page: Page, name: string): Promise<void> {
   if (!shots) return;
   mkdirSync(shots, { recursive: true });
-  await page.screenshot({ path: join(shots, `${name}.png`) as `${string}.png` });
+  await page.evaluate('window.scrollTo(0, 0)');
+  await page.screenshot({ path: join(shots, `${name}.png`) as `${string}.png`, fullPage: true });
 }
 
 async function text(page: Page, selector: string): Promise<string> {
@@ -194,6 +195,7 @@ it(`create from the form; a label with markup renders as text${why}`, async (t) 
   await waitText(page, '#sandbox-list', new RegExp(id));
   t.true((await text(page, '#sandbox-list')).includes(XSS_LABEL));
   t.is(await page.evaluate('window.__pwned'), undefined);
+  await waitText(page, '#sandbox-list', /\d+(\.\d)? (KiB|MiB) \/ 512 MiB/);
   await shot(page, 'sandboxes');
 });
 
@@ -281,6 +283,8 @@ it(`FnCall: a judge run from the form gets its verdict${why}`, async (t) => {
   t.is(verdict, 'AC');
   t.regex(await text(page, '#fn-result'), /2 \/ 2 passed/);
   await waitText(page, '#pools', /ui-py.*ready/);
+  // the sampled latency of the pool appears with the next sample (every 2 s)
+  await waitText(page, '#pool-plots', /p50 \d/);
   await shot(page, 'fncall');
 });
 
@@ -303,6 +307,8 @@ itNet(`network: a denied connect shows in the live feed; admins validate the pol
   await page.goto(`${f.url}/ui/#/sandboxes/${sb.id}`);
   await waitText(page, '#sandbox-network', new RegExp(net.npm.address.replace(/\./g, '\\.')));
   await waitText(page, '#usage-plots', /current \d/);
+  // two samples give a cpu figure
+  await waitText(page, '#usage-plots', /cpu % \d/);
   await shot(page, 'sandbox');
 });
 
@@ -310,7 +316,20 @@ it(`overview plots and the nodes page say what is absent; no CSP violations${why
   const f = fx!;
   const { page } = f;
   await login(page, f.url, f.adminToken);
+  // pause from the list: the memory it gives back is plotted on the overview
+  await page.goto(`${f.url}/ui/#/sandboxes`);
+  await waitText(page, '#sandbox-list', new RegExp(f.sandboxes[0]!));
+  await page.$$eval('#sandbox-list tr', (rows, id) => {
+    for (const r of rows) {
+      const row = r as unknown as { textContent: string; querySelectorAll(s: string): { textContent: string; click(): void }[] };
+      if (!row.textContent.includes(id)) continue;
+      for (const b of row.querySelectorAll('button')) if (b.textContent === 'Pause') b.click();
+    }
+  }, f.sandboxes[0]!);
+  t.regex(await waitText(page, '#status', /released/), /paused .* released/);
+  t.is((await f.admin.getSandbox(f.sandboxes[0]!)).info!.state, 'paused');
   await page.goto(`${f.url}/ui/#/overview`);
+  await waitText(page, '#overview-plots', /released \d/);
   await waitText(page, '#overview-plots', /Create latency/);
   t.is(await page.evaluate('document.querySelectorAll("#overview-plots svg").length') as number >= 1, true, 'at least one plot drawn');
   await shot(page, 'overview');

@@ -149,7 +149,7 @@ export async function renderFncall(root: HTMLElement, view: View): Promise<void>
             { name: 'busy', cls: 's1', points: pts.map((p) => ({ t: p.t, v: p.busy })) },
             { name: 'queued', cls: 's2', points: pts.map((p) => ({ t: p.t, v: p.queued })) },
           ],
-          { title: `${name}: containers and queue`, format: (v) => v.toFixed(0) },
+          { title: `${name}: containers and queue`, format: (v) => v.toFixed(0), step: true },
         ),
       ]),
     );

@@ -106,7 +106,8 @@ export async function renderNetwork(root: HTMLElement, view: View): Promise<void
         ),
       ),
       outcome,
-      h('h4', null, `Audit log${audit.auditLog ? ` (${audit.auditLog})` : ''}`),
+      h('h4', null, 'Audit log'),
+      audit.auditLog ? h('p', { class: 'hint' }, audit.auditLog) : null,
       table(
         ['at', 'event', 'details'],
         audit.audit.map((e) => [String(e.at ?? ''), String(e.event ?? ''), auditSummary(e)]),

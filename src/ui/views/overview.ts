@@ -45,7 +45,7 @@ export async function renderOverview(root: HTMLElement, view: View): Promise<voi
     const nodeOnly = 'node-wide figure: shown to admins';
     replace(
       plots,
-      plot([{ name: 'live', cls: 's1', points: metrics.live }], { title: metrics.scope === 'node' ? 'Live sandboxes (node)' : 'Your live sandboxes', format: (v) => v.toFixed(0) }),
+      plot([{ name: 'live', cls: 's1', points: metrics.live }], { title: metrics.scope === 'node' ? 'Live sandboxes (node)' : 'Your live sandboxes', format: (v) => v.toFixed(0), step: true }),
       metrics.createMs
         ? plot([{ name: 'create', cls: 's2', points: metrics.createMs }], { title: 'Create latency (ms, each create)', dots: true, empty: 'no creates since the node started' })
         : plot([], { title: 'Create latency', empty: nodeOnly }),
