@@ -11,7 +11,7 @@
  */
 import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
@@ -171,7 +171,7 @@ it(`a stale token gets the login page with the API's error; /ui has a strict CSP
   await shot(page, 'login');
 });
 
-it(`create from the form; a label with markup renders as text${why}`, async (t) => {
+it(`create from the form (with a ttl); filters; a label with markup renders as text${why}`, async (t) => {
   const f = fx!;
   const { page } = f;
   await login(page, f.url, f.alice.token);
@@ -180,6 +180,7 @@ it(`create from the form; a label with markup renders as text${why}`, async (t) 
   await page.$eval('#create-image', (el) => ((el as unknown as { value: string }).value = ''));
   await page.type('#create-image', 'judge');
   await page.type('#create-labels', `purpose=ui-test\nxss=${XSS_LABEL}`);
+  await page.type('#create-ttl', '3600');
   await page.click('#create-submit');
   await page.waitForFunction('/^#\\/sandboxes\\/[a-z0-9-]+$/.test(location.hash)', { timeout: 20_000 });
   const id = String(await page.evaluate('location.hash.split("/")[2]'));
@@ -188,6 +189,7 @@ it(`create from the form; a label with markup renders as text${why}`, async (t) 
   t.is(sb.info!.owner, f.alice.id, 'created as the logged-in account');
   t.is(sb.info!.labels.xss, XSS_LABEL);
   const main = await waitText(page, '#main', /running/);
+  t.regex(await waitText(page, '#lifecycle', /expires/), /expiresin (59m|1h)/, 'the ttl from the form is the lifecycle clock');
   t.true(main.includes(XSS_LABEL), 'the label is shown verbatim, as text');
   t.is(await page.evaluate('window.__pwned'), undefined, 'nothing in the label ran');
   t.is(await page.evaluate('document.querySelectorAll("#main script, #main img").length'), 0, 'no element came from the label');
@@ -196,10 +198,23 @@ it(`create from the form; a label with markup renders as text${why}`, async (t) 
   t.true((await text(page, '#sandbox-list')).includes(XSS_LABEL));
   t.is(await page.evaluate('window.__pwned'), undefined);
   await waitText(page, '#sandbox-list', /\d+(\.\d)? (KiB|MiB) \/ 512 MiB/);
+  // filters: by label (server side) and by state
+  await page.type('#filter-label', 'purpose=nope');
+  await page.$eval('#filter-label', (el) => (el as unknown as { dispatchEvent(e: unknown): void }).dispatchEvent(new (globalThis as unknown as { Event: new (n: string) => unknown }).Event('change')));
+  await waitText(page, '#sandbox-list', /no sandboxes/);
+  t.regex(String(await page.evaluate('location.hash')), /label=purpose%3Dnope/, 'the filter is in the URL');
+  await page.$eval('#filter-label', (el) => ((el as unknown as { value: string }).value = ''));
+  await page.type('#filter-label', 'purpose=ui-test');
+  await page.$eval('#filter-label', (el) => (el as unknown as { dispatchEvent(e: unknown): void }).dispatchEvent(new (globalThis as unknown as { Event: new (n: string) => unknown }).Event('change')));
+  await waitText(page, '#sandbox-list', new RegExp(id));
+  await page.select('#filter-state', 'paused');
+  await waitText(page, '#sandbox-list', /no sandboxes/);
+  await page.select('#filter-state', '');
+  await waitText(page, '#sandbox-list', new RegExp(id));
   await shot(page, 'sandboxes');
 });
 
-it(`terminal: echo $((6*7)) prints 42, and a reload re-attaches to the same session${why}`, async (t) => {
+it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session, resize reaches the pty${why}`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -229,9 +244,29 @@ it(`terminal: echo $((6*7)) prints 42, and a reload re-attaches to the same sess
   while (!(await terminalRows(page)).includes('again-5') && Date.now() < more) await new Promise((r) => setTimeout(r, 100));
   t.true((await terminalRows(page)).includes('again-5'), 'and it still takes input');
   t.is((await (await f.admin.getSandbox(id)).sessions()).filter((s) => s.alive).length, 1, 'no second session was opened');
+
+  // resize: the terminal follows the window, and the pty with it
+  const size = async (): Promise<string> => {
+    const marker = `size-${Math.random().toString(36).slice(2, 8)}`;
+    await page.keyboard.type(`echo ${marker} $(stty size)\n`);
+    const until = Date.now() + 10_000;
+    for (;;) {
+      const line = (await terminalRows(page)).find((r) => r.startsWith(`${marker} `));
+      if (line) return line.slice(marker.length + 1);
+      if (Date.now() > until) throw new Error(`no stty output: ${JSON.stringify(await terminalRows(page))}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+  const before = await size();
+  await page.setViewport({ width: 900, height: 700 });
+  const resizeBy = Date.now() + 10_000;
+  let after = await size();
+  while (after === before && Date.now() < resizeBy) after = await size();
+  t.not(after, before, `stty size follows the window (${before} -> ${after})`);
+  await page.setViewport({ width: 1360, height: 860 });
 });
 
-it(`files: upload a file, see it listed, view it as text${why}`, async (t) => {
+it(`files: upload a file, see it listed, view it as text, download it${why}`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -251,6 +286,22 @@ it(`files: upload a file, see it listed, view it as text${why}`, async (t) => {
   const shown = await waitText(page, '#file-viewer', /hello from the browser/);
   t.true(shown.includes('<b>not bold</b>'), 'file content shown as text');
   t.is(await page.evaluate('document.querySelectorAll("#main i, #main b").length'), 0, 'no markup from names or content');
+  // download: the bytes come back through the browser's own download
+  const downloads = join(f.profile, 'downloads');
+  mkdirSync(downloads);
+  const cdp = await page.createCDPSession();
+  await cdp.send('Browser.setDownloadBehavior', { behavior: 'allow', downloadPath: downloads });
+  await page.$$eval('#file-viewer button', (bs) => (bs[0] as unknown as { click(): void }).click());
+  const downloaded = Date.now() + 10_000;
+  let got: string[] = [];
+  while (Date.now() < downloaded) {
+    got = readdirSync(downloads).filter((n) => !n.endsWith('.crdownload'));
+    if (got.length > 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.is(got.length, 1, 'one file downloaded');
+  t.is(readFileSync(join(downloads, got[0]!), 'utf8'), 'hello from the browser <b>not bold</b>\n');
+  await cdp.detach();
   await shot(page, 'files');
 });
 

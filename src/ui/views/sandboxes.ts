@@ -121,7 +121,7 @@ function createForm(view: View, features: Features | null, images: string[]): HT
     diskMb: input('diskMb', '', { inputmode: 'numeric', placeholder: 'profile default' }),
     labels: h('textarea', { attrs: { name: 'labels', rows: '2', placeholder: 'team=rl\nrun=42', id: 'create-labels' } }),
     network: input('network', '', { placeholder: 'pypi, npm (empty: account default)', id: 'create-network' }),
-    ttlSeconds: input('ttlSeconds', '', { inputmode: 'numeric', placeholder: 'none' }),
+    ttlSeconds: input('ttlSeconds', '', { inputmode: 'numeric', placeholder: 'none', id: 'create-ttl' }),
     idleSeconds: input('idleSeconds', '', { inputmode: 'numeric', placeholder: 'none' }),
     onIdle: select('onIdle', ['pause', 'hibernate', 'stop', 'delete'], 'pause'),
   };
