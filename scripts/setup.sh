@@ -14,7 +14,7 @@ APT_PACKAGES=(
   busybox-static                                # test images
   runc                                          # benchmark baseline
   iproute2 nftables util-linux tar gzip zstd    # networking and archives
-  chromium                                      # dashboard tests (headless, test/ui)
+  chromium fonts-dejavu-core                    # dashboard tests (headless, test/ui) and its screenshots
 )
 
 missing=()

@@ -104,34 +104,58 @@ test.before(async () => {
   if (skip !== null) return;
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-ui-'));
   const nodeId = tag;
-  const net = netSkip === null ? await startInternet(tag) : null;
-  {
-    // the judge image (python3, bash) in this data dir, from the node cache
-    const f = await openTestShim({ dataDir, nodeId });
-    await f.shim.functions.ensureJudgeImage();
-    await f.shim.close();
-    f.shim.layers.unmountUnused();
-  }
-  const proc = await startWarrenProcess(dataDir, nodeId, net?.upArgs ?? []);
-  const adminToken = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
-  const admin = new WarrenClient({ url: proc.url, token: adminToken });
-  const a = await admin.createAccount('ui-alice', 'runtime');
-  const b = await admin.createAccount('ui-bob', 'runtime');
-  await admin.functions.create({ name: 'ui-py', image: 'judge', min: 1, max: 1 }, { wait: true });
+  let net: Internet | null = null;
+  let child: ChildProcess | null = null;
+  let browser: Browser | null = null;
+  let admin: WarrenClient | null = null;
   const profile = mkdtempSync(join(tmpdir(), 'warren-ui-chromium-'));
-  const browser = await puppeteer.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    userDataDir: profile,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage'],
-    defaultViewport: { width: 1360, height: 860 },
-  });
-  const page = await browser.newPage();
-  const cspViolations: string[] = [];
-  page.on('console', (m) => {
-    if (/Content.Security.Policy/i.test(m.text())) cspViolations.push(m.text());
-  });
-  fx = { dataDir, nodeId, child: proc.child, url: proc.url, adminToken, admin, alice: { id: a.id, token: a.token }, bob: { id: b.id, token: b.token }, browser, page, profile, net, cspViolations, sandboxes: [] };
+  try {
+    net = netSkip === null ? await startInternet(tag) : null;
+    {
+      // the judge image (python3, bash) in this data dir, from the node cache
+      const f = await openTestShim({ dataDir, nodeId });
+      await f.shim.functions.ensureJudgeImage();
+      await f.shim.close();
+      f.shim.layers.unmountUnused();
+    }
+    const proc = await startWarrenProcess(dataDir, nodeId, net?.upArgs ?? []);
+    child = proc.child;
+    const adminToken = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+    admin = new WarrenClient({ url: proc.url, token: adminToken });
+    const a = await admin.createAccount('ui-alice', 'runtime');
+    const b = await admin.createAccount('ui-bob', 'runtime');
+    await admin.functions.create({ name: 'ui-py', image: 'judge', min: 1, max: 1 }, { wait: true });
+    browser = await puppeteer.launch({
+      executablePath: CHROMIUM,
+      headless: true,
+      userDataDir: profile,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--disable-dev-shm-usage'],
+      defaultViewport: { width: 1360, height: 860 },
+    });
+    const page = await browser.newPage();
+    const cspViolations: string[] = [];
+    page.on('console', (m) => {
+      if (/Content.Security.Policy/i.test(m.text())) cspViolations.push(m.text());
+    });
+    fx = { dataDir, nodeId, child: proc.child, url: proc.url, adminToken, admin, alice: { id: a.id, token: a.token }, bob: { id: b.id, token: b.token }, browser, page, profile, net, cspViolations, sandboxes: [] };
+  } catch (err) {
+    // nothing of a half-made fixture may outlive the run
+    await browser?.close().catch(() => undefined);
+    await admin?.close().catch(() => undefined);
+    if (child) await kill9(child);
+    if (net) {
+      await new HostNetwork({ bridge: net.network.bridge, subnet: net.network.subnet, nftTable: net.network.nftTable }).teardown().catch(() => undefined);
+      await net.close();
+    }
+    rmSync(profile, { recursive: true, force: true });
+    rmSync(`/sys/fs/bpf/warren/${nodeId}`, { recursive: true, force: true });
+    try {
+      removeTree(dataDir);
+    } catch {
+      /* best effort */
+    }
+    throw err;
+  }
 });
 
 test.after.always(async () => {
