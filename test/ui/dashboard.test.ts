@@ -87,8 +87,9 @@ async function waitText(page: Page, selector: string, re: RegExp, timeout = 15_0
 
 async function login(page: Page, url: string, token: string): Promise<void> {
   await page.goto(`${url}/ui/`, { waitUntil: 'domcontentloaded' });
-  // a fresh tab: no token yet (or log out first)
-  if (await page.$('#logout')) await page.click('#logout');
+  // start from the login page whoever was logged in before
+  await page.evaluate('sessionStorage.removeItem("warren.token")');
+  await page.reload({ waitUntil: 'domcontentloaded' });
   await page.waitForSelector('#token');
   await page.type('#token', token);
   await page.click('#login-submit');
@@ -375,6 +376,7 @@ itNet(`network: a denied connect shows in the live feed; admins validate the pol
   await page.goto(`${f.url}/ui/#/network`);
   const feed = await waitText(page, '#denials', new RegExp(net.npm.address.replace(/\./g, '\\.')));
   t.true(feed.includes(sb.id), 'with the sandbox');
+  await page.waitForSelector('#policy-validate');
   await page.click('#policy-validate');
   await waitText(page, '#policy-outcome', /valid/);
   t.regex(await text(page, '#policy'), /Audit log/);
@@ -413,6 +415,9 @@ it(`overview plots and the nodes page say what is absent; no CSP violations${why
   t.true(nodes.includes(f.nodeId));
   await waitText(page, '#jobs', /cluster not configured/);
   await shot(page, 'nodes');
+  await page.click('#logout');
+  await page.waitForSelector('#token');
+  t.is(await page.evaluate('sessionStorage.getItem("warren.token")'), null, 'logging out forgets the token');
   t.deepEqual(f.cspViolations, [], 'the page runs under its CSP without violations (xterm styles carry the nonce)');
   // the sandboxes are gone after delete (nothing leaks)
   for (const id of f.sandboxes) await f.admin.deleteSandbox(id);
