@@ -85,6 +85,12 @@ async function waitText(page: Page, selector: string, re: RegExp, timeout = 15_0
   throw new Error(`${selector}: ${re} not seen within ${timeout} ms; last text: ${last.slice(0, 600)}`);
 }
 
+/** Click through the DOM (not at screen coordinates: polled content above may move the element meanwhile). */
+async function press(page: Page, selector: string): Promise<void> {
+  await page.waitForSelector(selector);
+  await page.$eval(selector, (el) => (el as unknown as { click(): void }).click());
+}
+
 async function login(page: Page, url: string, token: string): Promise<void> {
   await page.goto(`${url}/ui/`, { waitUntil: 'domcontentloaded' });
   // start from the login page whoever was logged in before
@@ -92,7 +98,7 @@ async function login(page: Page, url: string, token: string): Promise<void> {
   await page.reload({ waitUntil: 'domcontentloaded' });
   await page.waitForSelector('#token');
   await page.type('#token', token);
-  await page.click('#login-submit');
+  await press(page, '#login-submit');
   await page.waitForSelector('#who');
 }
 
@@ -189,7 +195,7 @@ it(`a stale token gets the login page with the API's error; /ui has a strict CSP
   t.notRegex(csp, /unsafe-inline|unsafe-eval|https?:/);
   await page.waitForSelector('#token');
   await page.type('#token', 'wrn_this-token-was-never-issued');
-  await page.click('#login-submit');
+  await press(page, '#login-submit');
   const err = await waitText(page, '#login-error', /UNAUTHENTICATED/);
   t.regex(err, /UNAUTHENTICATED/);
   t.is(await page.evaluate('sessionStorage.getItem("warren.token")'), null, 'the bad token is forgotten');
@@ -206,7 +212,7 @@ it(`create from the form (with a ttl); filters; a label with markup renders as t
   await page.type('#create-image', 'judge');
   await page.type('#create-labels', `purpose=ui-test\nxss=${XSS_LABEL}`);
   await page.type('#create-ttl', '3600');
-  await page.click('#create-submit');
+  await press(page, '#create-submit');
   await page.waitForFunction('/^#\\/sandboxes\\/[a-z0-9-]+$/.test(location.hash)', { timeout: 20_000 });
   const id = String(await page.evaluate('location.hash.split("/")[2]'));
   f.sandboxes.push(id);
@@ -301,7 +307,7 @@ it(`files: upload a file, see it listed, view it as text, download it${why}`, as
   await page.waitForSelector('#upload-input');
   const input = await page.$('#upload-input');
   await (input as unknown as { uploadFile(p: string): Promise<void> }).uploadFile(local);
-  await page.click('#upload-submit');
+  await press(page, '#upload-submit');
   await waitText(page, '#file-list', /<i>up load\.txt/);
   const sb = await f.admin.getSandbox(id);
   t.is((await sb.readFile('/tmp/<i>up load.txt')).toString(), 'hello from the browser <b>not bold</b>\n', 'the bytes arrived');
@@ -354,7 +360,7 @@ it(`FnCall: a judge run from the form gets its verdict${why}`, async (t) => {
   await page.goto(`${f.url}/ui/#/fncall`);
   await waitText(page, '#pools', /ui-py/);
   await page.waitForFunction('document.querySelector("#fn-pool").value === "ui-py"');
-  await page.click('#fn-submit');
+  await press(page, '#fn-submit');
   const verdict = await waitText(page, '#fn-verdict', /^(AC|WA|RE|TLE|MLE|CE|OLE|IE)$/, 30_000);
   t.is(verdict, 'AC');
   t.regex(await text(page, '#fn-result'), /2 \/ 2 passed/);
@@ -376,8 +382,7 @@ itNet(`network: a denied connect shows in the live feed; admins validate the pol
   await page.goto(`${f.url}/ui/#/network`);
   const feed = await waitText(page, '#denials', new RegExp(net.npm.address.replace(/\./g, '\\.')));
   t.true(feed.includes(sb.id), 'with the sandbox');
-  await page.waitForSelector('#policy-validate');
-  await page.click('#policy-validate');
+  await press(page, '#policy-validate');
   await waitText(page, '#policy-outcome', /valid/);
   t.regex(await text(page, '#policy'), /Audit log/);
   await shot(page, 'network');
@@ -415,7 +420,7 @@ it(`overview plots and the nodes page say what is absent; no CSP violations${why
   t.true(nodes.includes(f.nodeId));
   await waitText(page, '#jobs', /cluster not configured/);
   await shot(page, 'nodes');
-  await page.click('#logout');
+  await press(page, '#logout');
   await page.waitForSelector('#token');
   t.is(await page.evaluate('sessionStorage.getItem("warren.token")'), null, 'logging out forgets the token');
   t.deepEqual(f.cspViolations, [], 'the page runs under its CSP without violations (xterm styles carry the nonce)');
