@@ -3,15 +3,13 @@
  * CSP, the read-only /v1/ui views and their ownership rule, and the shell
  * WebSocket from the gateway's own origin. (The browser itself: test/ui.)
  */
-import anyTest, { type TestFn } from 'ava';
 import { existsSync } from 'node:fs';
 import WebSocket from 'ws';
 import { UI_DIR } from '../../src/gateway/routes/ui';
+import { testUnless } from '../helpers/skip';
 import { integrationSkipReason, rawRequest, withGateway } from './gateway-fixture';
 
-const skip = integrationSkipReason() ?? (existsSync(UI_DIR) ? null : `the dashboard is not built in ${UI_DIR} (npm run build:ui)`);
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) anyTest.skip(`gateway dashboard routes (skipped: ${skip})`, () => undefined);
+const test = testUnless(integrationSkipReason() ?? (existsSync(UI_DIR) ? null : `the dashboard is not built in ${UI_DIR} (npm run build:ui)`));
 
 /** Open a shell WebSocket as a browser would; resolves with the hello frame's type or the refusal status. */
 function browserShell(url: string, id: string, token: string, origin: string, host?: string): Promise<{ ok: boolean; status?: number; code?: string; hello?: string }> {

@@ -9,7 +9,6 @@
  * With WARREN_UI_SCREENSHOTS=<dir> the steps also save screenshots of the
  * main pages there (scripts/ui-screenshots.js, for docs/ui).
  */
-import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -21,6 +20,7 @@ import { HostNetwork } from '../../src/shim/network/host-net';
 import { WarrenClient } from '../../src/sdk';
 import { egressSkipReason, SERVICE_PORT, startInternet, type Internet } from '../helpers/network';
 import { parseProbeOutput, probeArgv } from '../helpers/net-probe';
+import { testUnless } from '../helpers/skip';
 import { openTestShim } from '../helpers/warren';
 import { kill9, startWarrenProcess, stopGracefully } from '../helpers/warren-process';
 
@@ -33,11 +33,10 @@ function skipReason(): string | null {
 }
 
 const skip = skipReason();
-const it = skip === null ? test.serial : test.serial.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const test = testUnless(skip);
+const it = test.serial;
 const netSkip = skip ?? egressSkipReason();
-const itNet = netSkip === null ? test.serial : test.serial.skip;
-const netWhy = netSkip === null ? '' : ` (skipped: ${netSkip})`;
+const itNet = testUnless(netSkip).serial;
 const shots = process.env.WARREN_UI_SCREENSHOTS;
 const tag = `u${process.pid.toString(36)}`;
 
@@ -186,7 +185,7 @@ test.after.always(async () => {
   }
 });
 
-it(`a stale token gets the login page with the API's error; /ui has a strict CSP${why}`, async (t) => {
+it(`a stale token gets the login page with the API's error; /ui has a strict CSP`, async (t) => {
   const { page, url } = fx!;
   const res = await page.goto(`${url}/ui/`, { waitUntil: 'domcontentloaded' });
   const csp = res!.headers()['content-security-policy'] ?? '';
@@ -202,7 +201,7 @@ it(`a stale token gets the login page with the API's error; /ui has a strict CSP
   await shot(page, 'login');
 });
 
-it(`create from the form (with a ttl); filters; a label with markup renders as text${why}`, async (t) => {
+it(`create from the form (with a ttl); filters; a label with markup renders as text`, async (t) => {
   const f = fx!;
   const { page } = f;
   await login(page, f.url, f.alice.token);
@@ -245,7 +244,7 @@ it(`create from the form (with a ttl); filters; a label with markup renders as t
   await shot(page, 'sandboxes');
 });
 
-it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session, resize reaches the pty${why}`, async (t) => {
+it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session, resize reaches the pty`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -297,7 +296,7 @@ it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session,
   await page.setViewport({ width: 1360, height: 860 });
 });
 
-it(`files: upload a file, see it listed, view it as text, download it${why}`, async (t) => {
+it(`files: upload a file, see it listed, view it as text, download it`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -336,7 +335,7 @@ it(`files: upload a file, see it listed, view it as text, download it${why}`, as
   await shot(page, 'files');
 });
 
-it(`a runtime account cannot see another account's sandbox${why}`, async (t) => {
+it(`a runtime account cannot see another account's sandbox`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -353,7 +352,7 @@ it(`a runtime account cannot see another account's sandbox${why}`, async (t) => 
   t.regex(await text(page, '#policy'), /shown to admins/);
 });
 
-it(`FnCall: a judge run from the form gets its verdict${why}`, async (t) => {
+it(`FnCall: a judge run from the form gets its verdict`, async (t) => {
   const f = fx!;
   const { page } = f;
   await login(page, f.url, f.alice.token);
@@ -370,7 +369,7 @@ it(`FnCall: a judge run from the form gets its verdict${why}`, async (t) => {
   await shot(page, 'fncall');
 });
 
-itNet(`network: a denied connect shows in the live feed; admins validate the policy${netWhy}`, async (t) => {
+itNet(`network: a denied connect shows in the live feed; admins validate the policy`, async (t) => {
   const f = fx!;
   const { page } = f;
   const net = f.net!;
@@ -394,7 +393,7 @@ itNet(`network: a denied connect shows in the live feed; admins validate the pol
   await shot(page, 'sandbox');
 });
 
-it(`overview plots and the nodes page say what is absent; no CSP violations${why}`, async (t) => {
+it(`overview plots and the nodes page say what is absent; no CSP violations`, async (t) => {
   const f = fx!;
   const { page } = f;
   await login(page, f.url, f.adminToken);
