@@ -244,7 +244,7 @@ it(`create from the form (with a ttl); filters; a label with markup renders as t
   await shot(page, 'sandboxes');
 });
 
-it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session, resize reaches the pty`, async (t) => {
+it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session, resize reaches the pty, copy and paste`, async (t) => {
   const f = fx!;
   const { page } = f;
   const id = f.sandboxes[0]!;
@@ -294,6 +294,22 @@ it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session,
   while (after === before && Date.now() < resizeBy) after = await size();
   t.not(after, before, `stty size follows the window (${before} -> ${after})`);
   await page.setViewport({ width: 1360, height: 860 });
+
+  // paste from the clipboard into the shell, copy a selected line back out
+  await f.browser.defaultBrowserContext().overridePermissions(f.url, ['clipboard-read', 'clipboard-write', 'clipboard-sanitized-write']);
+  await page.evaluate('navigator.clipboard.writeText("echo pasted-$((20+22))")');
+  await press(page, '#term-paste');
+  await page.focus('.xterm-helper-textarea');
+  await page.keyboard.press('Enter');
+  const pasted = Date.now() + 10_000;
+  while (!(await terminalRows(page)).includes('pasted-42') && Date.now() < pasted) await new Promise((r) => setTimeout(r, 100));
+  t.true((await terminalRows(page)).includes('pasted-42'), 'the pasted command ran');
+  const rowIndex = (await terminalRows(page)).indexOf('pasted-42');
+  const row = (await page.$$('.xterm-rows > div'))[rowIndex]!;
+  const box = (await row.boundingBox())!;
+  await page.mouse.click(box.x + 20, box.y + box.height / 2, { count: 3 });
+  await press(page, '#term-copy');
+  t.regex(String(await page.evaluate('navigator.clipboard.readText()')), /^pasted-42\s*$/, 'the selected line was copied');
 });
 
 it(`files: upload a file, see it listed, view it as text, download it`, async (t) => {

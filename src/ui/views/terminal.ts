@@ -44,8 +44,8 @@ export function renderTerminal(root: HTMLElement, view: View): void {
     'div',
     { class: 'toolbar' },
     status,
-    button('Copy', copy, { title: 'copy the selection (Ctrl+Shift+C)', report: (e) => view.error(e) }),
-    button('Paste', paste, { title: 'paste from the clipboard (Ctrl+Shift+V)', report: (e) => view.error(e) }),
+    button('Copy', copy, { title: 'copy the selection (Ctrl+Shift+C)', report: (e) => view.error(e), id: 'term-copy' }),
+    button('Paste', paste, { title: 'paste from the clipboard (Ctrl+Shift+V)', report: (e) => view.error(e), id: 'term-paste' }),
     button(
       'New session',
       () => {
