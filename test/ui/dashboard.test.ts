@@ -252,6 +252,9 @@ it(`terminal: echo $((6*7)) prints 42, a reload re-attaches to the same session,
   await page.waitForSelector('.xterm-helper-textarea');
   await page.waitForFunction('document.querySelector("#term-status")?.dataset.session', { timeout: 15_000 });
   const session = String(await page.evaluate('document.querySelector("#term-status").dataset.session'));
+  // type once the shell shows its prompt (keys typed earlier are echoed by the tty before bash draws it)
+  const prompt = Date.now() + 10_000;
+  while (!(await terminalRows(page)).some((r) => /[#$]$/.test(r)) && Date.now() < prompt) await new Promise((r) => setTimeout(r, 100));
   await page.focus('.xterm-helper-textarea');
   await page.keyboard.type('echo $((6*7))\n');
   const deadline = Date.now() + 10_000;
