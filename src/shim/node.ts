@@ -15,6 +15,7 @@ import { confineForSandbox, nsexecConfineArgs, onPolicyApplied, policyStore } fr
 import { native, helperBinary, bpfObject } from '../native';
 import { inSpan, instruments } from '../telemetry';
 import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
+import { ContentAccess, type Principal } from './access';
 import { LayerStore } from './layers/store';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
@@ -99,6 +100,8 @@ export class ShimNode implements Shim {
   readonly layers: LayerStore;
   /** FnCall warm pools (src/shim/fncall). */
   readonly functions: FnCallManager;
+  /** The one check of who may use which image, environment or layer (access.ts). */
+  readonly access: ContentAccess;
   private readonly container: ContainerBackend;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly sessionsDir: string;
@@ -134,6 +137,7 @@ export class ShimNode implements Shim {
     mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
     this.metrics.liveSandboxes.addCallback(this.observeLive);
     this.lifecycle = new LifecycleManager(this.lifecycleHost(), { dataDir: opts.dataDir, db: opts.db, layers: this.layers, log: this.log }, opts.lifecycle);
+    this.access = new ContentAccess(this.layers, this.lifecycle.environments);
     this.functions = new FnCallManager({ dataDir: opts.dataDir, nodeId: this.nodeId, layers: this.layers, log: this.log, config: opts.fncall, onProgress: opts.onProgress });
   }
 
@@ -292,7 +296,7 @@ export class ShimNode implements Shim {
     return live.box;
   }
 
-  async createSandbox(spec: SandboxSpec): Promise<SandboxInfo> {
+  async createSandbox(spec: SandboxSpec, principal: Principal = { account: spec.owner, unpublished: 'all' }): Promise<SandboxInfo> {
     assertBackendAvailable(spec.backend);
     if (spec.backend !== 'container') {
       throw new WarrenError('NOT_SUPPORTED', `"${spec.backend}" sandboxes are not created through /v1/sandboxes${spec.backend === 'fncall' ? '; invoke a pool through /v1/functions/:pool/invoke' : ''}`, { backend: spec.backend });
@@ -308,12 +312,13 @@ export class ShimNode implements Shim {
     else spec.network = services;
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
-      const image = this.layers.resolveImage(spec.image);
+      // and every reference goes through the one authorisation check.
+      const image = this.access.resolve(principal, spec.image, 'image');
       const extra = [
-        ...spec.toolkits.map((ref) => this.layers.resolveLayer(ref, 'toolkit').digest),
-        ...spec.workspaces.map((ref) => this.layers.resolveLayer(ref, 'workspace').digest),
+        ...spec.toolkits.map((ref) => this.access.resolve(principal, ref, 'toolkit').digests[0]!),
+        ...spec.workspaces.map((ref) => this.access.resolve(principal, ref, 'workspace').digests[0]!),
       ];
-      const digests = [...extra, ...image.layers];
+      const digests = [...extra, ...image.digests];
       const layers = await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
       const record: SandboxRecord = { id, spec, layers: digests, state: 'creating', createdAt: new Date().toISOString(), runtime: {} };
       this.lifecycle.created(record);
@@ -669,12 +674,18 @@ export class ShimNode implements Shim {
     return this.lifecycle.pack(id, req, owner);
   }
 
-  environment(ref: string): EnvironmentInfo | null {
-    return this.lifecycle.environment(ref);
+  environment(ref: string, principal?: Principal): EnvironmentInfo | null {
+    const env = this.lifecycle.environment(ref);
+    return env === null || principal === undefined || this.access.environmentVisible(principal, env) ? env : null;
   }
 
-  listEnvironments(): EnvironmentInfo[] {
-    return this.lifecycle.listEnvironments();
+  listEnvironments(principal?: Principal): EnvironmentInfo[] {
+    const all = this.lifecycle.listEnvironments();
+    return principal === undefined ? all : this.access.environments(principal, all);
+  }
+
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void {
+    this.access.check(principal, refs);
   }
 
   publishEnvironment(name: string, published: boolean): EnvironmentInfo {
@@ -683,8 +694,9 @@ export class ShimNode implements Shim {
 
   // ---- images ----
 
-  listImages(): ImageInfo[] {
-    return this.layers.listImages();
+  listImages(principal?: Principal): ImageInfo[] {
+    const all = this.layers.listImages();
+    return principal === undefined ? all : this.access.images(principal, all);
   }
 
   async importImage(req: Parameters<Shim['importImage']>[0], onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {

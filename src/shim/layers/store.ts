@@ -316,6 +316,18 @@ export class LayerStore {
     return { name: r.digest, digest: r.digest, kind: 'base', layers: [r.digest], sizeBytes: layer.size_bytes, createdAt: layer.created_at, source: layer.source };
   }
 
+  /** Names of the images whose image digest is `digest` (a single-layer image's digest is its layer's). */
+  imageNamesWithDigest(digest: string): string[] {
+    this.ready();
+    return (this.db.prepare('SELECT name FROM image_images WHERE digest = ? ORDER BY name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+  }
+
+  /** Names of the images that have `digest` among their layers. */
+  imageNamesWithLayer(digest: string): string[] {
+    this.ready();
+    return (this.db.prepare('SELECT DISTINCT image_name AS name FROM image_layers WHERE digest = ? ORDER BY image_name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+  }
+
   private layerRow(digest: string): { digest: string; size_bytes: number; created_at: string; source: string } | undefined {
     return this.db.prepare('SELECT digest, size_bytes, created_at, source FROM layer_blobs WHERE digest = ?').get(digest) as
       | { digest: string; size_bytes: number; created_at: string; source: string }
@@ -730,6 +742,27 @@ export class LayerStore {
       const blob = this.finalizeBlob(tmp, hex);
       progress({ phase: 'register', message: `registering ${name}` }, true);
       return this.register({ name, kind, layers: [blob], source: opts.source ?? `erofs:${file}`, config: null });
+    });
+  }
+
+  /**
+   * Take a ready EROFS image file as a layer blob without registering any
+   * image name: pack and squash make layers that must not be usable by anyone
+   * until the environment that owns them is recorded. Returns the digest.
+   */
+  async importLayerFile(file: string, source: string): Promise<string> {
+    this.open();
+    assertErofsImage(file);
+    return this.withScratch('erofs', async (scratch) => {
+      const tmp = join(scratch, 'layer.erofs');
+      try {
+        linkSync(file, tmp);
+      } catch {
+        copyFileSync(file, tmp);
+      }
+      const blob = this.finalizeBlob(tmp, await sha256File(tmp));
+      this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
+      return blob.digest;
     });
   }
 

@@ -22,6 +22,7 @@ import { mkfsErofs } from '../layers/erofs';
 import { removeTree } from '../layers/sys';
 import type {
   EnvironmentInfo,
+  ImageInfo,
   PackRequest,
   PackResult,
   PauseResult,
@@ -441,8 +442,7 @@ export class LifecycleManager {
           log: (l) => this.deps.log(`mkfs.erofs: ${l}`),
         });
         const source = `pack_diff:${id}`;
-        const layerImage = await layers.importErofsFile(packed.file, { name: req.name, kind: 'base', source });
-        const layer = layerImage.layers[0]!;
+        const layer = await layers.importLayerFile(packed.file, source);
         let diffLayers = [layer, ...(parent?.diffLayers ?? [])];
         const baseLayers = parent ? parent.baseLayers : live.record.layers;
         let squashed = false;
@@ -450,10 +450,10 @@ export class LifecycleManager {
           diffLayers = [await this.squash(diffLayers, baseLayers, scratch, req)];
           squashed = true;
         }
-        const image = layers.composeImage({ name: layerImage.name, layers: [...diffLayers, ...baseLayers], kind: 'base', source });
+        const name = existing?.name ?? req.name;
         const env: EnvironmentRecord = {
-          name: image.name,
-          digest: image.digest,
+          name,
+          digest: imageDigest([...diffLayers, ...baseLayers]),
           owner,
           published: req.publish ?? existing?.published ?? false,
           parent: live.record.spec.image,
@@ -463,7 +463,17 @@ export class LifecycleManager {
           scrub,
           createdAt: new Date().toISOString(),
         };
+        // The environment is recorded before its image name exists, so the
+        // name is never, even briefly, a node image usable by every account.
         this.environments.put(env);
+        let image: ImageInfo;
+        try {
+          image = layers.composeImage({ name, layers: [...diffLayers, ...baseLayers], kind: 'base', source });
+        } catch (err) {
+          if (existing) this.environments.put(existing);
+          else this.environments.remove(name);
+          throw err;
+        }
         this.touch(id);
         return {
           image,
@@ -495,8 +505,7 @@ export class LifecycleManager {
       const dir = await squashLayers(diffPaths, basePaths, scratch);
       const file = join(scratch, 'squashed.erofs');
       await mkfsErofs(file, dir, { compression: req.compression ?? 'lz4' });
-      const img = await layers.importErofsFile(file, { name: req.name, kind: 'base', source: `squash:${diffLayers.length} layers` });
-      return img.layers[0]!;
+      return await layers.importLayerFile(file, `squash:${diffLayers.length} layers`);
     } finally {
       layers.release([...diffLayers, ...baseLayers]);
     }

@@ -384,6 +384,10 @@ export class EnvironmentRegistry {
     return row === undefined ? null : toEnv(row);
   }
 
+  remove(name: string): void {
+    this.db.prepare('DELETE FROM lifecycle_environments WHERE name = ?').run(name);
+  }
+
   setPublished(name: string, published: boolean): void {
     this.db.prepare('UPDATE lifecycle_environments SET published = ? WHERE name = ?').run(published ? 1 : 0, name);
   }
