@@ -426,11 +426,12 @@ export class ShimNode implements Shim {
     }
   }
 
-  // ---- files: every path is resolved inside the sandbox's root by the native walk ----
+  // ---- files: every path is resolved inside the sandbox's root (native openInRoot), with the
+  // sandbox user's uid/gid: the API can read and write what an exec as that user could, no more ----
 
   async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
     const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'r', 0);
+    const fd = native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds());
     try {
       const st = fstatSync(fd);
       if (!st.isFile()) throw new WarrenError('INVALID_ARGUMENT', `${path} is not a regular file`);
@@ -452,8 +453,9 @@ export class ShimNode implements Shim {
   async writeFile(id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
     const box = await this.awake(id);
     const parent = posix.dirname(path);
-    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true);
-    const fd = native.openInRoot(box.rootPath(), path, 'w', mode);
+    const creds = box.fileCreds();
+    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true, creds);
+    const fd = native.openInRoot(box.rootPath(), path, 'w', mode, creds);
     try {
       let off = 0;
       while (off < data.length) off += writeSync(fd, data, off, data.length - off);
@@ -464,7 +466,7 @@ export class ShimNode implements Shim {
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
     const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0);
+    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds());
     try {
       // /proc/self/fd/N is the directory we already opened safely; entries are lstat'ed one component deep.
       const base = `/proc/self/fd/${fd}`;
@@ -482,7 +484,7 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     assertTarConfined(tar);
     const entries = scanTar(tar).length;
-    native.mkdirInRoot(box.rootPath(), dir, 0o755, true);
+    native.mkdirInRoot(box.rootPath(), dir, 0o755, true, box.fileCreds());
     // Extraction runs inside the sandbox: its own root bounds what tar can touch.
     const proc = await box.execStream({ cmd: ['tar', '-x', '-f', '-', '-C', dir], timeoutMs: 300_000 });
     const stderr: Buffer[] = [];
@@ -501,10 +503,10 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     // Fail early with a proper 404 (or PATH_ESCAPE) instead of an empty archive.
     try {
-      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0));
+      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds()));
     } catch (err) {
-      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE')) throw err;
-      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0));
+      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE' || err.code === 'FORBIDDEN')) throw err;
+      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds()));
     }
     const proc = await box.execStream({ cmd: ['tar', '-c', '-f', '-', '-C', posix.dirname(path), posix.basename(path) || '.'], timeoutMs: 300_000 });
     proc.stdin.end();

@@ -44,6 +44,7 @@ typedef enum {
   WN_MOUNT_ERROR,
   WN_SPAWN_ERROR,
   WN_TIMEOUT,
+  WN_FORBIDDEN,
 } wn_code;
 
 typedef struct wn_error {
@@ -266,8 +267,17 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);
 /* ---- filesystem confined to a root ------------------------------------ */
 enum { WN_OPEN_READ = 0, WN_OPEN_WRITE, WN_OPEN_APPEND, WN_OPEN_DIR };
 /* Returns a new O_CLOEXEC fd or -1. */
-int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, wn_error *e);
-int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, wn_error *e);
+/* The file-system identity an open runs with (the sandbox program's). */
+#define WN_MAX_GROUPS 64
+typedef struct wn_creds {
+  uid_t uid;
+  gid_t gid;
+  int n_groups;
+  gid_t groups[WN_MAX_GROUPS];
+} wn_creds;
+/* cr NULL: the caller's own credentials. */
+int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, const wn_creds *cr, wn_error *e);
+int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, const wn_creds *cr, wn_error *e);
 
 /* ---- mounts and misc --------------------------------------------------- */
 enum {

@@ -246,6 +246,12 @@ export class ContainerSandbox implements BackendSandbox {
     return `/proc/${this.runtime.pid}/root`;
   }
 
+  /** The identity the files API uses inside this sandbox: its user's, like an exec's (no supplementary groups). */
+  fileCreds(): { uid: number; gid: number; groups: number[] } {
+    const u = resolveUser(this.rootPath(), this.spec.user);
+    return { uid: u.uid, gid: u.gid, groups: [] };
+  }
+
   private assertAlive(): void {
     if (!this.alive || this.destroyed !== null) {
       throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is not running`);
