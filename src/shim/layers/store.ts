@@ -44,7 +44,7 @@ import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveIma
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
 import { RootfsBuilder } from './rootfs';
 import { native } from '../../native';
-import { nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
+import { LAYER_MOUNT_FLAGS, hasLayerMountFlags, nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
 import { checkConfined, readTarStream, type TarEntry } from './tar';
 
 export type ImageKind = ImageInfo['kind'];
@@ -399,6 +399,17 @@ export class LayerStore {
     if (here.length > 0) {
       const foreign = here.find((m) => m.fstype !== 'erofs');
       if (foreign) throw new WarrenError('MOUNT_ERROR', `${st.path} has a ${foreign.fstype} mount that is not this layer`);
+      if (!st.mounted && st.refs === 0 && !here.every(hasLayerMountFlags)) {
+        // A mount made before layers were mounted nodev,nosuid,noexec: replace it. Sandboxes
+        // already running keep their overlay's own reference to the old one.
+        for (let i = 0; i < here.length; i++) this.mounter.umount(st.path, true);
+        this.log(`layers: remounting ${st.digest} with ${LAYER_MOUNT_FLAGS.join(',')}`);
+        this.mounter.mountErofs(blob, st.path);
+        this.counters.mounts++;
+        st.mounted = true;
+        st.adopted = false;
+        return;
+      }
       if (!st.mounted) {
         st.adopted = true;
         this.counters.adoptions++;
