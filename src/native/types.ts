@@ -67,6 +67,8 @@ export interface SpawnSandboxSpec {
   coreSched: boolean;
   /** Size limit of the tmpfs mounted on /dev/shm and /tmp is not touched; bytes. */
   shmBytes?: number;
+  /** A host directory bound at /dev/shm instead of a tmpfs of its own (on the disk quota's tmpfs: one budget). */
+  shmDir?: string;
   /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }

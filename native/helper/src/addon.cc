@@ -307,7 +307,7 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init, netns;
+  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;  // issue 5
@@ -340,6 +340,10 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   bool core_sched = ToBool(env, o.Get("coreSched"), "coreSched");
   uint64_t shm = 0;
   if (Has(o, "shmBytes")) shm = static_cast<uint64_t>(ToInt(env, o.Get("shmBytes"), "shmBytes", 4096, int64_t(1) << 40));
+  if (Has(o, "shmDir")) {
+    j->shm_dir = ToStr(env, o.Get("shmDir"), "shmDir");
+    if (!wn_valid_abs_path(j->shm_dir.c_str())) Invalid(env, "shmDir must be an absolute normalized path");
+  }
 
   j->lower_ptrs = CPtrs(j->lowers);
   wn_spawn_spec& s = j->s;
@@ -354,6 +358,7 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   s.sched_idle = sched_idle;
   s.core_sched = core_sched;
   s.shm_bytes = shm;
+  s.shm_dir = j->shm_dir.empty() ? nullptr : j->shm_dir.c_str();
   s.confine = ParseConfine(env, o, j->confine_args);
   s.netns_path = j->netns.empty() ? nullptr : j->netns.c_str();
   wn_error e;

@@ -220,6 +220,9 @@ typedef struct wn_spawn_spec {
   int sched_idle;
   int core_sched;
   uint64_t shm_bytes; /* 0 = default 64 MiB */
+  /* Non-NULL: bind this host directory at /dev/shm instead of a tmpfs of its own, so shared memory
+     counts against the same quota as the writable layer (a directory on the sandbox's disk tmpfs). */
+  const char *shm_dir;
   const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const char *netns_path; /* issue 4: join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
 } wn_spawn_spec;
