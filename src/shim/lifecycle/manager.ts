@@ -33,7 +33,8 @@ import type {
 } from '../types';
 import { dumpSandbox, restoreSandbox } from './criu';
 import { pauseCgroup, resumeCgroup } from './memory';
-import { DEFAULT_SCRUB, EnvironmentRegistry, type EnvironmentRecord, packUpper, squashLayers, validateScrubPattern } from './pack';
+import { DEFAULT_SCRUB, EnvironmentRegistry, type EnvironmentRecord, type PackBudget, packUpper, squashLayers, validateScrubPattern, withDeadline } from './pack';
+import { DEFAULT_PROFILE, profile as confinementProfile } from '../../security/confinement';
 import { type DueAction, type LifecycleClock, clockFor, clockJson, extendClock } from './policy';
 import { LifecycleScheduler } from './scheduler';
 import { ZramSwap, setZswap } from './swap';
@@ -425,7 +426,15 @@ export class LifecycleManager {
       } catch (err) {
         if (!(err instanceof WarrenError) || err.code !== 'IMAGE_NOT_FOUND') throw err;
       }
-      const runtime = live.record.runtime as { dir: string };
+      const runtime = live.record.runtime as { dir: string; profile?: string };
+      const limits = (() => {
+        try {
+          return confinementProfile(runtime.profile ?? DEFAULT_PROFILE).limits;
+        } catch {
+          return confinementProfile(DEFAULT_PROFILE).limits; // the profile left the policy meanwhile
+        }
+      })();
+      const budget = { maxBytes: limits.packMb * 1024 * 1024, seconds: limits.packSeconds };
       const parent = this.environments.byDigest(imageDigest(live.record.layers));
       const scrub = [...new Set([...DEFAULT_SCRUB, ...(this.opts.scrub ?? []), ...scrubExtra])];
       const scratch = join(this.tmpDir, `pack-${process.pid}-${randomBytes(6).toString('hex')}`);
@@ -439,6 +448,7 @@ export class LifecycleManager {
           compression: req.compression ?? 'lz4',
           freeze: live.state === 'running',
           scratch,
+          budget,
           log: (l) => this.deps.log(`mkfs.erofs: ${l}`),
         });
         const source = `pack_diff:${id}`;
@@ -447,7 +457,7 @@ export class LifecycleManager {
         const baseLayers = parent ? parent.baseLayers : live.record.layers;
         let squashed = false;
         if (diffLayers.length > 1 && (req.squash === true || diffLayers.length > (this.opts.maxChainDepth ?? 8))) {
-          diffLayers = [await this.squash(diffLayers, baseLayers, scratch, req)];
+          diffLayers = [await this.squash(diffLayers, baseLayers, scratch, req, budget, started)];
           squashed = true;
         }
         const name = existing?.name ?? req.name;
@@ -496,7 +506,7 @@ export class LifecycleManager {
     });
   }
 
-  private async squash(diffLayers: string[], baseLayers: string[], scratch: string, req: PackRequest): Promise<string> {
+  private async squash(diffLayers: string[], baseLayers: string[], scratch: string, req: PackRequest, budget: PackBudget, started: number): Promise<string> {
     const layers = this.deps.layers;
     const held = await layers.acquire([...diffLayers, ...baseLayers]);
     try {
@@ -504,7 +514,7 @@ export class LifecycleManager {
       const basePaths = held.slice(diffLayers.length).map((l) => l.path);
       const dir = await squashLayers(diffPaths, basePaths, scratch);
       const file = join(scratch, 'squashed.erofs');
-      await mkfsErofs(file, dir, { compression: req.compression ?? 'lz4' });
+      await withDeadline(started + budget.seconds * 1000, budget.seconds, (signal) => mkfsErofs(file, dir, { compression: req.compression ?? 'lz4', chunked: true, signal }));
       return await layers.importLayerFile(file, `squash:${diffLayers.length} layers`);
     } finally {
       layers.release([...diffLayers, ...baseLayers]);

@@ -21,7 +21,7 @@
  * (again letting overlayfs write the whiteouts), see `squashLayers`.
  */
 import { execFile } from 'node:child_process';
-import { lstatSync, mkdirSync, readdirSync, rmSync, type Stats } from 'node:fs';
+import { lstatSync, mkdirSync, readdirSync, rmSync, statfsSync, type Stats } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../errors';
@@ -148,15 +148,18 @@ async function withMount<T>(target: string, data: string, fn: () => Promise<T>):
 
 async function cpA(from: string, to: string): Promise<void> {
   try {
-    await run('cp', ['-a', '--no-target-directory', from, to], { maxBuffer: 1 << 20 });
+    // --sparse=always: holes stay holes (and zero runs become holes) on the host disk.
+    await run('cp', ['-a', '--sparse=always', '--no-target-directory', from, to], { maxBuffer: 1 << 20 });
   } catch (err) {
     const e = err as { stderr?: string; message: string };
     throw new WarrenError('INTERNAL', `copying ${from}: ${(e.stderr || e.message).toString().trim().split('\n').slice(0, 5).join(' | ')}`);
   }
 }
 
-function treeBytes(dir: string): { bytes: number; entries: number } {
+/** Apparent bytes (holes included), allocated bytes and entries of a tree (symlinks not followed). */
+function treeBytes(dir: string): { bytes: number; allocated: number; entries: number } {
   let bytes = 0;
+  let allocated = 0;
   let entries = 0;
   const walk = (d: string): void => {
     for (const name of safeReaddir(d)) {
@@ -164,13 +167,22 @@ function treeBytes(dir: string): { bytes: number; entries: number } {
       const st = lstatOrNull(p);
       if (st === null) continue;
       entries++;
+      allocated += st.blocks * 512;
       if (st.isDirectory()) walk(p);
       else if (st.isFile()) bytes += st.size;
     }
   };
   walk(dir);
-  return { bytes, entries };
+  return { bytes, allocated, entries };
 }
+
+/** What one pack may cost (the packing sandbox's profile: limits.packMb, limits.packSeconds). */
+export interface PackBudget {
+  maxBytes: number;
+  seconds: number;
+}
+
+const MiB = 1024 * 1024;
 
 export interface PackInput {
   sandboxId: string;
@@ -182,6 +194,7 @@ export interface PackInput {
   /** Freeze/thaw the sandbox around the copy (skipped when already paused). */
   freeze: boolean;
   scratch: string;
+  budget: PackBudget;
   log?: (line: string) => void;
 }
 
@@ -205,6 +218,21 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   const merged = join(input.scratch, 'merged');
   mkdirSync(work, { mode: 0o700 });
   const t0 = performance.now();
+  const deadline = t0 + input.budget.seconds * 1000;
+  // Refuse before anything is copied: the budget counts apparent sizes (a 4 GiB sparse
+  // file is 4 GiB of image work), the host disk must hold what the copy allocates.
+  const before = treeBytes(input.upperDir);
+  if (before.bytes > input.budget.maxBytes) {
+    throw new WarrenError('PAYLOAD_TOO_LARGE', `the diff of sandbox ${input.sandboxId} holds ${before.bytes} bytes (file sizes, holes included); this sandbox's pack budget is ${input.budget.maxBytes} bytes (limits.packMb of its profile)`, {
+      diffBytes: before.bytes,
+      limitBytes: input.budget.maxBytes,
+    });
+  }
+  const fs = statfsSync(input.scratch);
+  const free = fs.bavail * fs.bsize;
+  if (before.allocated * 2 + 64 * MiB > free) {
+    throw new WarrenError('RESOURCE_EXHAUSTED', `packing sandbox ${input.sandboxId} needs about ${before.allocated * 2 + 64 * MiB} bytes on the node's disk; ${free} are free`, { neededBytes: before.allocated * 2 + 64 * MiB, freeBytes: free });
+  }
   if (input.freeze) native.cgroupFreeze(input.sandboxId, true);
   try {
     await cpA(input.upperDir, upper);
@@ -221,7 +249,7 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   const t2 = performance.now();
   const size = treeBytes(upper);
   const file = join(input.scratch, 'layer.erofs');
-  const hex = await mkfsErofs(file, upper, { compression: input.compression, log: input.log });
+  const hex = await withDeadline(deadline, input.budget.seconds, (signal) => mkfsErofs(file, upper, { compression: input.compression, chunked: true, log: input.log, signal }));
   const t3 = performance.now();
   return {
     file,
@@ -308,6 +336,23 @@ async function tarCopy(from: string, to: string, rels: string[]): Promise<void> 
     src.on('close', done);
     dst.on('close', done);
   });
+}
+
+/** Run `fn` with a signal that aborts at `deadline` (performance.now() ms); then TIMEOUT. */
+export async function withDeadline<T>(deadline: number, seconds: number, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const left = deadline - performance.now();
+  const timeout = () => new WarrenError('TIMEOUT', `pack took longer than its budget of ${seconds} s (limits.packSeconds of the sandbox's profile)`, { limitSeconds: seconds });
+  if (left <= 0) throw timeout();
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), left);
+  try {
+    return await fn(ac.signal);
+  } catch (err) {
+    if (ac.signal.aborted) throw timeout();
+    throw err;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function round(ms: number): number {
