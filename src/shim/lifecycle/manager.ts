@@ -392,7 +392,8 @@ export class LifecycleManager {
     const runtime = live.record.runtime as { dir: string };
     const rootfs = join(runtime.dir, 'rootfs');
     const lower = live.record.layers.map((d) => this.deps.layers.mountPath(d));
-    native.mount('overlay', rootfs, 'overlay', [], `lowerdir=${lower.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
+    // nodev like the spawn's root overlay; CRIU restores the tree's own mounts on top.
+    native.mount('overlay', rootfs, 'overlay', ['nodev'], `lowerdir=${lower.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
     try {
       const layout = native.cgroupLayout();
       const { pid } = await restoreSandbox({ dir: p.dir, rootfs, cgroupRoot: join(layout.roots.memory ?? layout.roots.unified ?? '', live.record.id), logDir: runtime.dir });

@@ -138,7 +138,8 @@ function overlayOptions(lower: string[], upper?: string, work?: string): string 
 
 async function withMount<T>(target: string, data: string, fn: () => Promise<T>): Promise<T> {
   mkdirSync(target, { recursive: true, mode: 0o700 });
-  native.mount('overlay', target, 'overlay', [], data);
+  // Host-side views of a sandbox's files (scrub, squash): nothing in them is a device, set-uid or run here.
+  native.mount('overlay', target, 'overlay', ['nodev', 'nosuid', 'noexec'], data);
   try {
     return await fn();
   } finally {
