@@ -80,7 +80,9 @@ function lstatOrNull(p: string): Stats | null {
 }
 
 /**
- * Expand glob patterns against the tree at `root` without following symlinks.
+ * Expand glob patterns against the tree at `root` without following symlinks:
+ * every component above a match is a real directory, so a match is always
+ * inside the tree (a match may itself be a symlink; removing it removes the link).
  * Returns sandbox paths ("/tmp/x"), parents before children, no duplicates.
  */
 export function expandPatterns(root: string, patterns: readonly string[]): string[] {
@@ -105,13 +107,19 @@ export function expandPatterns(root: string, patterns: readonly string[]): strin
       return;
     }
     if (!/[*?]/.test(head)) {
-      if (lstatOrNull(join(here, head)) !== null) walk(`${rel}/${head}`, rest);
+      const st = lstatOrNull(join(here, head));
+      // Descend only into real directories: `here` is a host path, and a symlink the
+      // sandbox planted (/var -> /) would be resolved by the host, outside the tree.
+      if (st !== null && (rest.length === 0 || st.isDirectory())) walk(`${rel}/${head}`, rest);
       return;
     }
     const st = lstatOrNull(here);
     if (st === null || !st.isDirectory()) return;
     const re = componentRe(head);
-    for (const name of safeReaddir(here)) if (re.test(name)) walk(`${rel}/${name}`, rest);
+    for (const name of safeReaddir(here)) {
+      if (!re.test(name)) continue;
+      if (rest.length === 0 || lstatOrNull(join(here, name))?.isDirectory()) walk(`${rel}/${name}`, rest);
+    }
   };
   for (const p of patterns) walk('', validateScrubPattern(p).split('/').filter(Boolean));
   // Drop paths below another match: deleting the parent covers them.
