@@ -39,3 +39,33 @@ it(`scrubbing through planted links never removes host files${why}`, async (t) =
     rmSync(victim, { recursive: true, force: true });
   }
 });
+
+it(`squashing a chain where a later layer turned a directory into a link to / reads no host file${why}`, async (t) => {
+  const victim = mkdtempSync(join(tmpdir(), 'warren-victim-'));
+  writeFileSync(join(victim, 'f'), 'host data');
+  try {
+    await withShim(t, async ({ shim }) => {
+      const a = await shim.createSandbox(spec());
+      t.is((await shim.exec(a.id, { cmd: `mkdir -p /work/data${victim} && echo sandbox > /work/data${victim}/f` })).exitCode, 0);
+      await shim.packSandbox(a.id, { name: 'chain1' }, 'test');
+      const b = await shim.createSandbox(spec({ image: 'chain1' }));
+      t.is((await shim.exec(b.id, { cmd: 'rm -rf /work/data && ln -s / /work/data' })).exitCode, 0);
+      const packed = await shim.packSandbox(b.id, { name: 'chain2', squash: true }, 'test');
+      t.true(packed.squashed);
+      const [l] = await shim.layers.acquire([packed.image.layers[0]!]);
+      try {
+        const { lstatSync, readFileSync } = await import('node:fs');
+        t.true(lstatSync(join(l!.path, 'work/data')).isSymbolicLink(), 'the link is kept as a link');
+        t.false(existsSync(join(l!.path, 'work', 'data-real')));
+        t.is(readFileSync(join(victim, 'f'), 'utf8'), 'host data', 'the host file is untouched');
+      } finally {
+        shim.layers.release([packed.image.layers[0]!]);
+      }
+      const c = await shim.createSandbox(spec({ image: 'chain2' }));
+      t.is((await shim.exec(c.id, { cmd: `readlink /work/data; cat /work/data${victim}/f 2>&1 | grep -c 'host data'` })).stdout, '/\n0\n', 'no host content in the layer');
+      for (const s of [a, b, c]) await shim.deleteSandbox(s.id);
+    });
+  } finally {
+    rmSync(victim, { recursive: true, force: true });
+  }
+});

@@ -301,7 +301,20 @@ export async function squashLayers(diffPaths: string[], basePaths: string[], scr
   await withMount(chainView, overlayOptions([...diffPaths, ...basePaths]), () =>
     withMount(target, overlayOptions(basePaths, out, work), async () => {
       const copy: string[] = [];
+      // Host paths: a component above `rel` that is not a real directory (a diff layer
+      // replaced a directory by a link, say to /) would be resolved by the host. Such a
+      // path is covered by its parent, which is copied as what it is (the link).
+      const parentsReal = (root: string, rel: string): boolean => {
+        const parts = rel.split('/');
+        for (let i = 1; i < parts.length; i++) {
+          const st = lstatOrNull(join(root, ...parts.slice(0, i)));
+          if (st !== null && !st.isDirectory()) return false;
+          if (st === null && root === chainView) return false;
+        }
+        return true;
+      };
       for (const rel of paths) {
+        if (!parentsReal(chainView, rel) || !parentsReal(target, rel)) continue;
         const want = lstatOrNull(join(chainView, rel));
         const have = lstatOrNull(join(target, rel));
         if (want === null) {
