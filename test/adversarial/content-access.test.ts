@@ -8,13 +8,12 @@
  * whose secret an upper, published layer deletes stays unusable on its own.
  */
 import { randomBytes } from 'node:crypto';
-import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { WarrenError } from '../../src/errors';
 import { integrationSkipReason, rawRequest, withGateway } from '../integration/gateway-fixture';
 
 const skip = integrationSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
 async function outcome(p: Promise<unknown>): Promise<string> {
   try {
@@ -27,7 +26,7 @@ async function outcome(p: Promise<unknown>): Promise<string> {
   }
 }
 
-it(`unpublished content cannot be named by any reference in any slot, nor seen in listings${why}`, async (t) => {
+it(`unpublished content cannot be named by any reference in any slot, nor seen in listings`, async (t) => {
   await withGateway(t, async ({ admin, account, url }) => {
     const builder = account('builder');
     const other = account('builder');

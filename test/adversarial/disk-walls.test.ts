@@ -3,12 +3,11 @@
  * write - the writable layer (/, /root, /tmp, /work), /dev/shm and /dev itself
  * - holds at most 32 MiB together, in whatever order it is filled.
  */
-import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { rootSkipReason, spec, withShim } from '../helpers/warren';
 
 const skip = rootSkipReason();
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 
 const MiB = 1024 * 1024;
 const PLACES = ['/root/fill', '/dev/shm/fill', '/dev/fill', '/tmp/fill', '/work/fill', '/fill'];
@@ -19,7 +18,7 @@ async function fill(shim: import('../../src/shim/types').Shim, id: string, path:
   return Number(r.stdout.trim());
 }
 
-it(`diskMb: 32 holds 32 MiB in all writable places together, filled in any order${why}`, async (t) => {
+it(`diskMb: 32 holds 32 MiB in all writable places together, filled in any order`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const sb = await shim.createSandbox(spec({ diskMb: 32, memoryMb: 512 }));
     for (const order of [PLACES, [...PLACES].reverse(), ['/dev/shm/fill', '/dev/fill', '/root/fill']]) {

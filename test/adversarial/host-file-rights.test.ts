@@ -8,13 +8,13 @@
  * itself, and nothing is written where it could not write.
  */
 import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { WarrenError } from '../../src/errors';
 import { type FnFixture, integrationSkipReason, openFnFixture, rawRequest } from '../integration/fncall-fixture';
 import { spec, withShim } from '../helpers/warren';
 
 const skip = integrationSkipReason();
-const why = skip === null ? '' : ` (skipped: ${skip})`;
-const maybe = skip === null ? test.serial : test.skip;
+const maybe = testUnless(skip).serial;
 
 let f: FnFixture | undefined;
 test.after.always(async () => {
@@ -35,7 +35,7 @@ const PLANT = [
 ].join('; ');
 const ASK = ['shadow', 'profile', 'slash/etc/shadow', 'slash/root/.profile', 'rel', 'd/etc/shadow', 'environ', 'locked.txt', 'own.txt'];
 
-maybe(`FnCall fetchFiles and SandboxFusion fetch_files return only what the program could read itself${why}`, async (t) => {
+maybe(`FnCall fetchFiles and SandboxFusion fetch_files return only what the program could read itself`, async (t) => {
   f = await openFnFixture();
   await f.pool({ name: 'rights', min: 1, max: 1 });
   const r = await f.admin.functions.invoke('rights', { cmd: ['/bin/sh', '-c', PLANT], fetchFiles: ASK });
@@ -86,7 +86,7 @@ async function codeOf(p: Promise<unknown>): Promise<string> {
   }
 }
 
-maybe(`the files API reads and writes with the sandbox user's rights, never through planted links${why}`, async (t) => {
+maybe(`the files API reads and writes with the sandbox user's rights, never through planted links`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const sb = await shim.createSandbox(spec({ user: '65534' }));
     const root = (cmd: string) => shim.exec(sb.id, { cmd, user: 'root' });

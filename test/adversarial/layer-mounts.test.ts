@@ -9,14 +9,13 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, openSync, closeSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { readMountInfo } from '../../src/shim/layers/sys';
 import { withTestStore } from '../helpers/images';
 import { spec, withShim } from '../helpers/warren';
 
 const skip = process.getuid?.() !== 0 ? 'requires root (mknod, mounts)' : null;
-const rootTest = skip ? test.skip : test.serial;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const rootTest = testUnless(skip).serial;
 
 function hostileTree(): string {
   const dir = mkdtempSync(join(tmpdir(), 'warren-hostile-'));
@@ -35,7 +34,7 @@ function optionsAt(path: string): string[] {
   return m.length === 0 ? [] : m[m.length - 1]!.options.split(',');
 }
 
-rootTest(`a device node, set-uid file or program in a layer is inert under the host mount${why}`, async (t) => {
+rootTest(`a device node, set-uid file or program in a layer is inert under the host mount`, async (t) => {
   const tree = hostileTree();
   try {
     await withTestStore(async ({ store }) => {
@@ -67,7 +66,7 @@ rootTest(`a device node, set-uid file or program in a layer is inert under the h
   }
 });
 
-rootTest(`sandboxes still run programs from layers mounted noexec on the host${why}`, async (t) => {
+rootTest(`sandboxes still run programs from layers mounted noexec on the host`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const sb = await shim.createSandbox(spec());
     const r = await shim.exec(sb.id, { cmd: 'echo ok; /bin/busybox true && echo exec-ok' });

@@ -8,14 +8,13 @@
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { rootSkipReason, spec, withShim } from '../helpers/warren';
 
 const skip = rootSkipReason();
-const it = skip === null ? test : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip);
 
-it(`scrubbing through planted links never removes host files${why}`, async (t) => {
+it(`scrubbing through planted links never removes host files`, async (t) => {
   const victim = mkdtempSync(join(tmpdir(), 'warren-victim-'));
   for (const d of ['tmp', 'cache/apt', 'lib/apt/lists']) mkdirSync(join(victim, d), { recursive: true });
   for (const f of ['tmp/precious', 'cache/apt/pkg.deb', 'lib/apt/lists/index']) writeFileSync(join(victim, f), 'host data');
@@ -40,7 +39,7 @@ it(`scrubbing through planted links never removes host files${why}`, async (t) =
   }
 });
 
-it(`squashing a chain where a later layer turned a directory into a link to / reads no host file${why}`, async (t) => {
+it(`squashing a chain where a later layer turned a directory into a link to / reads no host file`, async (t) => {
   const victim = mkdtempSync(join(tmpdir(), 'warren-victim-'));
   writeFileSync(join(victim, 'f'), 'host data');
   try {

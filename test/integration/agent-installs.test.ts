@@ -9,14 +9,14 @@ import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
 import { debianCachePath } from '../../src/shim/layers/debian';
 import { rootSkipReason, spec, withShim } from '../helpers/warren';
 
 const cachePath = debianCachePath({});
 const skip = rootSkipReason() ?? (existsSync(cachePath) ? null : `no cached Debian image ${cachePath} (scripts/setup.sh or WARREN_TEST_DEBIAN=1 builds it)`);
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 
 const dir = mkdtempSync(join(tmpdir(), 'warren-policy-'));
 cpSync(BUNDLED_POLICY_DIR, dir, { recursive: true });
@@ -34,7 +34,7 @@ const BUILD_DEB = [
   'dpkg-deb --root-owner-group --build /tmp/pkg /tmp/warren-hello.deb >/dev/null',
 ].join('\n');
 
-it(`default profile: dpkg and apt install a local package; /usr, /etc, /var/lib/dpkg are writable; /proc and /sys are not${why}`, async (t) => {
+it(`default profile: dpkg and apt install a local package; /usr, /etc, /var/lib/dpkg are writable; /proc and /sys are not`, async (t) => {
   await withShim(t, async ({ shim }) => {
     await shim.layers.buildDebian({ name: 'default' });
     const sb = await shim.createSandbox(spec({ image: 'default' }));
@@ -56,7 +56,7 @@ it(`default profile: dpkg and apt install a local package; /usr, /etc, /var/lib/
   });
 });
 
-it(`warren-strict keeps /usr and /etc read-only, so installs fail (its trade-off)${why}`, async (t) => {
+it(`warren-strict keeps /usr and /etc read-only, so installs fail (its trade-off)`, async (t) => {
   await withShim(t, async ({ shim }) => {
     await shim.layers.buildDebian({ name: 'default' });
     const sb = await shim.createSandbox(spec({ image: 'default', owner: 'strict-owner' }));

@@ -8,13 +8,13 @@ import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, write
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'ava';
+import { testUnless } from '../helpers/skip';
 import { WarrenError } from '../../src/errors';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../../src/security/confinement';
 import { rootSkipReason, spec, withShim } from '../helpers/warren';
 
 const skip = rootSkipReason();
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 
 // A policy whose default profile has a 6 GiB, 3 s pack budget.
 const dir = mkdtempSync(join(tmpdir(), 'warren-policy-'));
@@ -34,7 +34,7 @@ async function codeOf(p: Promise<unknown>): Promise<string> {
   }
 }
 
-it(`two 4 GiB sparse files: refused by the pack budget before anything is copied${why}`, async (t) => {
+it(`two 4 GiB sparse files: refused by the pack budget before anything is copied`, async (t) => {
   await withShim(t, async ({ shim, dataDir }) => {
     const sb = await shim.createSandbox(spec({ diskMb: 64 }));
     t.is((await shim.exec(sb.id, { cmd: 'truncate -s 4G /root/a /root/b && du -k /root/a /root/b' })).stdout, '0\t/root/a\n0\t/root/b\n');
@@ -48,7 +48,7 @@ it(`two 4 GiB sparse files: refused by the pack budget before anything is copied
   });
 });
 
-it(`a sparse file keeps its holes: small layer, exact content in the next sandbox${why}`, async (t) => {
+it(`a sparse file keeps its holes: small layer, exact content in the next sandbox`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const sb = await shim.createSandbox(spec({ diskMb: 64 }));
     await shim.exec(sb.id, { cmd: 'truncate -s 32M /root/sparse && printf end | dd of=/root/sparse bs=1 seek=33554429 conv=notrunc 2>/dev/null && md5sum /root/sparse > /root/sum' });
@@ -66,7 +66,7 @@ it(`a sparse file keeps its holes: small layer, exact content in the next sandbo
   });
 });
 
-it(`the pack time budget stops the image build with TIMEOUT and leaves nothing${why}`, async (t) => {
+it(`the pack time budget stops the image build with TIMEOUT and leaves nothing`, async (t) => {
   await withShim(t, async ({ shim, dataDir }) => {
     const sb = await shim.createSandbox(spec({ diskMb: 64 }));
     // 3 GiB of holes (RLIMIT_FSIZE of the profile is 4 GiB): inside the size budget, far more than 3 s of image work here.
