@@ -13,6 +13,7 @@ APT_PACKAGES=(
   debootstrap                                   # the default Debian image
   busybox-static                                # test images
   runc                                          # benchmark baseline
+  criu                                          # hibernate (checkpoint/restore); its probe names what the kernel lacks
   iproute2 nftables util-linux tar gzip zstd    # networking and archives
   chromium fonts-dejavu-core                    # dashboard tests (headless, test/ui) and its screenshots
 )

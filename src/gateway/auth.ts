@@ -11,6 +11,7 @@
 import { createHash, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
+import type { Principal } from '../shim/types';
 import type { Database } from '../state/db';
 import { WarrenError } from '../errors';
 import type { Role } from './validation';
@@ -48,7 +49,7 @@ export const PERMISSIONS = {
   allSandboxes: ['admin'],
   /** manage accounts */
   accounts: ['admin'],
-  /** read and apply the security policy (issue 5) */
+  /** read and apply the security policy */
   policy: ['admin'],
   /** import or build images */
   buildImages: ['admin', 'builder'],
@@ -70,6 +71,11 @@ export type Permission = keyof typeof PERMISSIONS;
 
 export function can(account: Pick<Account, 'role'>, permission: Permission): boolean {
   return (PERMISSIONS[permission] as readonly Role[]).includes(account.role);
+}
+
+/** The shim's view of an account for content checks (src/shim/access.ts). */
+export function principalOf(account: Pick<Account, 'id' | 'role'>): Principal {
+  return { account: account.id, unpublished: can(account, 'allSandboxes') ? 'all' : can(account, 'unpublishedEnvironments') ? 'own' : 'none' };
 }
 
 export function requirePermission(account: Pick<Account, 'role'>, permission: Permission): void {

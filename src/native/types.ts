@@ -9,6 +9,13 @@
 
 export type CgroupVersion = 1 | 2;
 
+/** The identity a host-side file access runs with. */
+export interface FileCreds {
+  uid: number;
+  gid: number;
+  groups?: number[];
+}
+
 export interface CgroupLayout {
   version: CgroupVersion;
   /** Absolute paths of the Warren parent group per controller ("unified" on v2). */
@@ -60,6 +67,8 @@ export interface SpawnSandboxSpec {
   coreSched: boolean;
   /** Size limit of the tmpfs mounted on /dev/shm and /tmp is not touched; bytes. */
   shmBytes?: number;
+  /** A host directory bound at /dev/shm instead of a tmpfs of its own (on the disk quota's tmpfs: one budget). */
+  shmDir?: string;
   /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }
@@ -207,10 +216,15 @@ export interface NativeAddon {
   ptyResize(ptyFd: number, cols: number, rows: number): void;
   close(fd: number): void;
 
-  // filesystem, confined to a root (openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-  /** Open `path` (interpreted inside rootDir, symlinks cannot leave it). flags: 'r' | 'w' (create/truncate) | 'a' | 'dir'. */
-  openInRoot(rootDir: string, path: string, flags: 'r' | 'w' | 'a' | 'dir', mode: number): number;
-  mkdirInRoot(rootDir: string, path: string, mode: number, recursive: boolean): void;
+  // filesystem, confined to a root (openat2 RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, else a
+  // component-by-component O_NOFOLLOW walk; rootfs.c)
+  /**
+   * Open `path` (interpreted inside rootDir, symlinks cannot leave it). flags: 'r' | 'w' (create/truncate) | 'a' | 'dir'.
+   * `creds`: do it with that fsuid/fsgid/groups (the sandbox program's), so permissions and owners are the program's;
+   * refusals are FORBIDDEN.
+   */
+  openInRoot(rootDir: string, path: string, flags: 'r' | 'w' | 'a' | 'dir', mode: number, creds?: FileCreds): number;
+  mkdirInRoot(rootDir: string, path: string, mode: number, recursive: boolean, creds?: FileCreds): void;
 
   // mounts
   mount(source: string, target: string, fstype: string, flags: MountFlag[], data: string): void;

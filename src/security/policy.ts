@@ -55,8 +55,16 @@ export interface Profile {
     openFiles: number;
     /** Size of the writable layer when the create request has no diskMb (null: no quota). */
     diskMb: number | null;
+    /** pack_diff refuses a diff whose files add up to more (apparent sizes, holes included). */
+    packMb: number;
+    /** pack_diff stops (TIMEOUT) when it takes longer. */
+    packSeconds: number;
   };
 }
+
+/** Pack budget of profiles that do not set one. */
+export const DEFAULT_PACK_MB = 8192;
+export const DEFAULT_PACK_SECONDS = 600;
 
 export interface Service {
   name: string;
@@ -353,7 +361,7 @@ export function loadPolicy(dir: string): Policy {
           }
         }
         const scope = c.obj(ll?.scope, [...base, 'landlock', 'scope'], { required: ['signals', 'abstractUnix'] });
-        const lim = c.obj(p.limits, [...base, 'limits'], { required: ['fileSizeMb', 'openFiles', 'diskMb'] });
+        const lim = c.obj(p.limits, [...base, 'limits'], { required: ['fileSizeMb', 'openFiles', 'diskMb'], optional: ['packMb', 'packSeconds'] });
         profiles[name] = {
           name,
           apparmor,
@@ -368,6 +376,8 @@ export function loadPolicy(dir: string): Policy {
             fileSizeMb: c.int(lim?.fileSizeMb, [...base, 'limits', 'fileSizeMb'], 1, 1_048_576, true),
             openFiles: c.int(lim?.openFiles, [...base, 'limits', 'openFiles'], 64, 1_048_576) ?? 1024,
             diskMb: c.int(lim?.diskMb, [...base, 'limits', 'diskMb'], 16, 1_048_576, true),
+            packMb: (lim?.packMb === undefined ? null : c.int(lim.packMb, [...base, 'limits', 'packMb'], 1, 16_777_216)) ?? DEFAULT_PACK_MB,
+            packSeconds: (lim?.packSeconds === undefined ? null : c.int(lim.packSeconds, [...base, 'limits', 'packSeconds'], 1, 86_400)) ?? DEFAULT_PACK_SECONDS,
           },
         };
       }

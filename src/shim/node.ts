@@ -15,6 +15,7 @@ import { confineForSandbox, nsexecConfineArgs, onPolicyApplied, policyStore } fr
 import { native, helperBinary, bpfObject } from '../native';
 import { inSpan, instruments } from '../telemetry';
 import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
+import { ContentAccess, type Principal } from './access';
 import { LayerStore } from './layers/store';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
@@ -100,6 +101,8 @@ export class ShimNode implements Shim {
   readonly layers: LayerStore;
   /** FnCall warm pools (src/shim/fncall). */
   readonly functions: FnCallManager;
+  /** The one check of who may use which image, environment or layer (access.ts). */
+  readonly access: ContentAccess;
   private readonly container: ContainerBackend;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly sessionsDir: string;
@@ -135,6 +138,7 @@ export class ShimNode implements Shim {
     mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
     this.metrics.liveSandboxes.addCallback(this.observeLive);
     this.lifecycle = new LifecycleManager(this.lifecycleHost(), { dataDir: opts.dataDir, db: opts.db, layers: this.layers, log: this.log }, opts.lifecycle);
+    this.access = new ContentAccess(this.layers, this.lifecycle.environments);
     this.functions = new FnCallManager({ dataDir: opts.dataDir, nodeId: this.nodeId, layers: this.layers, log: this.log, config: opts.fncall, onProgress: opts.onProgress });
   }
 
@@ -293,7 +297,7 @@ export class ShimNode implements Shim {
     return live.box;
   }
 
-  async createSandbox(spec: SandboxSpec): Promise<SandboxInfo> {
+  async createSandbox(spec: SandboxSpec, principal: Principal = { account: spec.owner, unpublished: 'all' }): Promise<SandboxInfo> {
     assertBackendAvailable(spec.backend);
     if (spec.backend !== 'container') {
       throw new WarrenError('NOT_SUPPORTED', `"${spec.backend}" sandboxes are not created through /v1/sandboxes${spec.backend === 'fncall' ? '; invoke a pool through /v1/functions/:pool/invoke' : ''}`, { backend: spec.backend });
@@ -309,12 +313,13 @@ export class ShimNode implements Shim {
     else spec.network = services;
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
-      const image = this.layers.resolveImage(spec.image);
+      // and every reference goes through the one authorisation check.
+      const image = this.access.resolve(principal, spec.image, 'image');
       const extra = [
-        ...spec.toolkits.map((ref) => this.layers.resolveLayer(ref, 'toolkit').digest),
-        ...spec.workspaces.map((ref) => this.layers.resolveLayer(ref, 'workspace').digest),
+        ...spec.toolkits.map((ref) => this.access.resolve(principal, ref, 'toolkit').digests[0]!),
+        ...spec.workspaces.map((ref) => this.access.resolve(principal, ref, 'workspace').digests[0]!),
       ];
-      const digests = [...extra, ...image.layers];
+      const digests = [...extra, ...image.digests];
       const layers = await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
       const record: SandboxRecord = { id, spec, layers: digests, state: 'creating', createdAt: new Date().toISOString(), runtime: {} };
       this.lifecycle.created(record);
@@ -432,11 +437,12 @@ export class ShimNode implements Shim {
     }
   }
 
-  // ---- files: every path is resolved inside the sandbox's root by the native walk ----
+  // ---- files: every path is resolved inside the sandbox's root (native openInRoot), with the
+  // sandbox user's uid/gid: the API can read and write what an exec as that user could, no more ----
 
   async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
     const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'r', 0);
+    const fd = native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds());
     try {
       const st = fstatSync(fd);
       if (!st.isFile()) throw new WarrenError('INVALID_ARGUMENT', `${path} is not a regular file`);
@@ -458,8 +464,9 @@ export class ShimNode implements Shim {
   async writeFile(id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
     const box = await this.awake(id);
     const parent = posix.dirname(path);
-    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true);
-    const fd = native.openInRoot(box.rootPath(), path, 'w', mode);
+    const creds = box.fileCreds();
+    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true, creds);
+    const fd = native.openInRoot(box.rootPath(), path, 'w', mode, creds);
     try {
       let off = 0;
       while (off < data.length) off += writeSync(fd, data, off, data.length - off);
@@ -470,7 +477,7 @@ export class ShimNode implements Shim {
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
     const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0);
+    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds());
     try {
       // /proc/self/fd/N is the directory we already opened safely; entries are lstat'ed one component deep.
       const base = `/proc/self/fd/${fd}`;
@@ -488,7 +495,7 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     assertTarConfined(tar);
     const entries = scanTar(tar).length;
-    native.mkdirInRoot(box.rootPath(), dir, 0o755, true);
+    native.mkdirInRoot(box.rootPath(), dir, 0o755, true, box.fileCreds());
     // Extraction runs inside the sandbox: its own root bounds what tar can touch.
     const proc = await box.execStream({ cmd: ['tar', '-x', '-f', '-', '-C', dir], timeoutMs: 300_000 });
     const stderr: Buffer[] = [];
@@ -507,10 +514,10 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     // Fail early with a proper 404 (or PATH_ESCAPE) instead of an empty archive.
     try {
-      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0));
+      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds()));
     } catch (err) {
-      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE')) throw err;
-      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0));
+      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE' || err.code === 'FORBIDDEN')) throw err;
+      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds()));
     }
     const proc = await box.execStream({ cmd: ['tar', '-c', '-f', '-', '-C', posix.dirname(path), posix.basename(path) || '.'], timeoutMs: 300_000 });
     proc.stdin.end();
@@ -680,12 +687,18 @@ export class ShimNode implements Shim {
     return this.lifecycle.pack(id, req, owner);
   }
 
-  environment(ref: string): EnvironmentInfo | null {
-    return this.lifecycle.environment(ref);
+  environment(ref: string, principal?: Principal): EnvironmentInfo | null {
+    const env = this.lifecycle.environment(ref);
+    return env === null || principal === undefined || this.access.environmentVisible(principal, env) ? env : null;
   }
 
-  listEnvironments(): EnvironmentInfo[] {
-    return this.lifecycle.listEnvironments();
+  listEnvironments(principal?: Principal): EnvironmentInfo[] {
+    const all = this.lifecycle.listEnvironments();
+    return principal === undefined ? all : this.access.environments(principal, all);
+  }
+
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void {
+    this.access.check(principal, refs);
   }
 
   publishEnvironment(name: string, published: boolean): EnvironmentInfo {
@@ -694,8 +707,9 @@ export class ShimNode implements Shim {
 
   // ---- images ----
 
-  listImages(): ImageInfo[] {
-    return this.layers.listImages();
+  listImages(principal?: Principal): ImageInfo[] {
+    const all = this.layers.listImages();
+    return principal === undefined ? all : this.access.images(principal, all);
   }
 
   async importImage(req: Parameters<Shim['importImage']>[0], onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {

@@ -3,6 +3,9 @@
  * machine both live in one process, but nothing here assumes it.
  */
 import type { Readable, Writable } from 'node:stream';
+import type { Principal } from './access';
+
+export type { Principal } from './access';
 
 export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
 export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopped' | 'failed' | 'deleting';
@@ -329,7 +332,13 @@ export interface Shim {
   readonly nodeId: string;
   features(): FeatureReport;
 
-  createSandbox(spec: SandboxSpec): Promise<SandboxInfo>;
+  /**
+   * `principal`: the account asking; every image, workspace and toolkit
+   * reference is checked for it (access.ts). The gateway always passes one;
+   * without it the node itself asks (tests, node-internal callers) and may use
+   * anything.
+   */
+  createSandbox(spec: SandboxSpec, principal?: Principal): Promise<SandboxInfo>;
   getSandbox(id: string): SandboxInfo;
   listSandboxes(filter?: { owner?: string; labels?: Record<string, string> }): SandboxInfo[];
   deleteSandbox(id: string): Promise<void>;
@@ -361,8 +370,11 @@ export interface Shim {
   extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): SandboxInfo;
   packSandbox(id: string, req: PackRequest, owner: string): Promise<PackResult>;
   /** A packed environment by image name or digest, or null for images that are not packed environments. */
-  environment(ref: string): EnvironmentInfo | null;
-  listEnvironments(): EnvironmentInfo[];
+  environment(ref: string, principal?: Principal): EnvironmentInfo | null;
+  /** With a principal: only what it may use (the same check as createSandbox's). */
+  listEnvironments(principal?: Principal): EnvironmentInfo[];
+  /** Throws (FORBIDDEN, or not found for digests) unless `principal` may use every reference. */
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void;
   publishEnvironment(name: string, published: boolean): EnvironmentInfo;
 
   // issue 4: per-service egress
@@ -372,7 +384,8 @@ export interface Shim {
   /** Cgroup counters of a running or paused sandbox (null otherwise); optional for shims that cannot read them. */
   sandboxStats?(id: string): Promise<SandboxStats | null>;
 
-  listImages(): ImageInfo[];
+  /** With a principal: only the images it may use. */
+  listImages(principal?: Principal): ImageInfo[];
   importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;
 
   close(): Promise<void>;

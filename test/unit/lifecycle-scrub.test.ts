@@ -53,3 +53,16 @@ test('expandPatterns: literals, * and ?, ** at any depth, parents cover children
     rmSync(root, { recursive: true, force: true });
   }
 });
+
+test('expandPatterns never descends through a symlink: a planted /var -> host dir matches nothing there', (t) => {
+  const victim = tree(['tmp/precious', 'cache/apt/archives/x.deb', 'lists/y']);
+  const root = tree(['root/'], { var: victim, home: victim, 'root/.cache': victim });
+  try {
+    const found = expandPatterns(root, [...DEFAULT_SCRUB, '/var/**', '/home/*/apt/archives/*']);
+    // only the link itself may match (removing it removes the link), nothing beneath it
+    t.deepEqual(found, ['/root/.cache']);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+    rmSync(victim, { recursive: true, force: true });
+  }
+});

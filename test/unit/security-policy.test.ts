@@ -36,7 +36,7 @@ function edit(dir: string, file: string, from: string, to: string): void {
 
 test('policy: the bundled policies/ directory is valid', (t) => {
   const p = loadPolicy(BUNDLED_POLICY_DIR);
-  t.deepEqual(Object.keys(p.profiles).sort(), ['warren-builder', 'warren-default', 'warren-fncall']);
+  t.deepEqual(Object.keys(p.profiles).sort(), ['warren-builder', 'warren-default', 'warren-fncall', 'warren-strict']);
   t.false(p.enforcement.allowUnconfined);
   t.is(p.accounts.defaultProfile, 'warren-default');
   t.false(p.seccomp.default!.allow.ptrace);
@@ -99,7 +99,7 @@ test('policy: contradictions are rejected (path both read-only and writable, /pr
   const d = copy();
   edit(d, 'profiles.yaml', 'writable: [/tmp, /var/tmp, /work, /root, /dev]', 'writable: [/tmp, /proc, /var/tmp, /work, /root, /dev]');
   edit(d, 'profiles.yaml', "writable: ['/*']", "writable: ['/*', /tmp, /etc]");
-  edit(d, 'profiles.yaml', 'readOnly: [/]                 # read', 'readOnly: [/, /tmp]                 # read');
+  edit(d, 'profiles.yaml', 'readOnly: [/]\n      # full access: every top-level directory (', 'readOnly: [/, /tmp]\n      # full access: every top-level directory (');
   edit(d, 'profiles.yaml', 'protected: [/proc, /sys]', 'protected: [/proc]');
   edit(d, 'profiles.yaml', 'seccomp: default                # a', 'seccomp: nonexistent                # a');
   edit(d, 'accounts.yaml', 'profile: warren-default', 'profile: warren-nope');

@@ -307,7 +307,7 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init, netns;
+  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;  // issue 5
@@ -340,6 +340,10 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   bool core_sched = ToBool(env, o.Get("coreSched"), "coreSched");
   uint64_t shm = 0;
   if (Has(o, "shmBytes")) shm = static_cast<uint64_t>(ToInt(env, o.Get("shmBytes"), "shmBytes", 4096, int64_t(1) << 40));
+  if (Has(o, "shmDir")) {
+    j->shm_dir = ToStr(env, o.Get("shmDir"), "shmDir");
+    if (!wn_valid_abs_path(j->shm_dir.c_str())) Invalid(env, "shmDir must be an absolute normalized path");
+  }
 
   j->lower_ptrs = CPtrs(j->lowers);
   wn_spawn_spec& s = j->s;
@@ -354,6 +358,7 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   s.sched_idle = sched_idle;
   s.core_sched = core_sched;
   s.shm_bytes = shm;
+  s.shm_dir = j->shm_dir.empty() ? nullptr : j->shm_dir.c_str();
   s.confine = ParseConfine(env, o, j->confine_args);
   s.netns_path = j->netns.empty() ? nullptr : j->netns.c_str();
   wn_error e;
@@ -702,6 +707,26 @@ Napi::Value Close(const Napi::CallbackInfo& info) {
 
 // ---- filesystem ------------------------------------------------------------------------
 
+// Optional { uid, gid, groups? }: the identity the file access runs with (rootfs.c).
+static bool ArgCreds(const Napi::CallbackInfo& info, size_t i, wn_creds* cr) {
+  Napi::Env env = info.Env();
+  Napi::Value v = ArgOrUndefined(info, i);
+  if (v.IsUndefined() || v.IsNull()) return false;
+  if (!v.IsObject()) Invalid(env, "creds must be an object { uid, gid, groups? }");
+  Napi::Object o = v.As<Napi::Object>();
+  cr->uid = static_cast<uid_t>(ToInt(env, o.Get("uid"), "creds.uid", 0, 0xfffffffe));
+  cr->gid = static_cast<gid_t>(ToInt(env, o.Get("gid"), "creds.gid", 0, 0xfffffffe));
+  cr->n_groups = 0;
+  if (Has(o, "groups")) {
+    Napi::Value g = o.Get("groups");
+    if (!g.IsArray()) Invalid(env, "creds.groups must be an array");
+    Napi::Array a = g.As<Napi::Array>();
+    if (a.Length() > WN_MAX_GROUPS) Invalid(env, "creds.groups: at most 64 groups");
+    for (uint32_t k = 0; k < a.Length(); k++) cr->groups[cr->n_groups++] = static_cast<gid_t>(ToInt(env, a.Get(k), "creds.groups[]", 0, 0xfffffffe));
+  }
+  return true;
+}
+
 Napi::Value OpenInRoot(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
@@ -720,8 +745,10 @@ Napi::Value OpenInRoot(const Napi::CallbackInfo& info) {
   else
     Invalid(env, "flags must be 'r', 'w', 'a' or 'dir'");
   mode_t mode = static_cast<mode_t>(ToInt(env, ArgOrUndefined(info, 3), "mode", 0, 07777));
+  wn_creds cr;
+  bool have = ArgCreds(info, 4, &cr);
   wn_error e;
-  int fd = wn_open_in_root(root.c_str(), path.c_str(), how, mode, &e);
+  int fd = wn_open_in_root(root.c_str(), path.c_str(), how, mode, have ? &cr : nullptr, &e);
   if (fd < 0) Throw(env, e);
   return Napi::Number::New(env, fd);
 }
@@ -733,8 +760,10 @@ Napi::Value MkdirInRoot(const Napi::CallbackInfo& info) {
   std::string path = ToStr(env, ArgOrUndefined(info, 1), "path");
   mode_t mode = static_cast<mode_t>(ToInt(env, ArgOrUndefined(info, 2), "mode", 0, 07777));
   bool recursive = ToBool(env, ArgOrUndefined(info, 3), "recursive");
+  wn_creds cr;
+  bool have = ArgCreds(info, 4, &cr);
   wn_error e;
-  if (wn_mkdir_in_root(root.c_str(), path.c_str(), mode, recursive, &e) < 0) Throw(env, e);
+  if (wn_mkdir_in_root(root.c_str(), path.c_str(), mode, recursive, have ? &cr : nullptr, &e) < 0) Throw(env, e);
   return env.Undefined();
 }
 

@@ -1,19 +1,42 @@
 /*
- * openInRoot / mkdirInRoot: a race-free userspace walk confined to a root
- * directory (in the spirit of filepath-securejoin).
+ * openInRoot / mkdirInRoot: open or create a path confined to a root
+ * directory, optionally with the file-system credentials of the sandbox
+ * program it is done for.
  *
- * The walk starts at an O_PATH fd of the root and opens one component at a time
- * with O_PATH|O_NOFOLLOW. Symlinks are read with readlinkat and spliced into the
- * remaining path; absolute targets restart at the root fd. ".." pops a stack of
- * already-opened ancestor fds, so it can never climb above the root (that is
- * PATH_ESCAPE) and is immune to directories being moved meanwhile. Any
- * component on procfs is refused (PATH_ESCAPE): this blocks magic links such as
- * /proc/self/root or /proc/1/cwd inside the sandbox.
+ * Resolution: openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS) first, where
+ * the kernel has it: the kernel refuses any step above the root, and magic
+ * links (/proc/<pid>/root, /proc/self/fd/N) are never followed. The object is
+ * opened O_PATH, its type checked (only regular files and directories; a
+ * device node is never opened), then reopened with the wanted access, which is
+ * checked again under the credentials in force. What BENEATH refuses without
+ * being an escape - an absolute symlink, which the sandbox itself resolves
+ * from its own root - and kernels without openat2 go through the walk below.
+ *
+ * The walk (in the spirit of filepath-securejoin) starts at an O_PATH fd of
+ * the root and opens one component at a time with O_PATH|O_NOFOLLOW. Symlinks
+ * are read with readlinkat and spliced into the remaining path; absolute
+ * targets restart at the root fd. ".." pops a stack of already-opened ancestor
+ * fds, so it can never climb above the root (that is PATH_ESCAPE) and is
+ * immune to directories being moved meanwhile. Any component on procfs is
+ * refused (PATH_ESCAPE): this blocks magic links such as /proc/self/root or
+ * /proc/1/cwd inside the sandbox.
+ *
+ * Credentials: with a wn_creds the whole operation runs on a short-lived
+ * thread whose fsuid, fsgid and supplementary groups are the program's (raw
+ * syscalls: they change that thread only; the kernel drops the file
+ * capabilities of a non-zero fsuid). Permission checks, and the owner of
+ * anything created, are then exactly the program's; the caller's thread never
+ * changes identity.
  */
 #include "wn.h"
 
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
+#include <linux/capability.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <linux/magic.h>
 #include <stdio.h>
 #include <string.h>
@@ -222,12 +245,7 @@ static int check_rel_path(const char *path, wn_error *e) {
   return 0;
 }
 
-int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, wn_error *e) {
-  if (check_rel_path(path, e) < 0) return -1;
-  if (how < WN_OPEN_READ || how > WN_OPEN_DIR) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "bad open flags");
-  if (mode > 07777) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mode must be 0..07777");
-  cleanup_fd int rootfd = open_root(root_dir, e);
-  if (rootfd < 0) return -1;
+static int open_walk(int rootfd, const char *path, int how, mode_t mode, wn_error *e) {
 
   for (int attempt = 0; attempt < 4; attempt++) {
     resolved r;
@@ -295,11 +313,7 @@ int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode
   return wn_fail(e, WN_NATIVE_ERROR, EAGAIN, "open %s: the path kept changing", path);
 }
 
-int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, wn_error *e) {
-  if (check_rel_path(path, e) < 0) return -1;
-  if (mode > 07777) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mode must be 0..07777");
-  cleanup_fd int rootfd = open_root(root_dir, e);
-  if (rootfd < 0) return -1;
+static int mkdir_walk(int rootfd, const char *path, mode_t mode, int recursive, wn_error *e) {
   resolved r;
   if (resolve(rootfd, path, recursive, mode, &r, e) < 0) return -1;
   int rc = 0;
@@ -316,4 +330,168 @@ int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int re
   }
   resolved_free(&r);
   return rc;
+}
+
+/* ---- openat2 fast path ---- */
+
+static int open_flags(int how) {
+  int flags = O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+  if (how == WN_OPEN_READ) flags |= O_RDONLY;
+  if (how == WN_OPEN_WRITE) flags |= O_WRONLY | O_TRUNC;
+  if (how == WN_OPEN_APPEND) flags |= O_WRONLY | O_APPEND;
+  return flags;
+}
+
+static int openat2_beneath(int dirfd, const char *path, uint64_t flags, uint64_t mode) {
+  struct open_how h;
+  memset(&h, 0, sizeof h);
+  h.flags = flags;
+  h.mode = mode;
+  h.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  return (int)syscall(SYS_openat2, dirfd, path, &h, sizeof h);
+}
+
+/* 1: done (*out is the fd, or -1 with e filled); 0: use the walk. */
+static int open_fast(int rootfd, const char *path, int how, mode_t mode, int *out, wn_error *e) {
+  while (*path == '/') path++;
+  const char *rel = *path ? path : ".";
+  int p = openat2_beneath(rootfd, rel, O_PATH | O_CLOEXEC, 0);
+  if (p < 0) {
+    int err = errno;
+    if (err == ENOENT && (how == WN_OPEN_WRITE || how == WN_OPEN_APPEND)) {
+      int fd = openat2_beneath(rootfd, rel, (uint64_t)(open_flags(how) | O_CREAT | O_EXCL), mode);
+      if (fd < 0) return 0; /* a dangling symlink, a race, a missing parent: the walk says which */
+      int fl = fcntl(fd, F_GETFL);
+      if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+      *out = fd;
+      return 1;
+    }
+    if (err == EACCES) {
+      *out = wn_fail(e, WN_FORBIDDEN, err, "%s: permission denied", path);
+      return 1;
+    }
+    return 0; /* ENOSYS, EXDEV (absolute symlink or escape), ELOOP, ENOENT, ENOTDIR: the walk decides */
+  }
+  struct stat st;
+  struct statfs sfs;
+  if (fstat(p, &st) < 0 || fstatfs(p, &sfs) < 0) {
+    int err = errno;
+    close(p);
+    *out = wn_fail(e, WN_NATIVE_ERROR, err, "fstat %s", path);
+    return 1;
+  }
+  if (sfs.f_type == PROC_SUPER_MAGIC) {
+    close(p);
+    *out = wn_fail(e, WN_PATH_ESCAPE, 0, "path %s crosses into procfs", path);
+    return 1;
+  }
+  if (how == WN_OPEN_DIR ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    close(p);
+    if (S_ISLNK(st.st_mode)) return 0;
+    if (how == WN_OPEN_DIR) *out = wn_fail(e, WN_FILE_NOT_FOUND, ENOTDIR, "%s", path);
+    else if (S_ISDIR(st.st_mode)) *out = wn_fail(e, WN_INVALID_ARGUMENT, EISDIR, "%s is a directory", path);
+    else *out = wn_fail(e, WN_INVALID_ARGUMENT, EINVAL, "%s is not a regular file", path);
+    return 1;
+  }
+  /* Reopen the very inode with the wanted access; the check is the credentials' own. */
+  char self[64];
+  snprintf(self, sizeof self, "/proc/thread-self/fd/%d", p);
+  int flags = how == WN_OPEN_DIR ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (open_flags(how) & ~O_NOFOLLOW);
+  int fd = open(self, flags);
+  int err = errno;
+  close(p);
+  if (fd < 0) {
+    if (err == EACCES || err == EPERM) *out = wn_fail(e, WN_FORBIDDEN, err, "%s: permission denied", path);
+    else *out = wn_fail(e, WN_NATIVE_ERROR, err, "open %s", path);
+    return 1;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  *out = fd;
+  return 1;
+}
+
+static int open_in_root_fd(int rootfd, const char *path, int how, mode_t mode, wn_error *e) {
+  int fd;
+  if (open_fast(rootfd, path, how, mode, &fd, e)) return fd;
+  fd = open_walk(rootfd, path, how, mode, e);
+  /* The walk opens with the same credentials; name a refusal for what it is. */
+  if (fd < 0 && (e->errnum == EACCES || e->errnum == EPERM) && e->code == WN_NATIVE_ERROR) e->code = WN_FORBIDDEN;
+  return fd;
+}
+
+/* ---- credentials ---- */
+
+struct creds_job {
+  const wn_creds *cr;
+  int rootfd;
+  const char *path;
+  int how;
+  mode_t mode;
+  int mkdir, recursive;
+  int rc;
+  wn_error *e;
+};
+
+static int set_thread_creds(const wn_creds *cr, wn_error *e) {
+  if (syscall(SYS_setgroups, (size_t)cr->n_groups, cr->groups) < 0) return wn_fail_errno(e, WN_NATIVE_ERROR, "setgroups");
+  /* The capabilities a sandbox's root keeps, no more (CAP_DAC_READ_SEARCH, CAP_LINUX_IMMUTABLE
+     and the rest go); before the fsuid switch, which then drops the file ones for non-root. */
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct data[2];
+  for (int i = 0; i < 2; i++) {
+    uint32_t v = (uint32_t)(wn_default_caps >> (32 * i));
+    data[i].effective = v;
+    data[i].permitted = v;
+    data[i].inheritable = 0;
+  }
+  if (syscall(SYS_capset, &hdr, data) < 0) return wn_fail_errno(e, WN_NATIVE_ERROR, "capset");
+  syscall(SYS_setfsgid, cr->gid);
+  syscall(SYS_setfsuid, cr->uid);
+  /* setfs*id report the previous id and never fail visibly: read both back. */
+  if ((uid_t)syscall(SYS_setfsuid, (uid_t)-1) != cr->uid || (gid_t)syscall(SYS_setfsgid, (gid_t)-1) != cr->gid)
+    return wn_fail(e, WN_NATIVE_ERROR, EPERM, "cannot take fsuid %u / fsgid %u", (unsigned)cr->uid, (unsigned)cr->gid);
+  return 0;
+}
+
+static void *creds_thread(void *arg) {
+  struct creds_job *j = arg;
+  if (set_thread_creds(j->cr, j->e) < 0) {
+    j->rc = -1;
+    return NULL;
+  }
+  j->rc = j->mkdir ? mkdir_walk(j->rootfd, j->path, j->mode, j->recursive, j->e) : open_in_root_fd(j->rootfd, j->path, j->how, j->mode, j->e);
+  if (j->mkdir && j->rc < 0 && (j->e->errnum == EACCES || j->e->errnum == EPERM) && j->e->code == WN_NATIVE_ERROR) j->e->code = WN_FORBIDDEN;
+  return NULL;
+}
+
+static int run_with_creds(struct creds_job *j) {
+  if (j->cr == NULL) {
+    return j->mkdir ? mkdir_walk(j->rootfd, j->path, j->mode, j->recursive, j->e) : open_in_root_fd(j->rootfd, j->path, j->how, j->mode, j->e);
+  }
+  if (j->cr->n_groups < 0 || j->cr->n_groups > WN_MAX_GROUPS) return wn_fail(j->e, WN_INVALID_ARGUMENT, 0, "at most %d groups", WN_MAX_GROUPS);
+  pthread_t th;
+  int err = pthread_create(&th, NULL, creds_thread, j);
+  if (err != 0) return wn_fail(j->e, WN_NATIVE_ERROR, err, "pthread_create");
+  pthread_join(th, NULL);
+  return j->rc;
+}
+
+int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, const wn_creds *cr, wn_error *e) {
+  if (check_rel_path(path, e) < 0) return -1;
+  if (how < WN_OPEN_READ || how > WN_OPEN_DIR) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "bad open flags");
+  if (mode > 07777) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mode must be 0..07777");
+  cleanup_fd int rootfd = open_root(root_dir, e);
+  if (rootfd < 0) return -1;
+  struct creds_job j = {.cr = cr, .rootfd = rootfd, .path = path, .how = how, .mode = mode, .mkdir = 0, .recursive = 0, .rc = -1, .e = e};
+  return run_with_creds(&j);
+}
+
+int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, const wn_creds *cr, wn_error *e) {
+  if (check_rel_path(path, e) < 0) return -1;
+  if (mode > 07777) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mode must be 0..07777");
+  cleanup_fd int rootfd = open_root(root_dir, e);
+  if (rootfd < 0) return -1;
+  struct creds_job j = {.cr = cr, .rootfd = rootfd, .path = path, .how = 0, .mode = mode, .mkdir = 1, .recursive = recursive, .rc = -1, .e = e};
+  return run_with_creds(&j);
 }

@@ -86,7 +86,9 @@ static const setup_op k_ops[] = {
     {OP_MKDIR, "dev", NULL, NULL, 0, NULL, 0755},
     /* nodev: device nodes made in /dev by the sandbox (it keeps CAP_MKNOD) stay inert;
        the bind-mounted host devices below are their own mounts and keep working. */
-    {OP_MOUNT, "dev", "tmpfs", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, "mode=755,size=65536k", 0},
+    /* Only the nodes and links below live here: a few inodes and 64 KiB, so /dev is no place to
+       store data beside the disk quota (shared memory is /dev/shm, counted in that quota). */
+    {OP_MOUNT, "dev", "tmpfs", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, "mode=755,size=64k,nr_inodes=64", 0},
     {OP_DEVBIND, "dev/null", "/dev/null", NULL, 0, NULL, 0666},
     {OP_DEVBIND, "dev/zero", "/dev/zero", NULL, 0, NULL, 0666},
     {OP_DEVBIND, "dev/full", "/dev/full", NULL, 0, NULL, 0666},
@@ -178,6 +180,10 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
       if (mkdir(op->path, op->mode) < 0 && errno != EEXIST) return -1;
       return 0;
     case OP_MOUNT:
+      if (op->data == k_shm_data && c->s->shm_dir != NULL) {
+        if (mount(c->s->shm_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
+        return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | op->flags, NULL);
+      }
       return mount(op->src, op->path, op->fstype, op->flags, op->data == k_shm_data ? c->shm_data : op->data);
     case OP_DEVBIND: {
       int fd = open(op->path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, op->mode);
@@ -302,6 +308,7 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
       wn_check_abs_path(e, "rootfsDir", s->rootfs_dir) < 0 || wn_check_abs_path(e, "initPath", s->init_path) < 0)
     return -1;
   if (strcmp(s->rootfs_dir, "/") == 0) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "rootfsDir must not be /");
+  if (s->shm_dir != NULL && wn_check_abs_path(e, "shmDir", s->shm_dir) < 0) return -1;
   if (s->shm_bytes != 0 && (s->shm_bytes < 4096 || s->shm_bytes > (1ull << 40)))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
   if (wn_confine_check(s->confine, e) < 0) return -1; /* issue 5 */

@@ -24,6 +24,7 @@ const char *wn_code_name(wn_code code) {
     case WN_MOUNT_ERROR: return "MOUNT_ERROR";
     case WN_SPAWN_ERROR: return "SPAWN_ERROR";
     case WN_TIMEOUT: return "TIMEOUT";
+    case WN_FORBIDDEN: return "FORBIDDEN";
   }
   return "INTERNAL";
 }

@@ -44,6 +44,7 @@ typedef enum {
   WN_MOUNT_ERROR,
   WN_SPAWN_ERROR,
   WN_TIMEOUT,
+  WN_FORBIDDEN,
 } wn_code;
 
 typedef struct wn_error {
@@ -219,6 +220,9 @@ typedef struct wn_spawn_spec {
   int sched_idle;
   int core_sched;
   uint64_t shm_bytes; /* 0 = default 64 MiB */
+  /* Non-NULL: bind this host directory at /dev/shm instead of a tmpfs of its own, so shared memory
+     counts against the same quota as the writable layer (a directory on the sandbox's disk tmpfs). */
+  const char *shm_dir;
   const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const char *netns_path; /* issue 4: join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
 } wn_spawn_spec;
@@ -266,8 +270,17 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);
 /* ---- filesystem confined to a root ------------------------------------ */
 enum { WN_OPEN_READ = 0, WN_OPEN_WRITE, WN_OPEN_APPEND, WN_OPEN_DIR };
 /* Returns a new O_CLOEXEC fd or -1. */
-int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, wn_error *e);
-int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, wn_error *e);
+/* The file-system identity an open runs with (the sandbox program's). */
+#define WN_MAX_GROUPS 64
+typedef struct wn_creds {
+  uid_t uid;
+  gid_t gid;
+  int n_groups;
+  gid_t groups[WN_MAX_GROUPS];
+} wn_creds;
+/* cr NULL: the caller's own credentials. */
+int wn_open_in_root(const char *root_dir, const char *path, int how, mode_t mode, const wn_creds *cr, wn_error *e);
+int wn_mkdir_in_root(const char *root_dir, const char *path, mode_t mode, int recursive, const wn_creds *cr, wn_error *e);
 
 /* ---- mounts and misc --------------------------------------------------- */
 enum {

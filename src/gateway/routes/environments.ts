@@ -11,21 +11,17 @@
 import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
 import type { EnvironmentInfo } from '../../shim/types';
-import { type Account, can, requirePermission } from '../auth';
+import { type Account, can, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { queryOf, readJson, rejectUnknownQuery, sendJson } from '../http';
 import { validateImageRef, validateQuotaRequest } from '../validation';
 import { accountUsage } from './sandboxes';
 
-function visible(account: Account, env: EnvironmentInfo): boolean {
-  return env.published || can(account, 'allSandboxes') || (can(account, 'unpublishedEnvironments') && env.owner === account.id);
-}
-
 function ownEnvironment(ctx: GatewayContext, account: Account, rawName: unknown): EnvironmentInfo {
   requirePermission(account, 'publishEnvironments');
   const name = validateImageRef(rawName, 'name');
-  const env = ctx.shim.environment(name);
-  if (env === null || !visible(account, env)) throw new WarrenError('IMAGE_NOT_FOUND', `no environment ${JSON.stringify(name)}`, { ref: name });
+  const env = ctx.shim.environment(name, principalOf(account));
+  if (env === null) throw new WarrenError('IMAGE_NOT_FOUND', `no environment ${JSON.stringify(name)}`, { ref: name });
   if (env.owner !== account.id && !can(account, 'allSandboxes')) {
     throw new WarrenError('FORBIDDEN', `environment ${JSON.stringify(env.name)} belongs to another account`, { image: env.name });
   }
@@ -37,7 +33,7 @@ export function registerEnvironmentRoutes(app: Server, ctx: GatewayContext): voi
     '/v1/environments',
     authed(ctx, (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, { environments: ctx.shim.listEnvironments().filter((e) => visible(account, e)) });
+      sendJson(res, 200, { environments: ctx.shim.listEnvironments(principalOf(account)) });
     }),
   );
 

@@ -7,10 +7,10 @@
  */
 import type { Request, Response, Server } from 'hyper-express';
 import { WarrenError, asWarrenError } from '../../errors';
-import type { FnCallManager } from '../../shim/fncall/manager';
+import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
 import { sandboxErrorResponse, toRunCodeResponse, validateRunCode } from '../../shim/fncall/sandboxfusion';
 import { FN_LIMITS, validateBatch, validateInvoke, validateJudge, validatePoolName } from '../../shim/fncall/wire';
-import { type Account, bearerFromHeader, can, requirePermission } from '../auth';
+import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed, open } from '../context';
 import { publicError, queryOf, readJson, rejectUnknownQuery, sendEmpty, sendJson, writeError } from '../http';
 
@@ -53,7 +53,9 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
       rejectUnknownQuery(queryOf(req), ['wait']);
       requirePermission(account, 'buildImages');
       const fn = fncallOf(ctx);
-      const stats = fn.createPool(await readJson(req));
+      // A pool serves every account that may invoke it: its creator must at least be allowed its content.
+      const principal = principalOf(account);
+      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers }));
       // ?wait=1: answer once min containers are warm (the first start may build the judge image).
       if (queryOf(req).get('wait') === '1') {
         await fn.waitWarm(stats.name);

@@ -7,7 +7,7 @@
  */
 import type { Server } from 'hyper-express';
 import type { ImageInfo } from '../../shim/types';
-import { requirePermission } from '../auth';
+import { principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
 import { NDJSON_CONTENT_TYPE, doneEvent, errorEvent, ndjsonLine, progressEvent } from '../ndjson';
@@ -16,9 +16,10 @@ import { validateImageRequest } from '../validation';
 export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
   app.get(
     '/v1/images',
-    authed(ctx, (req, res) => {
+    authed(ctx, (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, { images: ctx.shim.listImages() });
+      // Only what the account may use: unpublished environments of others are not listed.
+      sendJson(res, 200, { images: ctx.shim.listImages(principalOf(account)) });
     }),
   );
 

@@ -2,7 +2,7 @@
 import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
 import type { BackendName, SandboxSpec } from '../../shim/types';
-import { type Account, type Usage, can, checkQuota, requirePermission } from '../auth';
+import { type Account, type Usage, can, checkQuota, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed, present, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
 import { parseLabelFilter, validateCreateRequest, validateExecRequest, validateExtendRequest, validateNetworkServices, validatePackRequest } from '../validation';
@@ -26,23 +26,6 @@ export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
     u.memoryMb += r.memoryMb;
   }
   return u;
-}
-
-/**
- * Roles: runtime accounts create only from published environments (node
- * images and published packs); builders also from their own unpublished
- * packs; admins from anything. Anything else is 403 FORBIDDEN, saying why.
- */
-function checkEnvironments(ctx: GatewayContext, account: Account, spec: SandboxSpec): void {
-  for (const ref of [spec.image, ...spec.workspaces, ...spec.toolkits]) {
-    const env = ctx.shim.environment(ref);
-    if (env === null || env.published || can(account, 'allSandboxes')) continue;
-    if (can(account, 'unpublishedEnvironments') && env.owner === account.id) continue;
-    throw new WarrenError('FORBIDDEN', `environment ${JSON.stringify(env.name)} is not published; ${account.role} accounts may only create sandboxes from published environments`, {
-      image: env.name,
-      role: account.role,
-    });
-  }
 }
 
 async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
@@ -84,8 +67,12 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const backends = ctx.shim.features().backends;
       const availableBackends = (Object.keys(backends) as BackendName[]).filter((b) => backends[b]?.available);
       const spec = validateCreateRequest(body, { owner: account.id, host: ctx.host, availableBackends });
-      checkEnvironments(ctx, account, spec);
-      const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec));
+      // Roles: runtime accounts create only from published environments and node
+      // images, builders also from their own packs, admins from anything; the
+      // shim checks every reference (src/shim/access.ts).
+      const principal = principalOf(account);
+      ctx.shim.authorizeContent(principal, spec);
+      const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec, principal));
       sendJson(res, 201, present(account, info));
     }),
   );
@@ -207,7 +194,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     }),
   );
 
-  // issue 4: per-service egress of a running sandbox
+  // per-service egress of a running sandbox
   app.get(
     '/v1/sandboxes/:id/network',
     authed(ctx, (req, res, account) => {

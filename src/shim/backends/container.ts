@@ -3,7 +3,7 @@
  * EROFS layers. The native helper does the kernel work; this file decides.
  */
 import { existsSync, readdirSync } from 'node:fs';
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
 import { native, helperBinary } from '../../native';
@@ -69,7 +69,15 @@ export class ContainerBackend implements Backend {
         diskMounted = true;
       }
       registerSandbox(id, profileName);
-      await Promise.all([mkdir(upperDir, { mode: 0o755 }), mkdir(workDir, { mode: 0o700 }), mkdir(rootfsDir, { mode: 0o700 })]);
+      // With a quota, /dev/shm is a directory on the same tmpfs as the writable layer: one
+      // budget of diskMb for everything the sandbox can write (/dev itself holds 64 KiB).
+      const shmDir = diskMb !== null ? join(dir, 'shm') : undefined;
+      await Promise.all([
+        mkdir(upperDir, { mode: 0o755 }),
+        mkdir(workDir, { mode: 0o700 }),
+        mkdir(rootfsDir, { mode: 0o700 }),
+        ...(shmDir !== undefined ? [mkdir(shmDir).then(() => chmod(shmDir, 0o1777))] : []),
+      ]);
       // issue 5: /work exists in every sandbox (the writable workspace, whatever the image has)
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
       native.cgroupCreate(id, limitsOf(spec));
@@ -92,6 +100,7 @@ export class ContainerBackend implements Backend {
         ...(net ? { network: 'netns' as const, netnsPath: net.lease.path } : { network: 'loopback' as const }),
         schedIdle: spec.priority === 'idle',
         coreSched: false,
+        ...(shmDir !== undefined ? { shmDir } : {}),
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
@@ -146,14 +155,18 @@ export class ContainerBackend implements Backend {
 }
 
 /**
- * issue 5: the writable layer (upper + work dirs) of a sandbox lives on its own tmpfs of
+ * The writable layer (upper + work dirs) and /dev/shm of a sandbox live on its own tmpfs of
  * `diskMb` (size= and an inode cap), mounted on the sandbox directory: filling it gives
  * ENOSPC inside that sandbox only. Mounting is ~0.1 ms. tmpfs pages are charged to the
  * sandbox's memory cgroup, so memoryMb bounds it as well (docs/security.md).
  */
+/** Size of the sandbox's /dev tmpfs (native/helper/src/spawn.c). */
+const DEV_TMPFS_KB = 64;
+
 function mountDisk(dir: string, diskMb: number): void {
   const inodes = Math.max(16_384, Math.min(diskMb * 256, 4_194_304));
-  native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb}m,nr_inodes=${inodes},mode=0700`);
+  // /dev (a 64 KiB tmpfs of its own, spawn.c) is part of the budget too.
+  native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb * 1024 - DEV_TMPFS_KB}k,nr_inodes=${inodes},mode=0700`);
 }
 
 function unmountDisk(dir: string): void {
@@ -244,6 +257,12 @@ export class ContainerSandbox implements BackendSandbox {
 
   rootPath(): string {
     return `/proc/${this.runtime.pid}/root`;
+  }
+
+  /** The identity the files API uses inside this sandbox: its user's, like an exec's (no supplementary groups). */
+  fileCreds(): { uid: number; gid: number; groups: number[] } {
+    const u = resolveUser(this.rootPath(), this.spec.user);
+    return { uid: u.uid, gid: u.gid, groups: [] };
   }
 
   private assertAlive(): void {

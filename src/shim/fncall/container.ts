@@ -33,6 +33,8 @@ export const WORK_DIR = '/work';
 /** nobody:nogroup */
 export const RUN_UID = 65534;
 export const RUN_GID = 65534;
+/** Host-side file access for the program runs with its identity (no supplementary groups). */
+const RUN_CREDS = { uid: RUN_UID, gid: RUN_GID, groups: [] as number[] };
 const SIGKILL = 9;
 const SIGXCPU = 24;
 const MIB = 1024 * 1024;
@@ -194,7 +196,7 @@ export class PoolContainer {
       const full = posix.join(WORK_DIR, f.path);
       const parent = posix.dirname(full);
       if (parent !== WORK_DIR) this.mkdirs(parent);
-      const fd = native.openInRoot(this.root, full, 'w', f.mode);
+      const fd = native.openInRoot(this.workRoot, f.path, 'w', f.mode, RUN_CREDS);
       try {
         let off = 0;
         while (off < f.data.length) off += writeSync(fd, f.data, off, f.data.length - off);
@@ -210,8 +212,9 @@ export class PoolContainer {
     for (const part of dir.slice(WORK_DIR.length + 1).split('/')) {
       cur = `${cur}/${part}`;
       try {
-        native.mkdirInRoot(this.root, cur, 0o755, false);
-        const fd = native.openInRoot(this.root, cur, 'dir', 0);
+        const rel = cur.slice(WORK_DIR.length + 1);
+        native.mkdirInRoot(this.workRoot, rel, 0o755, false, RUN_CREDS);
+        const fd = native.openInRoot(this.workRoot, rel, 'dir', 0, RUN_CREDS);
         try {
           fchownSync(fd, RUN_UID, RUN_GID);
         } finally {
@@ -223,13 +226,20 @@ export class PoolContainer {
     }
   }
 
-  /** Read files the program left in /work (regular files only, confined to the container's root). */
+  /** The work dir as the program sees it: files the platform reads or writes for it are confined here. */
+  private get workRoot(): string {
+    return `${this.root}${WORK_DIR}`;
+  }
+
+  /** Read files the program left in /work (regular files only, confined to the work dir, with the run user's rights). */
   readFiles(paths: string[], maxBytes: number): Record<string, string> {
     const out: Record<string, string> = {};
     for (const p of paths) {
       let fd: number;
       try {
-        fd = native.openInRoot(this.root, posix.join(WORK_DIR, p), 'r', 0);
+        // As the run user and rooted at the work dir: a link the program planted
+        // (to /etc/shadow, to /) reaches nothing that user could not read itself.
+        fd = native.openInRoot(this.workRoot, p, 'r', 0, RUN_CREDS);
       } catch {
         continue;
       }

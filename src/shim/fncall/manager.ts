@@ -84,8 +84,10 @@ export class FnCallManager {
     for (const p of this.config.pools ?? []) this.createPool(p, 'config');
   }
 
-  createPool(body: unknown, source: 'api' | 'config' = 'api'): PoolStats {
+  /** `authorize`: refuses content the asking account may not use (the gateway's content check). */
+  createPool(body: unknown, source: 'api' | 'config' = 'api', authorize?: (spec: { image: string; layers: string[] }) => void): PoolStats {
     const spec = validatePoolSpec(body, this.host);
+    authorize?.(spec);
     if (this.pools.has(spec.name)) throw new WarrenError('ALREADY_EXISTS', `pool ${spec.name} already exists`, { pool: spec.name });
     // Unknown images fail now (except "judge", built on first use).
     if (spec.image !== JUDGE_IMAGE) this.opts.layers.resolveImage(spec.image);

@@ -29,6 +29,12 @@ export interface MkfsOptions {
   /** Called with mkfs.erofs's stderr lines. */
   log?: (line: string) => void;
   signal?: AbortSignal;
+  /**
+   * Uncompressed files in 4 KiB chunks: a chunk that is a hole (or all zeros) takes
+   * no space in the image, so sparse files stay small ('none' only; compressed
+   * images store zeros in a few bytes anyway).
+   */
+  chunked?: boolean;
 }
 
 /** The mkfs.erofs arguments that decide the bytes of the image (part of the Debian cache key). */
@@ -36,6 +42,7 @@ export function mkfsArgs(opts: MkfsOptions = {}): string[] {
   const args = ['--quiet', `-T${opts.epoch ?? LAYER_EPOCH}`, `-U${BUILD_UUID}`];
   const z = opts.compression ?? 'lz4hc';
   if (z !== 'none') args.push(`-z${z}`);
+  else if (opts.chunked) args.push('--chunksize=4096');
   return args;
 }
 

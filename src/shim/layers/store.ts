@@ -44,7 +44,7 @@ import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveIma
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
 import { RootfsBuilder } from './rootfs';
 import { native } from '../../native';
-import { nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
+import { LAYER_MOUNT_FLAGS, hasLayerMountFlags, nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
 import { checkConfined, readTarStream, type TarEntry } from './tar';
 
 export type ImageKind = ImageInfo['kind'];
@@ -316,6 +316,18 @@ export class LayerStore {
     return { name: r.digest, digest: r.digest, kind: 'base', layers: [r.digest], sizeBytes: layer.size_bytes, createdAt: layer.created_at, source: layer.source };
   }
 
+  /** Names of the images whose image digest is `digest` (a single-layer image's digest is its layer's). */
+  imageNamesWithDigest(digest: string): string[] {
+    this.ready();
+    return (this.db.prepare('SELECT name FROM image_images WHERE digest = ? ORDER BY name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+  }
+
+  /** Names of the images that have `digest` among their layers. */
+  imageNamesWithLayer(digest: string): string[] {
+    this.ready();
+    return (this.db.prepare('SELECT DISTINCT image_name AS name FROM image_layers WHERE digest = ? ORDER BY image_name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+  }
+
   private layerRow(digest: string): { digest: string; size_bytes: number; created_at: string; source: string } | undefined {
     return this.db.prepare('SELECT digest, size_bytes, created_at, source FROM layer_blobs WHERE digest = ?').get(digest) as
       | { digest: string; size_bytes: number; created_at: string; source: string }
@@ -387,6 +399,17 @@ export class LayerStore {
     if (here.length > 0) {
       const foreign = here.find((m) => m.fstype !== 'erofs');
       if (foreign) throw new WarrenError('MOUNT_ERROR', `${st.path} has a ${foreign.fstype} mount that is not this layer`);
+      if (!st.mounted && st.refs === 0 && !here.every(hasLayerMountFlags)) {
+        // A mount made before layers were mounted nodev,nosuid,noexec: replace it. Sandboxes
+        // already running keep their overlay's own reference to the old one.
+        for (let i = 0; i < here.length; i++) this.mounter.umount(st.path, true);
+        this.log(`layers: remounting ${st.digest} with ${LAYER_MOUNT_FLAGS.join(',')}`);
+        this.mounter.mountErofs(blob, st.path);
+        this.counters.mounts++;
+        st.mounted = true;
+        st.adopted = false;
+        return;
+      }
       if (!st.mounted) {
         st.adopted = true;
         this.counters.adoptions++;
@@ -730,6 +753,27 @@ export class LayerStore {
       const blob = this.finalizeBlob(tmp, hex);
       progress({ phase: 'register', message: `registering ${name}` }, true);
       return this.register({ name, kind, layers: [blob], source: opts.source ?? `erofs:${file}`, config: null });
+    });
+  }
+
+  /**
+   * Take a ready EROFS image file as a layer blob without registering any
+   * image name: pack and squash make layers that must not be usable by anyone
+   * until the environment that owns them is recorded. Returns the digest.
+   */
+  async importLayerFile(file: string, source: string): Promise<string> {
+    this.open();
+    assertErofsImage(file);
+    return this.withScratch('erofs', async (scratch) => {
+      const tmp = join(scratch, 'layer.erofs');
+      try {
+        linkSync(file, tmp);
+      } catch {
+        copyFileSync(file, tmp);
+      }
+      const blob = this.finalizeBlob(tmp, await sha256File(tmp));
+      this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
+      return blob.digest;
     });
   }
 

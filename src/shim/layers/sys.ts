@@ -69,17 +69,32 @@ function mountError(what: string, status: number, stderr: string): WarrenError {
  * EROFS (< 6.12) mount(2) answers ENOTBLK; then a loop device is used, which the
  * kernel frees on umount (autoclear).
  */
+/**
+ * Options of every layer mount on the host. Layers are only ever read through
+ * a sandbox's overlay (which applies its own mount options), so on the host
+ * nothing in them is a device, a set-uid program or an executable: a device
+ * node or set-uid binary carried in a layer is inert under the host mount,
+ * whatever confines the sandbox.
+ */
+export const LAYER_MOUNT_FLAGS = ['ro', 'nodev', 'nosuid', 'noexec'] as const;
+
+/** Whether a mount (from mountinfo) has every per-mount option of LAYER_MOUNT_FLAGS. */
+export function hasLayerMountFlags(m: Pick<MountInfo, 'options'>): boolean {
+  const opts = m.options.split(',');
+  return LAYER_MOUNT_FLAGS.every((f) => opts.includes(f));
+}
+
 export function nativeMounter(addon: Pick<NativeAddon, 'mount' | 'umount'>, log: (msg: string) => void = () => undefined): LayerMounter {
   return {
     description: 'native helper',
     mountErofs(file, target) {
       try {
-        addon.mount(file, target, 'erofs', ['ro'], '');
+        addon.mount(file, target, 'erofs', [...LAYER_MOUNT_FLAGS], '');
       } catch (err) {
         if (!(err instanceof WarrenError) || err.errno !== ENOTBLK) throw err;
         log(`file-backed EROFS mounts unsupported here; using a loop device for ${file}`);
         try {
-          execFileSync('mount', ['-t', 'erofs', '-o', 'ro,loop', file, target], { stdio: ['ignore', 'ignore', 'pipe'] });
+          execFileSync('mount', ['-t', 'erofs', '-o', `${LAYER_MOUNT_FLAGS.join(',')},loop`, file, target], { stdio: ['ignore', 'ignore', 'pipe'] });
         } catch (e) {
           const x = e as { stderr?: Buffer; status?: number };
           throw mountError(`mount -o loop ${file} ${target}`, x.status ?? 1, String(x.stderr ?? '').trim());

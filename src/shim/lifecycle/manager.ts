@@ -23,6 +23,7 @@ import { removeTree } from '../layers/sys';
 import { instruments } from '../../telemetry';
 import type {
   EnvironmentInfo,
+  ImageInfo,
   PackRequest,
   PackResult,
   PauseResult,
@@ -33,7 +34,8 @@ import type {
 } from '../types';
 import { dumpSandbox, restoreSandbox } from './criu';
 import { pauseCgroup, resumeCgroup } from './memory';
-import { DEFAULT_SCRUB, EnvironmentRegistry, type EnvironmentRecord, packUpper, squashLayers, validateScrubPattern } from './pack';
+import { DEFAULT_SCRUB, EnvironmentRegistry, type EnvironmentRecord, type PackBudget, packUpper, squashLayers, validateScrubPattern, withDeadline } from './pack';
+import { DEFAULT_PROFILE, profile as confinementProfile } from '../../security/confinement';
 import { type DueAction, type LifecycleClock, clockFor, clockJson, extendClock } from './policy';
 import { LifecycleScheduler } from './scheduler';
 import { ZramSwap, setZswap } from './swap';
@@ -394,7 +396,8 @@ export class LifecycleManager {
     const runtime = live.record.runtime as { dir: string };
     const rootfs = join(runtime.dir, 'rootfs');
     const lower = live.record.layers.map((d) => this.deps.layers.mountPath(d));
-    native.mount('overlay', rootfs, 'overlay', [], `lowerdir=${lower.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
+    // nodev like the spawn's root overlay; CRIU restores the tree's own mounts on top.
+    native.mount('overlay', rootfs, 'overlay', ['nodev'], `lowerdir=${lower.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
     try {
       const layout = native.cgroupLayout();
       const { pid } = await restoreSandbox({ dir: p.dir, rootfs, cgroupRoot: join(layout.roots.memory ?? layout.roots.unified ?? '', live.record.id), logDir: runtime.dir });
@@ -428,7 +431,15 @@ export class LifecycleManager {
       } catch (err) {
         if (!(err instanceof WarrenError) || err.code !== 'IMAGE_NOT_FOUND') throw err;
       }
-      const runtime = live.record.runtime as { dir: string };
+      const runtime = live.record.runtime as { dir: string; profile?: string };
+      const limits = (() => {
+        try {
+          return confinementProfile(runtime.profile ?? DEFAULT_PROFILE).limits;
+        } catch {
+          return confinementProfile(DEFAULT_PROFILE).limits; // the profile left the policy meanwhile
+        }
+      })();
+      const budget = { maxBytes: limits.packMb * 1024 * 1024, seconds: limits.packSeconds };
       const parent = this.environments.byDigest(imageDigest(live.record.layers));
       const scrub = [...new Set([...DEFAULT_SCRUB, ...(this.opts.scrub ?? []), ...scrubExtra])];
       const scratch = join(this.tmpDir, `pack-${process.pid}-${randomBytes(6).toString('hex')}`);
@@ -442,22 +453,22 @@ export class LifecycleManager {
           compression: req.compression ?? 'lz4',
           freeze: live.state === 'running',
           scratch,
+          budget,
           log: (l) => this.deps.log(`mkfs.erofs: ${l}`),
         });
         const source = `pack_diff:${id}`;
-        const layerImage = await layers.importErofsFile(packed.file, { name: req.name, kind: 'base', source });
-        const layer = layerImage.layers[0]!;
+        const layer = await layers.importLayerFile(packed.file, source);
         let diffLayers = [layer, ...(parent?.diffLayers ?? [])];
         const baseLayers = parent ? parent.baseLayers : live.record.layers;
         let squashed = false;
         if (diffLayers.length > 1 && (req.squash === true || diffLayers.length > (this.opts.maxChainDepth ?? 8))) {
-          diffLayers = [await this.squash(diffLayers, baseLayers, scratch, req)];
+          diffLayers = [await this.squash(diffLayers, baseLayers, scratch, req, budget, started)];
           squashed = true;
         }
-        const image = layers.composeImage({ name: layerImage.name, layers: [...diffLayers, ...baseLayers], kind: 'base', source });
+        const name = existing?.name ?? req.name;
         const env: EnvironmentRecord = {
-          name: image.name,
-          digest: image.digest,
+          name,
+          digest: imageDigest([...diffLayers, ...baseLayers]),
           owner,
           published: req.publish ?? existing?.published ?? false,
           parent: live.record.spec.image,
@@ -467,7 +478,17 @@ export class LifecycleManager {
           scrub,
           createdAt: new Date().toISOString(),
         };
+        // The environment is recorded before its image name exists, so the
+        // name is never, even briefly, a node image usable by every account.
         this.environments.put(env);
+        let image: ImageInfo;
+        try {
+          image = layers.composeImage({ name, layers: [...diffLayers, ...baseLayers], kind: 'base', source });
+        } catch (err) {
+          if (existing) this.environments.put(existing);
+          else this.environments.remove(name);
+          throw err;
+        }
         this.touch(id);
         return {
           image,
@@ -490,7 +511,7 @@ export class LifecycleManager {
     });
   }
 
-  private async squash(diffLayers: string[], baseLayers: string[], scratch: string, req: PackRequest): Promise<string> {
+  private async squash(diffLayers: string[], baseLayers: string[], scratch: string, req: PackRequest, budget: PackBudget, started: number): Promise<string> {
     const layers = this.deps.layers;
     const held = await layers.acquire([...diffLayers, ...baseLayers]);
     try {
@@ -498,9 +519,8 @@ export class LifecycleManager {
       const basePaths = held.slice(diffLayers.length).map((l) => l.path);
       const dir = await squashLayers(diffPaths, basePaths, scratch);
       const file = join(scratch, 'squashed.erofs');
-      await mkfsErofs(file, dir, { compression: req.compression ?? 'lz4' });
-      const img = await layers.importErofsFile(file, { name: req.name, kind: 'base', source: `squash:${diffLayers.length} layers` });
-      return img.layers[0]!;
+      await withDeadline(started + budget.seconds * 1000, budget.seconds, (signal) => mkfsErofs(file, dir, { compression: req.compression ?? 'lz4', chunked: true, signal }));
+      return await layers.importLayerFile(file, `squash:${diffLayers.length} layers`);
     } finally {
       layers.release([...diffLayers, ...baseLayers]);
     }

@@ -21,7 +21,7 @@
  * (again letting overlayfs write the whiteouts), see `squashLayers`.
  */
 import { execFile } from 'node:child_process';
-import { lstatSync, mkdirSync, readdirSync, rmSync, type Stats } from 'node:fs';
+import { lstatSync, mkdirSync, readdirSync, rmSync, statfsSync, type Stats } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../errors';
@@ -80,7 +80,9 @@ function lstatOrNull(p: string): Stats | null {
 }
 
 /**
- * Expand glob patterns against the tree at `root` without following symlinks.
+ * Expand glob patterns against the tree at `root` without following symlinks:
+ * every component above a match is a real directory, so a match is always
+ * inside the tree (a match may itself be a symlink; removing it removes the link).
  * Returns sandbox paths ("/tmp/x"), parents before children, no duplicates.
  */
 export function expandPatterns(root: string, patterns: readonly string[]): string[] {
@@ -105,13 +107,19 @@ export function expandPatterns(root: string, patterns: readonly string[]): strin
       return;
     }
     if (!/[*?]/.test(head)) {
-      if (lstatOrNull(join(here, head)) !== null) walk(`${rel}/${head}`, rest);
+      const st = lstatOrNull(join(here, head));
+      // Descend only into real directories: `here` is a host path, and a symlink the
+      // sandbox planted (/var -> /) would be resolved by the host, outside the tree.
+      if (st !== null && (rest.length === 0 || st.isDirectory())) walk(`${rel}/${head}`, rest);
       return;
     }
     const st = lstatOrNull(here);
     if (st === null || !st.isDirectory()) return;
     const re = componentRe(head);
-    for (const name of safeReaddir(here)) if (re.test(name)) walk(`${rel}/${name}`, rest);
+    for (const name of safeReaddir(here)) {
+      if (!re.test(name)) continue;
+      if (rest.length === 0 || lstatOrNull(join(here, name))?.isDirectory()) walk(`${rel}/${name}`, rest);
+    }
   };
   for (const p of patterns) walk('', validateScrubPattern(p).split('/').filter(Boolean));
   // Drop paths below another match: deleting the parent covers them.
@@ -138,7 +146,8 @@ function overlayOptions(lower: string[], upper?: string, work?: string): string 
 
 async function withMount<T>(target: string, data: string, fn: () => Promise<T>): Promise<T> {
   mkdirSync(target, { recursive: true, mode: 0o700 });
-  native.mount('overlay', target, 'overlay', [], data);
+  // Host-side views of a sandbox's files (scrub, squash): nothing in them is a device, set-uid or run here.
+  native.mount('overlay', target, 'overlay', ['nodev', 'nosuid', 'noexec'], data);
   try {
     return await fn();
   } finally {
@@ -148,15 +157,18 @@ async function withMount<T>(target: string, data: string, fn: () => Promise<T>):
 
 async function cpA(from: string, to: string): Promise<void> {
   try {
-    await run('cp', ['-a', '--no-target-directory', from, to], { maxBuffer: 1 << 20 });
+    // --sparse=always: holes stay holes (and zero runs become holes) on the host disk.
+    await run('cp', ['-a', '--sparse=always', '--no-target-directory', from, to], { maxBuffer: 1 << 20 });
   } catch (err) {
     const e = err as { stderr?: string; message: string };
     throw new WarrenError('INTERNAL', `copying ${from}: ${(e.stderr || e.message).toString().trim().split('\n').slice(0, 5).join(' | ')}`);
   }
 }
 
-function treeBytes(dir: string): { bytes: number; entries: number } {
+/** Apparent bytes (holes included), allocated bytes and entries of a tree (symlinks not followed). */
+function treeBytes(dir: string): { bytes: number; allocated: number; entries: number } {
   let bytes = 0;
+  let allocated = 0;
   let entries = 0;
   const walk = (d: string): void => {
     for (const name of safeReaddir(d)) {
@@ -164,13 +176,22 @@ function treeBytes(dir: string): { bytes: number; entries: number } {
       const st = lstatOrNull(p);
       if (st === null) continue;
       entries++;
+      allocated += st.blocks * 512;
       if (st.isDirectory()) walk(p);
       else if (st.isFile()) bytes += st.size;
     }
   };
   walk(dir);
-  return { bytes, entries };
+  return { bytes, allocated, entries };
 }
+
+/** What one pack may cost (the packing sandbox's profile: limits.packMb, limits.packSeconds). */
+export interface PackBudget {
+  maxBytes: number;
+  seconds: number;
+}
+
+const MiB = 1024 * 1024;
 
 export interface PackInput {
   sandboxId: string;
@@ -182,6 +203,7 @@ export interface PackInput {
   /** Freeze/thaw the sandbox around the copy (skipped when already paused). */
   freeze: boolean;
   scratch: string;
+  budget: PackBudget;
   log?: (line: string) => void;
 }
 
@@ -205,6 +227,21 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   const merged = join(input.scratch, 'merged');
   mkdirSync(work, { mode: 0o700 });
   const t0 = performance.now();
+  const deadline = t0 + input.budget.seconds * 1000;
+  // Refuse before anything is copied: the budget counts apparent sizes (a 4 GiB sparse
+  // file is 4 GiB of image work), the host disk must hold what the copy allocates.
+  const before = treeBytes(input.upperDir);
+  if (before.bytes > input.budget.maxBytes) {
+    throw new WarrenError('PAYLOAD_TOO_LARGE', `the diff of sandbox ${input.sandboxId} holds ${before.bytes} bytes (file sizes, holes included); this sandbox's pack budget is ${input.budget.maxBytes} bytes (limits.packMb of its profile)`, {
+      diffBytes: before.bytes,
+      limitBytes: input.budget.maxBytes,
+    });
+  }
+  const fs = statfsSync(input.scratch);
+  const free = fs.bavail * fs.bsize;
+  if (before.allocated * 2 + 64 * MiB > free) {
+    throw new WarrenError('RESOURCE_EXHAUSTED', `packing sandbox ${input.sandboxId} needs about ${before.allocated * 2 + 64 * MiB} bytes on the node's disk; ${free} are free`, { neededBytes: before.allocated * 2 + 64 * MiB, freeBytes: free });
+  }
   if (input.freeze) native.cgroupFreeze(input.sandboxId, true);
   try {
     await cpA(input.upperDir, upper);
@@ -221,7 +258,7 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   const t2 = performance.now();
   const size = treeBytes(upper);
   const file = join(input.scratch, 'layer.erofs');
-  const hex = await mkfsErofs(file, upper, { compression: input.compression, log: input.log });
+  const hex = await withDeadline(deadline, input.budget.seconds, (signal) => mkfsErofs(file, upper, { compression: input.compression, chunked: true, log: input.log, signal }));
   const t3 = performance.now();
   return {
     file,
@@ -264,7 +301,20 @@ export async function squashLayers(diffPaths: string[], basePaths: string[], scr
   await withMount(chainView, overlayOptions([...diffPaths, ...basePaths]), () =>
     withMount(target, overlayOptions(basePaths, out, work), async () => {
       const copy: string[] = [];
+      // Host paths: a component above `rel` that is not a real directory (a diff layer
+      // replaced a directory by a link, say to /) would be resolved by the host. Such a
+      // path is covered by its parent, which is copied as what it is (the link).
+      const parentsReal = (root: string, rel: string): boolean => {
+        const parts = rel.split('/');
+        for (let i = 1; i < parts.length; i++) {
+          const st = lstatOrNull(join(root, ...parts.slice(0, i)));
+          if (st !== null && !st.isDirectory()) return false;
+          if (st === null && root === chainView) return false;
+        }
+        return true;
+      };
       for (const rel of paths) {
+        if (!parentsReal(chainView, rel) || !parentsReal(target, rel)) continue;
         const want = lstatOrNull(join(chainView, rel));
         const have = lstatOrNull(join(target, rel));
         if (want === null) {
@@ -308,6 +358,23 @@ async function tarCopy(from: string, to: string, rels: string[]): Promise<void> 
     src.on('close', done);
     dst.on('close', done);
   });
+}
+
+/** Run `fn` with a signal that aborts at `deadline` (performance.now() ms); then TIMEOUT. */
+export async function withDeadline<T>(deadline: number, seconds: number, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const left = deadline - performance.now();
+  const timeout = () => new WarrenError('TIMEOUT', `pack took longer than its budget of ${seconds} s (limits.packSeconds of the sandbox's profile)`, { limitSeconds: seconds });
+  if (left <= 0) throw timeout();
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), left);
+  try {
+    return await fn(ac.signal);
+  } catch (err) {
+    if (ac.signal.aborted) throw timeout();
+    throw err;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function round(ms: number): number {
@@ -382,6 +449,10 @@ export class EnvironmentRegistry {
   byDigest(digest: string): EnvironmentRecord | null {
     const row = this.db.prepare('SELECT * FROM lifecycle_environments WHERE digest = ? ORDER BY created_at DESC LIMIT 1').get(digest) as EnvRow | undefined;
     return row === undefined ? null : toEnv(row);
+  }
+
+  remove(name: string): void {
+    this.db.prepare('DELETE FROM lifecycle_environments WHERE name = ?').run(name);
   }
 
   setPublished(name: string, published: boolean): void {
