@@ -1,0 +1,450 @@
+"""Client side of the shell WebSocket protocol (docs/shell-protocol.md), asyncio.
+
+One :class:`AsyncShellSession` is one *attachment* to a session that lives in a holder process
+next to the sandbox: ``detach()`` (or a dropped connection, or a gateway restart) leaves the
+session running, and ``Sandbox.shell(session=..., offset=...)`` attaches again. ``close()`` ends
+the session. The sync :class:`warren.ShellSession` drives this class on a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
+
+import websockets
+import websockets.exceptions
+from websockets.legacy.client import WebSocketClientProtocol
+
+from ._errors import (
+    BackpressureError,
+    UnavailableError,
+    WarrenError,
+    WarrenTimeoutError,
+    error_from_code,
+    error_from_response,
+)
+from ._models import CommandResult, ShellExit, ShellOutput
+from ._wire import check_signal, shell_command, Cmd
+
+OutputCallback = Callable[[ShellOutput], None]
+
+# Default client-side wait for a command that has no timeout of its own (the server's maximum
+# timeoutMs is an hour); a command given a timeout waits that long plus this grace.
+RUN_WAIT_DEFAULT = 3600.0
+RUN_GRACE = 30.0
+# After a cancelled or abandoned run the command is killed; wait this long for its "done".
+ABORT_WAIT = 10.0
+# Output kept for read() when nobody consumes it, beyond which the oldest is dropped (counted).
+READ_BUFFER_BYTES = 16 * 1024 * 1024
+
+
+class _ErrorBodyProtocol(WebSocketClientProtocol):
+    """Refusals happen before the upgrade as ordinary JSON error responses; keep their code."""
+
+    async def read_http_response(self) -> Tuple[int, Any]:
+        status, headers = await super().read_http_response()
+        if status != 101:
+            body = b""
+            try:
+                n = int(headers.get("content-length", "0"))
+                if 0 < n <= 1 << 20:
+                    body = await asyncio.wait_for(self.reader.readexactly(n), 5.0)
+            except (ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                pass
+            raise error_from_response(status, body, headers.get("retry-after"))
+        return status, headers
+
+
+class _Run:
+    __slots__ = ("id", "future", "stdout", "stderr", "on_output")
+
+    def __init__(self, rid: str, future: "asyncio.Future[CommandResult]", on_output: Optional[OutputCallback]) -> None:
+        self.id = rid
+        self.future = future
+        self.stdout: List[bytes] = []
+        self.stderr: List[bytes] = []
+        self.on_output = on_output
+
+
+def _ws_url(http_url: str) -> str:
+    if http_url.startswith("https://"):
+        return "wss://" + http_url[len("https://") :]
+    if http_url.startswith("http://"):
+        return "ws://" + http_url[len("http://") :]
+    return http_url
+
+
+class AsyncShellSession:
+    """A shell session (``mode="command"``: :meth:`run`; ``mode="pty"``: :meth:`write`/:meth:`read`)."""
+
+    session: str
+    mode: str
+    sandbox_id: str
+    # Next output offset: everything before it has been received (re-attach from here).
+    offset: int
+    exit: Optional[ShellExit]
+    close_code: Optional[int]
+    close_reason: str
+    # Bytes dropped from the read() buffer because nobody read them, and bytes the server
+    # reported lost from the session's own ring (pty "lost" frames).
+    dropped_bytes: int
+    lost_bytes: int
+
+    def __init__(self) -> None:
+        self.session = ""
+        self.mode = "command"
+        self.sandbox_id = ""
+        self.offset = 0
+        self.exit = None
+        self.close_code = None
+        self.close_reason = ""
+        self.dropped_bytes = 0
+        self.lost_bytes = 0
+        self._ws: Optional[WebSocketClientProtocol] = None
+        self._reader: Optional["asyncio.Task[None]"] = None
+        self._active: Optional[_Run] = None
+        self._lock = asyncio.Lock()
+        self._next_id = 1
+        self._replay_end = 0
+        self._on_output: Optional[OutputCallback] = None
+        self._buffer: Deque[ShellOutput] = deque()
+        self._buffer_bytes = 0
+        self._buffering = False
+        self._data_event = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._pongs: Dict[str, "asyncio.Future[None]"] = {}
+
+    # ---- connecting
+
+    @classmethod
+    async def connect(
+        cls,
+        http_url: str,
+        sandbox_id: str,
+        token: Optional[str],
+        query: List[Tuple[str, str]],
+        *,
+        connect_timeout: float = 30.0,
+        on_output: Optional[OutputCallback] = None,
+    ) -> "AsyncShellSession":
+        from urllib.parse import quote, urlencode
+
+        self = cls()
+        self.sandbox_id = sandbox_id
+        self._on_output = on_output
+        url = f"{_ws_url(http_url)}/v1/sandboxes/{quote(sandbox_id, safe='')}/shell"
+        if query:
+            url += "?" + urlencode(query)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        try:
+            ws = await websockets.connect(  # type: ignore[attr-defined]
+                url,
+                create_protocol=_ErrorBodyProtocol,
+                extra_headers=headers,
+                open_timeout=connect_timeout,
+                compression=None,
+                max_size=64 * 1024 * 1024,
+                # The gateway pings idle connections itself; the library answers them.
+                ping_interval=None,
+                close_timeout=5.0,
+            )
+        except WarrenError:
+            raise
+        except asyncio.TimeoutError:
+            raise WarrenTimeoutError("TIMEOUT", f"shell handshake with {http_url} did not finish in {connect_timeout}s") from None
+        except (OSError, websockets.exceptions.WebSocketException) as e:
+            raise UnavailableError("UNAVAILABLE", f"shell connection to {http_url} failed: {type(e).__name__} {e}") from None
+        self._ws = ws
+        try:
+            first = await asyncio.wait_for(ws.recv(), connect_timeout)
+            hello = json.loads(first) if isinstance(first, str) else None
+        except asyncio.TimeoutError:
+            await ws.close()
+            raise WarrenTimeoutError("TIMEOUT", "shell: no hello from the server in time") from None
+        except (websockets.exceptions.ConnectionClosed, ValueError) as e:
+            await ws.close()
+            raise UnavailableError("UNAVAILABLE", f"shell closed during the handshake: {e}") from None
+        except BaseException:
+            ws.transport.abort()
+            raise
+        if not isinstance(hello, dict) or hello.get("type") != "hello":
+            await ws.close()
+            if isinstance(hello, dict) and hello.get("type") == "error":
+                raise error_from_code(str(hello.get("code", "INTERNAL")), str(hello.get("message", "")))
+            raise WarrenError("INTERNAL", f"shell: expected hello, got {first!r:.200}")
+        self.session = str(hello.get("session", ""))
+        self.mode = "pty" if hello.get("mode") == "pty" else "command"
+        self.offset = int(hello.get("offset") or 0)
+        self._replay_end = int(hello.get("liveOffset") or self.offset)
+        self._buffering = self.mode == "pty"
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        return self
+
+    # ---- reading
+
+    async def _read_loop(self) -> None:
+        ws = self._ws
+        assert ws is not None
+        try:
+            async for msg in ws:
+                if isinstance(msg, bytes):
+                    self._emit(ShellOutput("pty", self.offset, msg))
+                    self.offset += len(msg)
+                else:
+                    self._on_frame(msg)
+        except websockets.exceptions.ConnectionClosed:
+            pass
+        except Exception as e:  # pragma: no cover - a bug here must not hang runs
+            self._fail_active(WarrenError("INTERNAL", f"shell reader failed: {e!r}"))
+        finally:
+            self.close_code = ws.close_code
+            self.close_reason = ws.close_reason or ""
+            self._fail_active(self._closed_error())
+            for f in self._pongs.values():
+                if not f.done():
+                    f.set_exception(self._closed_error())
+            self._closed.set()
+            self._data_event.set()
+
+    def _closed_error(self) -> WarrenError:
+        code, reason = self.close_code, self.close_reason
+        if code == 4429:
+            return BackpressureError("RESOURCE_EXHAUSTED", f"shell dropped for back-pressure: {reason}; re-attach with session and offset")
+        if code == 1000 and self.exit is not None:
+            return UnavailableError("UNAVAILABLE", f"the shell session ended (exit code {self.exit.exit_code}, signal {self.exit.signal})")
+        return UnavailableError("UNAVAILABLE", f"shell connection closed ({code}{' ' + reason if reason else ''}); the session may still run: re-attach by id")
+
+    def _fail_active(self, err: WarrenError) -> None:
+        run = self._active
+        if run is not None and not run.future.done():
+            run.future.set_exception(err)
+
+    def _emit(self, out: ShellOutput) -> None:
+        if self._on_output is not None:
+            self._on_output(out)
+        if self._buffering:
+            self._buffer.append(out)
+            self._buffer_bytes += len(out.data)
+            while self._buffer_bytes > READ_BUFFER_BYTES and self._buffer:
+                old = self._buffer.popleft()
+                self._buffer_bytes -= len(old.data)
+                self.dropped_bytes += len(old.data)
+            self._data_event.set()
+
+    def _on_frame(self, text: str) -> None:
+        try:
+            m = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(m, dict):
+            return
+        t = m.get("type")
+        if t == "output":
+            raw = str(m.get("data", ""))
+            data = base64.b64decode(raw) if m.get("encoding") == "base64" else raw.encode("utf-8")
+            stream = "stderr" if m.get("stream") == "stderr" else "stdout"
+            off = int(m.get("offset", self.offset))
+            self.offset = max(self.offset, off + len(data))
+            out = ShellOutput(stream, off, data)  # type: ignore[arg-type]
+            run = self._active
+            # Replayed output belongs to commands from before this attachment, not to a new run.
+            if run is not None and off >= self._replay_end and not run.future.done():
+                (run.stderr if stream == "stderr" else run.stdout).append(data)
+                if run.on_output is not None:
+                    run.on_output(out)
+            self._emit(out)
+        elif t == "done":
+            off = m.get("offset")
+            if isinstance(off, int) and off > self.offset:
+                self.offset = off
+            run = self._active
+            if run is not None and run.id == str(m.get("id")) and not run.future.done():
+                run.future.set_result(
+                    CommandResult(
+                        exit_code=m.get("exitCode"),
+                        stdout=b"".join(run.stdout).decode("utf-8", "replace"),
+                        stderr=b"".join(run.stderr).decode("utf-8", "replace"),
+                        timed_out=bool(m.get("timedOut")),
+                        offset=self.offset,
+                    )
+                )
+        elif t == "exit":
+            self.exit = ShellExit(m.get("exitCode"), m.get("signal"))
+        elif t == "error":
+            err = error_from_code(str(m.get("code", "INTERNAL")), str(m.get("message", "")))
+            run = self._active
+            if m.get("id") is not None and run is not None and run.id == str(m.get("id")) and not run.future.done():
+                run.future.set_exception(err)
+        elif t == "lost":
+            off = m.get("offset")
+            if isinstance(off, int) and off > self.offset:
+                self.offset = off
+            self.lost_bytes += int(m.get("bytes") or 0)
+        elif t == "pong":
+            f = self._pongs.pop(str(m.get("id")), None)
+            if f is not None and not f.done():
+                f.set_result(None)
+
+    # ---- sending
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    async def _send(self, obj: Union[Mapping[str, Any], bytes]) -> None:
+        ws = self._ws
+        if ws is None or self._closed.is_set():
+            raise UnavailableError("UNAVAILABLE", "shell connection is closed")
+        try:
+            await ws.send(obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")))
+        except websockets.exceptions.ConnectionClosed:
+            raise self._closed_error() from None
+
+    async def run(self, cmd: Cmd, *, timeout: Optional[float] = None, on_output: Optional[OutputCallback] = None) -> CommandResult:
+        """Run one command in the session's shell (cwd, variables, functions persist between
+        runs). ``timeout`` (seconds) is enforced by the server, which kills the command and
+        answers ``timed_out=True``. Runs are queued one at a time. Cancelling the calling task
+        kills the command (the session stays usable)."""
+        text = shell_command(cmd)
+        msg: Dict[str, Any] = {"type": "run", "cmd": text}
+        if timeout is not None:
+            from ._wire import seconds_to_ms
+
+            msg["timeoutMs"] = seconds_to_ms(timeout, "timeout")
+        wait = (timeout if timeout is not None else RUN_WAIT_DEFAULT) + RUN_GRACE
+        async with self._lock:
+            rid = f"c{self._next_id}"
+            self._next_id += 1
+            msg["id"] = rid
+            run = _Run(rid, asyncio.get_running_loop().create_future(), on_output)
+            self._active = run
+            try:
+                await self._send(msg)
+                return await asyncio.wait_for(asyncio.shield(run.future), wait)
+            except asyncio.TimeoutError:
+                await self._abort(run)
+                raise WarrenTimeoutError("TIMEOUT", f"no answer for command {rid} within {wait:.0f}s; it was killed") from None
+            except asyncio.CancelledError:
+                await self._abort(run)
+                raise
+            finally:
+                if self._active is run:
+                    self._active = None
+                if run.future.done() and not run.future.cancelled():
+                    run.future.exception()  # mark retrieved
+
+    async def _abort(self, run: _Run) -> None:
+        """Kill an abandoned command and wait (bounded) for its done, so the next run finds the
+        shell idle instead of SESSION_BUSY."""
+        if run.future.done() or self._closed.is_set():
+            return
+        try:
+            await self._send({"type": "signal", "signal": "KILL"})
+            await asyncio.wait({run.future}, timeout=ABORT_WAIT)
+        except (WarrenError, asyncio.CancelledError):
+            pass
+
+    async def write(self, data: Union[str, bytes]) -> None:
+        """pty mode: raw bytes to the terminal (keystrokes, pastes)."""
+        await self._send(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+
+    async def read(self, timeout: Optional[float] = None) -> Optional[ShellOutput]:
+        """Next chunk of output (pty mode, or any mode once called), None once closed and drained.
+        Raises WarrenTimeoutError after ``timeout`` seconds without output."""
+        self._buffering = True
+        while not self._buffer:
+            if self._closed.is_set():
+                return None
+            self._data_event.clear()
+            try:
+                await asyncio.wait_for(self._data_event.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise WarrenTimeoutError("TIMEOUT", f"no shell output within {timeout}s") from None
+        out = self._buffer.popleft()
+        self._buffer_bytes -= len(out.data)
+        return out
+
+    async def read_until(self, marker: Union[str, bytes], timeout: float = 30.0) -> bytes:
+        """Read output until ``marker`` appears; returns everything read (marker included)."""
+        want = marker.encode("utf-8") if isinstance(marker, str) else marker
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        got = bytearray()
+        while want not in got:
+            left = end - loop.time()
+            if left <= 0:
+                raise WarrenTimeoutError("TIMEOUT", f"{want!r} not seen within {timeout}s (got {bytes(got[-200:])!r})")
+            out = await self.read(timeout=left)
+            if out is None:
+                raise UnavailableError("UNAVAILABLE", f"shell closed before {want!r} was seen (got {bytes(got[-200:])!r})")
+            got += out.data
+        return bytes(got)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        from ._wire import TERMINAL_RANGE, check_int
+
+        await self._send({"type": "resize", "cols": check_int(cols, "cols", *TERMINAL_RANGE), "rows": check_int(rows, "rows", *TERMINAL_RANGE)})
+
+    async def signal(self, sig: Union[str, int] = "INT") -> None:
+        """pty: the terminal's foreground process group; command mode: the running command."""
+        await self._send({"type": "signal", "signal": check_signal(sig)})
+
+    async def ping(self, timeout: float = 10.0) -> float:
+        """Round trip of a protocol ping, in seconds."""
+        loop = asyncio.get_running_loop()
+        pid = f"p{self._next_id}"
+        self._next_id += 1
+        fut: "asyncio.Future[None]" = loop.create_future()
+        self._pongs[pid] = fut
+        t0 = loop.time()
+        try:
+            await self._send({"type": "ping", "id": pid})
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise WarrenTimeoutError("TIMEOUT", f"no pong within {timeout}s") from None
+        finally:
+            self._pongs.pop(pid, None)
+        return loop.time() - t0
+
+    async def close(self, timeout: float = 10.0) -> Optional[ShellExit]:
+        """End the session (its shell is killed) and wait for the socket to close."""
+        if not self._closed.is_set():
+            try:
+                await self._send({"type": "close"})
+                await asyncio.wait_for(asyncio.shield(self._closed.wait()), timeout)
+            except (WarrenError, asyncio.TimeoutError):
+                pass
+        await self._shutdown()
+        return self.exit
+
+    async def detach(self) -> None:
+        """Drop this connection only; the session keeps running (re-attach with session, offset)."""
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        ws = self._ws
+        if ws is not None:
+            try:
+                await asyncio.shield(ws.close(1000, "detach"))
+            except asyncio.CancelledError:
+                ws.transport.abort()
+                raise
+            except Exception:
+                ws.transport.abort()
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reader), 5.0)
+            except (asyncio.TimeoutError, Exception):
+                self._reader.cancel()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> "AsyncShellSession":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
