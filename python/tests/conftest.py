@@ -111,8 +111,24 @@ class WarrenServer:
                 for p in c.functions.list():
                     c.functions.delete(p["name"], missing_ok=True)
         self.stop()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+        # A stopped node keeps its image layers mounted (sandboxes outlive the gateway); this
+        # data dir is ours alone, so its mounts go with it.
+        for m in mounts_under(self.data_dir):
+            subprocess.run(["umount", m], check=False, stderr=subprocess.DEVNULL)
+        left = mounts_under(self.data_dir)
+        if left:
+            leftovers.append(f"mounts {left}")
+        else:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
         return leftovers
+
+
+def mounts_under(directory: str) -> List[str]:
+    """Mount points below ``directory``, deepest first."""
+    prefix = os.path.realpath(directory) + "/"
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
 
 
 def start_server(tag: str, extra_args: Optional[List[str]] = None) -> WarrenServer:
@@ -129,7 +145,7 @@ def server() -> Iterator[WarrenServer]:
     finally:
         leftovers = s.cleanup()
         if leftovers:
-            raise AssertionError(f"tests left sandboxes behind: {leftovers}")
+            raise AssertionError(f"tests left things behind: {leftovers}")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -108,6 +109,7 @@ class AsyncShellSession:
         self._active: Optional[_Run] = None
         self._lock = asyncio.Lock()
         self._next_id = 1
+        self._id_prefix = "c" + os.urandom(4).hex() + "-"
         self._replay_end = 0
         self._on_output: Optional[OutputCallback] = None
         self._buffer: Deque[ShellOutput] = deque()
@@ -316,7 +318,9 @@ class AsyncShellSession:
             msg["timeoutMs"] = seconds_to_ms(timeout, "timeout")
         wait = (timeout if timeout is not None else RUN_WAIT_DEFAULT) + RUN_GRACE
         async with self._lock:
-            rid = f"c{self._next_id}"
+            # Ids are unique per attachment: a replayed "done" of an earlier attachment's command
+            # (ids restart there too) must never complete this one.
+            rid = f"{self._id_prefix}{self._next_id}"
             self._next_id += 1
             msg["id"] = rid
             run = _Run(rid, asyncio.get_running_loop().create_future(), on_output)
