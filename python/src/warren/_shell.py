@@ -343,6 +343,8 @@ class AsyncShellSession:
     async def _abort(self, run: _Run) -> None:
         """Kill an abandoned command and wait (bounded) for its done, so the next run finds the
         shell idle instead of SESSION_BUSY."""
+        # The caller has gone: its callback gets nothing more (the kill's own messages included).
+        run.on_output = None
         if run.future.done() or self._closed.is_set():
             return
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 import io
 import json
 import os
@@ -67,6 +68,7 @@ class _Portal:
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
+        self.sessions: "weakref.WeakSet[AsyncShellSession]" = weakref.WeakSet()
 
     def _get_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -106,6 +108,22 @@ class _Portal:
             self._loop = self._thread = None
         if loop is None or t is None:
             return
+        sessions = list(self.sessions)
+
+        async def drain() -> None:
+            # Detach what is still attached (the sessions keep running and can be re-attached),
+            # then let every remaining task end before the loop goes away.
+            await asyncio.gather(*(s.detach() for s in sessions), return_exceptions=True)
+            me = asyncio.current_task()
+            rest = [x for x in asyncio.all_tasks() if x is not me]
+            for x in rest:
+                x.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), loop).result(15.0)
+        except Exception:
+            pass
         loop.call_soon_threadsafe(loop.stop)
         t.join(10.0)
         if not t.is_alive():
@@ -367,6 +385,7 @@ class Sandbox:
         q = w.shell_query(mode, session, offset, cols, rows)
         portal = self._c._portal
         inner = portal.call(AsyncShellSession.connect(self._c.url, self.id, self._c.token, q, connect_timeout=connect_timeout, on_output=on_output))
+        portal.sessions.add(inner)
         return ShellSession(inner, portal)
 
     # ---- lifecycle
