@@ -70,15 +70,16 @@ class AsyncClient:
 
     ``connections`` bounds the keep-alive pool and so the requests in flight (more wait for a
     connection, within their own deadline); ``retries`` bounds the retries of the safe cases
-    (see :mod:`warren._http`)."""
+    (see :mod:`warren._http`); ``timeout`` (seconds) is the deadline of calls that have no
+    longer one of their own (exec waits its command's timeout plus a minute, judge an hour)."""
 
     url: str
     functions: "AsyncFunctions"
     images: "AsyncImages"
 
-    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, data_dir: Optional[str] = None, connections: int = 64, retries: int = 3) -> None:
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, data_dir: Optional[str] = None, connections: int = 64, retries: int = 3, timeout: float = w.DEFAULT_TIMEOUT) -> None:
         self.url, self._token = resolve(url, token, data_dir)
-        self._t = AsyncTransport(self.url, self._token, connections, retries)
+        self._t = AsyncTransport(self.url, self._token, connections, retries, w.check_number(timeout, "timeout", 0.001))
         self.functions = AsyncFunctions(self)
         self.images = AsyncImages(self)
 
@@ -92,7 +93,7 @@ class AsyncClient:
     # ---- system and accounts
 
     async def health(self) -> Health:
-        return cast(Health, await self._json(w.Call("GET", "/v1/health", idempotent=True, timeout=30.0)))
+        return cast(Health, await self._json(w.Call("GET", "/v1/health", idempotent=True)))
 
     async def features(self) -> FeatureReport:
         return cast(FeatureReport, await self._json(w.Call("GET", "/v1/features", idempotent=True)))

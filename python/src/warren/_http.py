@@ -42,14 +42,14 @@ def _headers(token: Optional[str]) -> Dict[str, str]:
     return h
 
 
-def _timeout(call: Call) -> httpx.Timeout:
+def _timeout(seconds: float) -> httpx.Timeout:
     # pool: waiting for a free connection counts against the call's own deadline, so a burst of
     # calls larger than the pool queues (bounded by the pool size in flight) instead of failing.
-    return httpx.Timeout(connect=CONNECT_TIMEOUT, read=call.timeout, write=WRITE_TIMEOUT, pool=call.timeout)
+    return httpx.Timeout(connect=min(CONNECT_TIMEOUT, seconds), read=seconds, write=min(WRITE_TIMEOUT, max(seconds, 1.0)), pool=seconds)
 
 
-def _request_args(call: Call) -> Dict[str, Any]:
-    args: Dict[str, Any] = {"params": call.query, "timeout": _timeout(call)}
+def _request_args(call: Call, seconds: float) -> Dict[str, Any]:
+    args: Dict[str, Any] = {"params": call.query, "timeout": _timeout(seconds)}
     if call.json is not None:
         args["content"] = json.dumps(call.json, separators=(",", ":")).encode("utf-8")
         args["headers"] = {"content-type": "application/json"}
@@ -92,8 +92,9 @@ def _is_error(call: Call, status: int) -> bool:
 
 
 class SyncTransport:
-    def __init__(self, url: str, token: Optional[str], connections: int, retries: int) -> None:
+    def __init__(self, url: str, token: Optional[str], connections: int, retries: int, timeout: float) -> None:
         self.url = url
+        self.timeout = timeout
         self.token = token
         self.retries = retries
         self.http = httpx.Client(
@@ -110,11 +111,12 @@ class SyncTransport:
 
     @contextmanager
     def stream(self, call: Call) -> Iterator[httpx.Response]:
-        deadline = time.monotonic() + call.timeout
+        seconds = call.timeout if call.timeout is not None else self.timeout
+        deadline = time.monotonic() + seconds
         attempt = 0
         while True:
             try:
-                req = self.http.build_request(call.method, call.path, **_request_args(call))
+                req = self.http.build_request(call.method, call.path, **_request_args(call, seconds))
                 res = self.http.send(req, stream=True)
             except httpx.TransportError as exc:
                 delay = retry_delay(call, attempt, self.retries, deadline, transport=not isinstance(exc, httpx.TimeoutException))
@@ -150,8 +152,9 @@ class SyncTransport:
 
 
 class AsyncTransport:
-    def __init__(self, url: str, token: Optional[str], connections: int, retries: int) -> None:
+    def __init__(self, url: str, token: Optional[str], connections: int, retries: int, timeout: float) -> None:
         self.url = url
+        self.timeout = timeout
         self.token = token
         self.retries = retries
         self.http = httpx.AsyncClient(
@@ -168,11 +171,12 @@ class AsyncTransport:
 
     @asynccontextmanager
     async def stream(self, call: Call) -> AsyncIterator[httpx.Response]:
-        deadline = time.monotonic() + call.timeout
+        seconds = call.timeout if call.timeout is not None else self.timeout
+        deadline = time.monotonic() + seconds
         attempt = 0
         while True:
             try:
-                req = self.http.build_request(call.method, call.path, **_request_args(call))
+                req = self.http.build_request(call.method, call.path, **_request_args(call, seconds))
                 res = await self.http.send(req, stream=True)
             except httpx.TransportError as exc:
                 delay = retry_delay(call, attempt, self.retries, deadline, transport=not isinstance(exc, httpx.TimeoutException))

@@ -259,9 +259,9 @@ class AsyncShellSession:
                     run.on_output(out)
             self._emit(out)
         elif t == "done":
-            off = m.get("offset")
-            if isinstance(off, int) and off > self.offset:
-                self.offset = off
+            done_off = m.get("offset")
+            if isinstance(done_off, int) and done_off > self.offset:
+                self.offset = done_off
             run = self._active
             if run is not None and run.id == str(m.get("id")) and not run.future.done():
                 run.future.set_result(
@@ -281,9 +281,9 @@ class AsyncShellSession:
             if m.get("id") is not None and run is not None and run.id == str(m.get("id")) and not run.future.done():
                 run.future.set_exception(err)
         elif t == "lost":
-            off = m.get("offset")
-            if isinstance(off, int) and off > self.offset:
-                self.offset = off
+            lost_off = m.get("offset")
+            if isinstance(lost_off, int) and lost_off > self.offset:
+                self.offset = lost_off
             self.lost_bytes += int(m.get("bytes") or 0)
         elif t == "pong":
             f = self._pongs.pop(str(m.get("id")), None)

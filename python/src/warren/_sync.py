@@ -136,15 +136,16 @@ class Client:
 
     ``connections`` bounds the keep-alive pool and so the requests in flight (more wait for a
     connection, within their own deadline); ``retries`` bounds the retries of the safe cases
-    (see :mod:`warren._http`)."""
+    (see :mod:`warren._http`); ``timeout`` (seconds) is the deadline of calls that have no
+    longer one of their own (exec waits its command's timeout plus a minute, judge an hour)."""
 
     url: str
     functions: "Functions"
     images: "Images"
 
-    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, data_dir: Optional[str] = None, connections: int = 64, retries: int = 3) -> None:
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, data_dir: Optional[str] = None, connections: int = 64, retries: int = 3, timeout: float = w.DEFAULT_TIMEOUT) -> None:
         self.url, self._token = resolve(url, token, data_dir)
-        self._t = SyncTransport(self.url, self._token, connections, retries)
+        self._t = SyncTransport(self.url, self._token, connections, retries, w.check_number(timeout, "timeout", 0.001))
         self._portal = _Portal()
         self.functions = Functions(self)
         self.images = Images(self)
@@ -159,7 +160,7 @@ class Client:
     # ---- system and accounts
 
     def health(self) -> Health:
-        return cast(Health, self._json(w.Call("GET", "/v1/health", idempotent=True, timeout=30.0)))
+        return cast(Health, self._json(w.Call("GET", "/v1/health", idempotent=True)))
 
     def features(self) -> FeatureReport:
         return cast(FeatureReport, self._json(w.Call("GET", "/v1/features", idempotent=True)))

@@ -61,7 +61,9 @@ class Call:
     query: Query = field(default_factory=list)
     json: Any = None
     content: Optional[bytes] = None
-    timeout: float = DEFAULT_TIMEOUT
+    # Seconds for the whole call (None: the client's default, 300 s unless set). Calls whose work
+    # is legitimately long (exec with a timeout, judge, pack) carry their own.
+    timeout: Optional[float] = None
     # Safe to send again after a transport failure (the request may or may not have reached the
     # server): GETs only. Any call may be retried on 429/503 *with* Retry-After, because those
     # are refusals before any work was done (admission control, a starting node).
