@@ -16,6 +16,9 @@ APT_PACKAGES=(
   criu                                          # hibernate (checkpoint/restore); its probe names what the kernel lacks
   iproute2 nftables util-linux tar gzip zstd    # networking and archives
   chromium fonts-dejavu-core                    # dashboard tests (headless, test/ui) and its screenshots
+  python3-httpx python3-websockets              # the Python SDK (python/)
+  python3-pytest                                # its tests (scripts/test.sh)
+  python3-setuptools python3-mypy               # pip install ./python offline; lint type-checks it
 )
 
 missing=()
