@@ -70,7 +70,7 @@ class WarrenServer:
             assert proc.stdout is not None
             for line in proc.stdout:
                 self.log.append(line)
-                if "listening on" in line:
+                if "Warren is listening on" in line:
                     ready.set()
             ready.set()
 
@@ -103,13 +103,18 @@ class WarrenServer:
     def cleanup(self) -> List[str]:
         """Delete what is left (sandboxes, pools) and say what was; then stop and remove the dir."""
         leftovers: List[str] = []
-        if self.proc is not None and self.proc.poll() is None:
-            with self.client() as c:
-                for s in c.list_sandboxes():
-                    leftovers.append(f"sandbox {s['id']} {s.get('labels')}")
-                    c.delete_sandbox(s["id"], missing_ok=True)
-                for p in c.functions.list():
-                    c.functions.delete(p["name"], missing_ok=True)
+        if self.proc is not None and self.proc.poll() is not None:
+            leftovers.append(f"warren up exited on its own ({self.proc.returncode}):\n" + "".join(self.log[-30:]))
+        elif self.proc is not None:
+            try:
+                with self.client() as c:
+                    for s in c.list_sandboxes():
+                        leftovers.append(f"sandbox {s['id']} {s.get('labels')}")
+                        c.delete_sandbox(s["id"], missing_ok=True)
+                    for p in c.functions.list():
+                        c.functions.delete(p["name"], missing_ok=True)
+            except warren.WarrenError as e:
+                leftovers.append(f"cleanup failed: {e}\n" + "".join(self.log[-30:]))
         self.stop()
         # A stopped node keeps its image layers mounted (sandboxes outlive the gateway); this
         # data dir is ours alone, so its mounts go with it.
