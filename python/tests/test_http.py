@@ -47,6 +47,14 @@ class Scripted:
                 if status == -1:
                     time.sleep(2)
                     status = 200
+                if status == -2:  # a chunked answer, as the gateway streams archives
+                    self.send_response(200)
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    for piece in (body[:3], body[3:]):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -153,6 +161,45 @@ def test_async_retry_and_errors(srv: Scripted) -> None:
             assert e.value.code == "SANDBOX_NOT_FOUND"
 
     asyncio.run(main())
+
+
+def test_async_transport(srv: Scripted) -> None:
+    async def main() -> None:
+        async with warren.AsyncClient(srv.url, "t", timeout=0.5) as c:
+            srv.script = [(0, {}, b""), (200, {}, HEALTH)]
+            assert (await c.health())["status"] == "ok", "GET retried after a dropped connection"
+            srv.seen.clear()
+            srv.script = [(0, {}, b"")]
+            with pytest.raises(warren.UnavailableError):
+                await c.sandbox("abc").exec("true")
+            assert len(srv.seen) == 1, "an exec is never sent twice"
+            srv.script = [(-2, {}, b"tar-bytes-here"), (-2, {}, b"second")]
+            assert await c.sandbox("abc").download_tar("/x") == b"tar-bytes-here"
+            assert await c.sandbox("abc").download_tar("/x") == b"second", "the connection is reused after a chunked body"
+            srv.script = [(-1, {}, HEALTH)]
+            t0 = time.monotonic()
+            with pytest.raises(warren.WarrenTimeoutError):
+                await c.health()
+            assert time.monotonic() - t0 < 1.5
+            srv.seen.clear()
+            for _ in range(20):
+                await c.health()
+            assert len(srv.seen) == 20
+        async with warren.AsyncClient(f"http://127.0.0.1:{_free_port()}", "t", retries=1) as dead:
+            t0 = time.monotonic()
+            with pytest.raises(warren.UnavailableError) as e:
+                await dead.create_sandbox()
+            assert "connect" in e.value.message
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_error_mapping() -> None:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import warren
-from conftest import WarrenServer
+from conftest import WarrenServer, processes_with, wait_for
 
 
 def test_command_mode_sync(client: warren.Client) -> None:
@@ -109,7 +109,9 @@ def test_pty_sync(client: warren.Client) -> None:
             sh.resize(120, 40)
             sh.write("stty size; echo mark$((50+1))\n")
             assert b"40 120" in sh.read_until(b"mark51")
-            sh.write("sleep 100\n")
+            # INT must reach the sleep, not the shell before it has started it
+            sh.write("sleep 137.25\n")
+            assert wait_for(lambda: processes_with("sleep\x00137.25") != [], 15)
             sh.signal("INT")
             sh.write("echo after-int$((1+1))\n")
             sh.read_until(b"after-int2")

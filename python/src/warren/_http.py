@@ -22,11 +22,14 @@ import random
 import time
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Dict, Iterator, Optional
+from urllib.parse import urlencode
 
 import httpx
 
 from ._version import __version__ as _version
 from ._errors import UnavailableError, WarrenError, WarrenTimeoutError, error_from_response, parse_retry_after
+from ._lean_http import ConnectionPool, HTTPTimeout, HTTPTransportError
+from ._lean_http import Response as LeanResponse
 from ._wire import Call
 
 CONNECT_TIMEOUT = 10.0
@@ -152,66 +155,83 @@ class SyncTransport:
 
 
 class AsyncTransport:
+    """The same policy over :mod:`warren._lean_http` (see there for why not httpx)."""
+
     def __init__(self, url: str, token: Optional[str], connections: int, retries: int, timeout: float) -> None:
         self.url = url
-        self.timeout = timeout
         self.token = token
         self.retries = retries
-        self.http = httpx.AsyncClient(
-            base_url=url,
-            headers=_headers(token),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=30.0),
-            trust_env=False,
-        )
+        self.timeout = timeout
+        self.pool = ConnectionPool(url, _headers(token), connections, connect_timeout=CONNECT_TIMEOUT)
 
-    async def send(self, call: Call) -> httpx.Response:
+    async def send(self, call: Call) -> LeanResponse:
         async with self.stream(call) as res:
             await res.aread()
             return res
 
     @asynccontextmanager
-    async def stream(self, call: Call) -> AsyncIterator[httpx.Response]:
+    async def stream(self, call: Call) -> AsyncIterator[LeanResponse]:
         seconds = call.timeout if call.timeout is not None else self.timeout
         deadline = time.monotonic() + seconds
+        target = call.path + ("?" + urlencode(call.query) if call.query else "")
+        headers: Dict[str, str] = {}
+        body: Optional[bytes] = None
+        if call.json is not None:
+            body = json.dumps(call.json, separators=(",", ":")).encode("utf-8")
+            headers["content-type"] = "application/json"
+        elif call.content is not None:
+            body = call.content
+            headers["content-type"] = "application/octet-stream"
+        elif call.method in ("POST", "PUT", "PATCH"):
+            body = b""
         attempt = 0
         while True:
             try:
-                req = self.http.build_request(call.method, call.path, **_request_args(call, seconds))
-                res = await self.http.send(req, stream=True)
-            except httpx.TransportError as exc:
-                delay = retry_delay(call, attempt, self.retries, deadline, transport=not isinstance(exc, httpx.TimeoutException))
+                res = await self.pool.request(call.method, target, headers, body, max(deadline - time.monotonic(), 0.001))
+            except HTTPTransportError as exc:
+                timed_out = isinstance(exc, HTTPTimeout)
+                # Nothing written yet (connect refused, no free connection): safe for any call.
+                safe = not exc.sent and not timed_out
+                delay = retry_delay(call if not safe else _IDEMPOTENT, attempt, self.retries, deadline, transport=not timed_out)
                 if delay is None:
-                    raise transport_error(call, self.url, exc) from None
+                    raise _lean_error(call, self.url, exc) from None
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
             if _is_error(call, res.status_code):
                 try:
-                    body = await res.aread()
-                except httpx.TransportError:
-                    body = b""
-                finally:
-                    await res.aclose()
+                    body_bytes = await res.aread()
+                except HTTPTransportError:
+                    body_bytes = b""
                 ra = parse_retry_after(res.headers.get("retry-after"))
                 delay = retry_delay(call, attempt, self.retries, deadline, status=res.status_code, retry_after=ra)
                 if delay is None:
-                    raise error_from_response(res.status_code, body, res.headers.get("retry-after"))
+                    raise error_from_response(res.status_code, body_bytes, res.headers.get("retry-after"))
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
             try:
                 yield res
-            except httpx.TransportError as exc:
-                raise transport_error(call, self.url, exc) from None
+            except HTTPTransportError as exc:
+                raise _lean_error(call, self.url, exc) from None
             finally:
                 await res.aclose()
             return
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.pool.close()
 
 
-def decode_json(res: httpx.Response) -> Any:
+_IDEMPOTENT = Call("GET", "", idempotent=True)
+
+
+def _lean_error(call: Call, url: str, exc: HTTPTransportError) -> WarrenError:
+    if isinstance(exc, HTTPTimeout):
+        return WarrenTimeoutError("TIMEOUT", f"no answer from Warren at {url} in time ({call.method} {call.path}): {exc}")
+    return UnavailableError("UNAVAILABLE", f"cannot reach Warren at {url} ({call.method} {call.path}): {exc}")
+
+
+def decode_json(res: "httpx.Response | LeanResponse") -> Any:
     if res.status_code == 204 or not res.content:
         return None
     try:
