@@ -12,8 +12,10 @@ import asyncio
 import base64
 import json
 import os
+import sys
+from contextlib import asynccontextmanager
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 import websockets
 import websockets.exceptions
@@ -27,10 +29,20 @@ from ._errors import (
     error_from_code,
     error_from_response,
 )
+from ._lean_http import _deadline as _lean_deadline
 from ._models import CommandResult, ShellExit, ShellOutput
 from ._wire import check_signal, shell_command, Cmd
 
 OutputCallback = Callable[[ShellOutput], None]
+
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:  # pragma: no cover - Debian 12 has 3.11
+
+    @asynccontextmanager
+    async def _timeout(seconds: float) -> AsyncIterator[None]:
+        async with _lean_deadline(asyncio.get_running_loop().time() + seconds):
+            yield
 
 # Default client-side wait for a command that has no timeout of its own (the server's maximum
 # timeoutMs is an hour); a command given a timeout waits that long plus this grace.
@@ -327,7 +339,10 @@ class AsyncShellSession:
             self._active = run
             try:
                 await self._send(msg)
-                return await asyncio.wait_for(asyncio.shield(run.future), wait)
+                # shield: a timeout or a cancellation must not cancel the future the reader
+                # completes; _abort waits on it for the killed command's end.
+                async with _timeout(wait):
+                    return await asyncio.shield(run.future)
             except asyncio.TimeoutError:
                 await self._abort(run)
                 raise WarrenTimeoutError("TIMEOUT", f"no answer for command {rid} within {wait:.0f}s; it was killed") from None
