@@ -178,6 +178,28 @@ async function main(): Promise<void> {
   const client = new WarrenClient({ url: gw.url, token, connections: CONC });
   let sandboxId: string | null = null;
   let py: PythonWorker | null = null;
+  let cleaning: Promise<void> | null = null;
+  const cleanup = () =>
+    (cleaning ??= (async () => {
+      py?.close();
+      if (sandboxId) await client.deleteSandbox(sandboxId).catch(() => undefined);
+      await client.functions.delete('pybench').catch(() => undefined);
+      await client.close();
+      await new Promise<void>((r) => {
+        if (gw.child.exitCode !== null) return r();
+        gw.child.once('exit', () => r());
+        gw.child.kill('SIGTERM');
+      });
+      // the stopped node keeps its layers mounted; this data dir is the benchmark's alone
+      await unmountUnder(dataDir);
+      await rm(dataDir, { recursive: true, force: true });
+    })());
+  // An interrupted run cleans up too (sandbox, pool, node, mounts, Python worker).
+  const onSignal = () => {
+    void cleanup().finally(() => process.exit(130));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
   try {
     const sb = await client.createSandbox({ image: 'default', cpu: 1, memoryMb: 256 });
     sandboxId = sb.id;
@@ -232,17 +254,9 @@ async function main(): Promise<void> {
     mkdirSync(resultsDir, { recursive: true });
     writeFileSync(join(resultsDir, 'python-sdk.json'), JSON.stringify(results, null, 2));
   } finally {
-    py?.close();
-    if (sandboxId) await client.deleteSandbox(sandboxId).catch(() => undefined);
-    await client.functions.delete('pybench').catch(() => undefined);
-    await client.close();
-    await new Promise<void>((r) => {
-      gw.child.once('exit', () => r());
-      gw.child.kill('SIGTERM');
-    });
-    // the stopped node keeps its layers mounted; this data dir is the benchmark's alone
-    await unmountUnder(dataDir);
-    await rm(dataDir, { recursive: true, force: true });
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    await cleanup();
   }
 }
 

@@ -2,6 +2,7 @@
 
 Retries, only where the API says a second attempt is safe:
 
+- a connection refused before any byte of the request was written, on any call;
 - a transport failure (connection refused or reset, a broken keep-alive connection) on an
   idempotent call (GETs): the first attempt may or may not have reached the server, and sending
   a GET twice changes nothing;
@@ -122,7 +123,9 @@ class SyncTransport:
                 req = self.http.build_request(call.method, call.path, **_request_args(call, seconds))
                 res = self.http.send(req, stream=True)
             except httpx.TransportError as exc:
-                delay = retry_delay(call, attempt, self.retries, deadline, transport=not isinstance(exc, httpx.TimeoutException))
+                # ConnectError: refused before anything was written, so safe to send again.
+                safe = isinstance(exc, httpx.ConnectError)
+                delay = retry_delay(_IDEMPOTENT if safe else call, attempt, self.retries, deadline, transport=not isinstance(exc, httpx.TimeoutException))
                 if delay is None:
                     raise transport_error(call, self.url, exc) from None
                 attempt += 1
