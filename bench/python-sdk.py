@@ -5,7 +5,7 @@ alternate (the machine's load then hits both alike) without Python's start-up in
 
     /usr/bin/python3 bench/python-sdk.py URL TOKEN SANDBOX POOL CONCURRENCY
     stdin:  shell N | shell_sync N | fncall N | fncall_threads N | quit
-    stdout: {"lat": [ms, ...], "wall": ms} per command (the first line: {"ready": versions})
+    stdout: {"lat": [ms, ...], "wall": ms, "cpu": ms of this process's CPU} per command (the first line: {"ready": versions})
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ async def main_async(url: str, token: str, sandbox: str, pool: str, conc: int) -
                 cmd, n_s = line.split()
                 n = int(n_s)
                 lat: List[float] = []
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 if cmd == "shell":
                     for _ in range(n):
@@ -89,7 +90,7 @@ async def main_async(url: str, token: str, sandbox: str, pool: str, conc: int) -
                     lat = await loop.run_in_executor(None, lambda: list(threads.map(one, range(n))))
                 else:
                     raise SystemExit(f"unknown command {cmd!r}")
-                out({"lat": lat, "wall": (time.perf_counter() - t0) * 1000})
+                out({"lat": lat, "wall": (time.perf_counter() - t0) * 1000, "cpu": (time.process_time() - c0) * 1000})
             threads.shutdown()
             ssh.close()
             await ash.close()

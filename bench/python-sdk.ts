@@ -14,6 +14,8 @@
  * bench/python-sdk.py under /usr/bin/python3 (Debian's httpx and websockets), driven over stdin,
  * so interpreter start-up is not measured. AsyncClient is the comparison; the sync Client
  * (threads for concurrency) is printed beside it.
+ * Also reported: the client's own CPU per operation (process CPU time over the block), which
+ * the machine's load does not change much.
  * Target: Python within 20% of TypeScript on both. JSON goes to bench/results/python-sdk.json.
  */
 import { execFile, spawn, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
@@ -34,9 +36,13 @@ const PYTHON = process.env.BENCH_PYTHON ?? '/usr/bin/python3';
 interface Block {
   lat: number[];
   wall: number;
+  /** CPU time of the client process during the block (user + system), ms. */
+  cpu: number;
 }
 
 interface Summary {
+  /** Client CPU per operation, ms. */
+  cpuPerOp: number;
   n: number;
   p50: number;
   p99: number;
@@ -47,7 +53,7 @@ interface Summary {
 function summary(blocks: Block[]): Summary {
   const lat = blocks.flatMap((b) => b.lat);
   const wall = blocks.reduce((a, b) => a + b.wall, 0);
-  return { n: lat.length, p50: percentile(lat, 50), p99: percentile(lat, 99), mean: lat.reduce((a, b) => a + b, 0) / lat.length, throughput: lat.length / (wall / 1000) };
+  return { cpuPerOp: blocks.reduce((a, b) => a + b.cpu, 0) / lat.length, n: lat.length, p50: percentile(lat, 50), p99: percentile(lat, 99), mean: lat.reduce((a, b) => a + b, 0) / lat.length, throughput: lat.length / (wall / 1000) };
 }
 
 function medianOf(xs: number[]): number {
@@ -60,6 +66,7 @@ const blockRate = (b: Block) => b.lat.length / (b.wall / 1000);
 
 async function tsShellBlock(sh: ShellClient, n: number): Promise<Block> {
   const lat: number[] = [];
+  const u0 = process.cpuUsage();
   const t0 = performance.now();
   for (let i = 0; i < n; i++) {
     const s = performance.now();
@@ -67,12 +74,13 @@ async function tsShellBlock(sh: ShellClient, n: number): Promise<Block> {
     lat.push(performance.now() - s);
     if (r.exitCode !== 0) throw new Error(`run true: ${JSON.stringify(r)}`);
   }
-  return { lat, wall: performance.now() - t0 };
+  return { lat, wall: performance.now() - t0, cpu: cpuMs(u0) };
 }
 
 async function tsFncallBlock(client: WarrenClient, pool: string, n: number): Promise<Block> {
   const lat: number[] = [];
   let left = n;
+  const u0 = process.cpuUsage();
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: CONC }, async () => {
@@ -84,7 +92,12 @@ async function tsFncallBlock(client: WarrenClient, pool: string, n: number): Pro
       }
     }),
   );
-  return { lat, wall: performance.now() - t0 };
+  return { lat, wall: performance.now() - t0, cpu: cpuMs(u0) };
+}
+
+function cpuMs(since: NodeJS.CpuUsage): number {
+  const u = process.cpuUsage(since);
+  return (u.user + u.system) / 1000;
 }
 
 /** bench/python-sdk.py as a long-lived worker: one command line in, one JSON line out. */
@@ -211,22 +224,28 @@ async function main(): Promise<void> {
     const ready = await py.next();
     await py.run('fncall', CONC); // warm its connection pool
     const m: Record<string, Block[]> = { tsShell: [], pyShell: [], pySyncShell: [], tsFn: [], pyFn: [], pyThreads: [] };
+    const pair = async (tsFirst: boolean, ts: () => Promise<Block>, pys: () => Promise<Block>, tk: string, pk: string) => {
+      if (tsFirst) {
+        m[tk]!.push(await ts());
+        m[pk]!.push(await pys());
+      } else {
+        m[pk]!.push(await pys());
+        m[tk]!.push(await ts());
+      }
+    };
+    // Phases by kind of work: a process that has just burnt CPU (a throughput block) is woken
+    // later by the scheduler for a while, which would tax whichever latency block follows it.
     for (let b = 0; b < BLOCKS; b++) {
-      const tsFirst = b % 2 === 0;
-      const pair = async (ts: () => Promise<Block>, pys: () => Promise<Block>, tk: string, pk: string) => {
-        if (tsFirst) {
-          m[tk]!.push(await ts());
-          m[pk]!.push(await pys());
-        } else {
-          m[pk]!.push(await pys());
-          m[tk]!.push(await ts());
-        }
-      };
-      await pair(() => tsShellBlock(sh, SHELL_N), () => py!.run('shell', SHELL_N), 'tsShell', 'pyShell');
+      await pair(b % 2 === 0, () => tsShellBlock(sh, SHELL_N), () => py!.run('shell', SHELL_N), 'tsShell', 'pyShell');
       m.pySyncShell!.push(await py.run('shell_sync', SHELL_N));
-      await pair(() => tsFncallBlock(client, 'pybench', FN_N), () => py!.run('fncall', FN_N), 'tsFn', 'pyFn');
+      console.log(`shell block ${b + 1}: p50 TS ${blockP50(m.tsShell![b]!).toFixed(3)} / Py ${blockP50(m.pyShell![b]!).toFixed(3)} / Py sync ${blockP50(m.pySyncShell![b]!).toFixed(3)} ms; load ${os.loadavg()[0]!.toFixed(1)}`);
+    }
+    for (let b = 0; b < BLOCKS; b++) {
+      await pair(b % 2 === 0, () => tsFncallBlock(client, 'pybench', FN_N), () => py!.run('fncall', FN_N), 'tsFn', 'pyFn');
+      console.log(`fncall block ${b + 1}: TS ${blockRate(m.tsFn![b]!).toFixed(0)} / Py ${blockRate(m.pyFn![b]!).toFixed(0)} per s; load ${os.loadavg()[0]!.toFixed(1)}`);
+    }
+    for (let b = 0; b < Math.max(1, BLOCKS >> 1); b++) {
       m.pyThreads!.push(await py.run('fncall_threads', FN_N));
-      console.log(`block ${b + 1}: shell p50 TS ${blockP50(m.tsShell![b]!).toFixed(3)} / Py ${blockP50(m.pyShell![b]!).toFixed(3)} ms; fncall TS ${blockRate(m.tsFn![b]!).toFixed(0)} / Py ${blockRate(m.pyFn![b]!).toFixed(0)} per s; load ${os.loadavg()[0]!.toFixed(1)}`);
     }
     await sh.close();
     const ratio = (pk: string, tk: string, f: (b: Block) => number) => medianOf(m[pk]!.map((b, i) => f(b) / f(m[tk]![i]!)));
@@ -235,16 +254,16 @@ async function main(): Promise<void> {
     console.log(`\nshell session exec round trip (run "true"), ms, ${BLOCKS * SHELL_N} samples each:`);
     const shellRatio = ratio('pyShell', 'tsShell', blockP50);
     printTable([
-      { client: 'TypeScript SDK', p50: f(S.tsShell!.p50), mean: f(S.tsShell!.mean), p99: f(S.tsShell!.p99), 'Py/TS p50 (median of blocks)': '1.00' },
-      { client: 'Python AsyncClient', p50: f(S.pyShell!.p50), mean: f(S.pyShell!.mean), p99: f(S.pyShell!.p99), 'Py/TS p50 (median of blocks)': f(shellRatio, 2) },
-      { client: 'Python Client (sync)', p50: f(S.pySyncShell!.p50), mean: f(S.pySyncShell!.mean), p99: f(S.pySyncShell!.p99), 'Py/TS p50 (median of blocks)': f(ratio('pySyncShell', 'tsShell', blockP50), 2) },
+      { client: 'TypeScript SDK', p50: f(S.tsShell!.p50), mean: f(S.tsShell!.mean), p99: f(S.tsShell!.p99), 'client CPU/op': f(S.tsShell!.cpuPerOp), 'Py/TS p50 (median of blocks)': '1.00' },
+      { client: 'Python AsyncClient', p50: f(S.pyShell!.p50), mean: f(S.pyShell!.mean), p99: f(S.pyShell!.p99), 'client CPU/op': f(S.pyShell!.cpuPerOp), 'Py/TS p50 (median of blocks)': f(shellRatio, 2) },
+      { client: 'Python Client (sync)', p50: f(S.pySyncShell!.p50), mean: f(S.pySyncShell!.mean), p99: f(S.pySyncShell!.p99), 'client CPU/op': f(S.pySyncShell!.cpuPerOp), 'Py/TS p50 (median of blocks)': f(ratio('pySyncShell', 'tsShell', blockP50), 2) },
     ]);
     console.log(`\nFnCall at concurrency ${CONC}, ${BLOCKS * FN_N} invocations each:`);
     const fnRatio = ratio('pyFn', 'tsFn', blockRate);
     printTable([
-      { client: 'TypeScript SDK', 'invocations/s': f(S.tsFn!.throughput, 0), 'p50 ms': f(S.tsFn!.p50, 1), 'p99 ms': f(S.tsFn!.p99, 1), 'Py/TS rate (median of blocks)': '1.00' },
-      { client: 'Python AsyncClient', 'invocations/s': f(S.pyFn!.throughput, 0), 'p50 ms': f(S.pyFn!.p50, 1), 'p99 ms': f(S.pyFn!.p99, 1), 'Py/TS rate (median of blocks)': f(fnRatio, 2) },
-      { client: `Python Client (sync, ${CONC} threads)`, 'invocations/s': f(S.pyThreads!.throughput, 0), 'p50 ms': f(S.pyThreads!.p50, 1), 'p99 ms': f(S.pyThreads!.p99, 1), 'Py/TS rate (median of blocks)': f(ratio('pyThreads', 'tsFn', blockRate), 2) },
+      { client: 'TypeScript SDK', 'invocations/s': f(S.tsFn!.throughput, 0), 'p50 ms': f(S.tsFn!.p50, 1), 'p99 ms': f(S.tsFn!.p99, 1), 'client CPU/op ms': f(S.tsFn!.cpuPerOp), 'Py/TS rate (median of blocks)': '1.00' },
+      { client: 'Python AsyncClient', 'invocations/s': f(S.pyFn!.throughput, 0), 'p50 ms': f(S.pyFn!.p50, 1), 'p99 ms': f(S.pyFn!.p99, 1), 'client CPU/op ms': f(S.pyFn!.cpuPerOp), 'Py/TS rate (median of blocks)': f(fnRatio, 2) },
+      { client: `Python Client (sync, ${CONC} threads)`, 'invocations/s': f(S.pyThreads!.throughput, 0), 'p50 ms': f(S.pyThreads!.p50, 1), 'p99 ms': f(S.pyThreads!.p99, 1), 'client CPU/op ms': f(S.pyThreads!.cpuPerOp), 'Py/TS rate (median of blocks)': f(S.pyThreads!.throughput / S.tsFn!.throughput, 2) + ' (pooled)' },
     ]);
     const shellOk = shellRatio <= 1.2;
     const fnOk = fnRatio >= 0.8;
