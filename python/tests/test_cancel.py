@@ -77,6 +77,7 @@ def test_cancel_mid_create_deletes_what_was_created(server: WarrenServer) -> Non
             task = asyncio.create_task(c.create_sandbox(image="default", labels={"t": label}))
             # cancel while the create request is in flight (the node takes tens of ms at least)
             await asyncio.sleep(0.005)
+            assert not task.done(), "the create was still in flight when cancelled"
             task.cancel()
             try:
                 await task

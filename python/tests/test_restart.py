@@ -4,76 +4,76 @@ and port, re-attach to the session by id and find its state and unread output.""
 from __future__ import annotations
 
 import asyncio
+from typing import Iterator
 
 import pytest
 
 import warren
-from conftest import start_server
+from conftest import WarrenServer, start_server, wait_for
 
 
-def test_reattach_after_gateway_kill9_and_restart() -> None:
-    node = start_server("r")
+@pytest.fixture(scope="module")
+def node() -> Iterator[WarrenServer]:
+    """One node for this module's tests, killed and restarted by them."""
+    n = start_server("r")
     try:
-        with node.client() as c:
-            sb = c.create_sandbox(image="default")
-            sh = sb.shell()
-            sh.run("mkdir -p /work/r; cd /work/r; export ROUND=1; sleep 600 &")
-            assert sh.run("jobs").stdout.strip() != ""
-            sid, off = sh.session, sh.offset
-
-            node.kill9()
-            # the dropped socket surfaces as an error on the next use, not as a hang
-            with pytest.raises(warren.UnavailableError):
-                sh.run("true", timeout=5)
-            node.start()
-
-            again = sb.shell(session=sid, offset=off)
-            assert again.session == sid
-            r = again.run("pwd; echo $ROUND; jobs | grep -c 'sleep 600'")
-            assert r.stdout == "/work/r\n1\n1\n", "cwd, env and background jobs survived"
-            # output produced while no client was attached is replayed on the next attachment
-            again.run("(sleep 0.2; echo while-detached) &")
-            mid = again.offset
-            again.detach()
-            import time
-
-            time.sleep(0.5)
-            replay: list[bytes] = []
-            third = sb.shell(session=sid, offset=mid, on_output=lambda o: replay.append(o.data))
-            assert third.run("echo back").stdout == "back\n"
-            assert b"while-detached" in b"".join(replay)
-            third.close()
-            sb.delete()
+        yield n
     finally:
-        leftovers = node.cleanup()
-    assert leftovers == []
+        leftovers = n.cleanup()
+        assert leftovers == [], leftovers
 
 
-def test_async_reattach_after_restart() -> None:
-    node = start_server("a")
-    try:
-        async def before() -> tuple[str, str, int]:
-            async with node.aclient() as c:
-                sb = await c.create_sandbox(image="default")
-                sh = await sb.shell()
-                await sh.run("export A=async; cd /opt")
-                await sh.detach()
-                return sb.id, sh.session, sh.offset
+def test_reattach_after_gateway_kill9_and_restart(node: WarrenServer) -> None:
+    with node.client() as c:
+        sb = c.create_sandbox(image="default")
+        sh = sb.shell()
+        sh.run("mkdir -p /work/r; cd /work/r; export ROUND=1; sleep 600 &")
+        assert sh.run("jobs").stdout.strip() != ""
+        sid, off = sh.session, sh.offset
 
-        sandbox_id, sid, off = asyncio.run(before())
         node.kill9()
+        # the dropped socket surfaces as an error on the next use, not as a hang
+        with pytest.raises(warren.UnavailableError):
+            sh.run("true", timeout=5)
         node.start()
 
-        async def after() -> None:
-            async with node.aclient() as c:
-                sb = await c.get_sandbox(sandbox_id)
-                assert sb.state == "running"
-                assert any(s["id"] == sid and s["alive"] for s in await sb.sessions())
-                async with await sb.shell(session=sid, offset=off) as sh:
-                    assert (await sh.run("echo $A $PWD")).stdout == "async /opt\n"
-                await sb.delete(missing_ok=False)
+        again = sb.shell(session=sid, offset=off)
+        assert again.session == sid
+        r = again.run("pwd; echo $ROUND; jobs | grep -c 'sleep 600'")
+        assert r.stdout == "/work/r\n1\n1\n", "cwd, env and background jobs survived"
+        # output produced while no client was attached is replayed on the next attachment
+        again.run("(sleep 0.2; echo while-detached) &")
+        mid = again.offset
+        again.detach()
+        assert wait_for(lambda: any(x["id"] == sid and x["outputOffset"] > mid for x in sb.sessions())), "output produced while detached"
+        replay: list[bytes] = []
+        third = sb.shell(session=sid, offset=mid, on_output=lambda o: replay.append(o.data))
+        assert third.run("echo back").stdout == "back\n"
+        assert b"while-detached" in b"".join(replay)
+        third.close()
+        sb.delete()
 
-        asyncio.run(after())
-    finally:
-        leftovers = node.cleanup()
-    assert leftovers == []
+
+def test_async_reattach_after_restart(node: WarrenServer) -> None:
+    async def before() -> tuple[str, str, int]:
+        async with node.aclient() as c:
+            sb = await c.create_sandbox(image="default")
+            sh = await sb.shell()
+            await sh.run("export A=async; cd /opt")
+            await sh.detach()
+            return sb.id, sh.session, sh.offset
+
+    sandbox_id, sid, off = asyncio.run(before())
+    node.kill9()
+    node.start()
+
+    async def after() -> None:
+        async with node.aclient() as c:
+            sb = await c.get_sandbox(sandbox_id)
+            assert sb.state == "running"
+            assert any(s["id"] == sid and s["alive"] for s in await sb.sessions())
+            async with await sb.shell(session=sid, offset=off) as sh:
+                assert (await sh.run("echo $A $PWD")).stdout == "async /opt\n"
+            await sb.delete(missing_ok=False)
+
+    asyncio.run(after())
