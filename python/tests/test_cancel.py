@@ -97,7 +97,7 @@ def test_cancel_mid_exec_stream(server: WarrenServer) -> None:
             async with await c.create_sandbox(image="default") as sb:
                 got: list[bytes] = []
                 task = asyncio.create_task(sb.exec_stream(f"echo started; sleep {marker}", lambda o: got.append(o.data)))
-                assert await asyncio.to_thread(wait_for, lambda: processes_with(f"sleep\0{marker}") != [], 15)
+                assert await asyncio.to_thread(wait_for, lambda: processes_with(f"sleep\0{marker}") != [] and got != [], 15)
                 task.cancel()
                 try:
                     await task
