@@ -23,6 +23,7 @@ import { registerSystemRoutes } from './routes/system';
 import { registerPolicyRoutes } from './routes/policy';
 import { registerShellRoutes } from './ws-shell';
 import { registerUiRoutes } from './routes/ui';
+import { registerE2bRoutes } from './e2b';
 
 export interface GatewayOptions {
   shim: Shim;
@@ -94,6 +95,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerFunctionRoutes(app, ctx);
   registerUiRoutes(app, ctx);
   const shells = registerShellRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
+  registerE2bRoutes(app, ctx, { db: opts.db });
 
   app.set_not_found_handler((req, res) => {
     sendError(res, new WarrenError('NOT_FOUND', `no route for ${req.method} ${req.path}`), log, !req.received);
