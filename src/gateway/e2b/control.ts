@@ -13,7 +13,7 @@
  * options map onto services of policies/services.yaml.
  */
 import { randomBytes } from 'node:crypto';
-import type { Request, Response, Server } from 'hyper-express';
+import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
 import { native } from '../../native';
 import { policyStore } from '../../security/confinement';

@@ -17,7 +17,7 @@ import { posix } from 'node:path';
 import { gunzip } from 'node:zlib';
 import { watch, type FSWatcher } from 'node:fs';
 import { closeSync } from 'node:fs';
-import type { Request, Response, Server } from 'hyper-express';
+import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
 import type { ExecStream, SandboxInfo } from '../../shim/types';
 import type { GatewayContext } from '../context';
@@ -124,24 +124,48 @@ export function requestUser(raw: string | undefined): string {
   }
 }
 
-const ENSURE_USER = [
-  'id user >/dev/null 2>&1 && exit 0',
-  'if command -v useradd >/dev/null 2>&1; then useradd -m -s /bin/bash -U user 2>/dev/null && exit 0; fi',
-  'grep -q "^user:" /etc/passwd || echo "user:x:1000:1000::/home/user:/bin/bash" >> /etc/passwd',
-  'grep -q "^user:" /etc/group || echo "user:x:1000:" >> /etc/group',
-  'mkdir -p /home/user && chown 1000:1000 /home/user && chmod 755 /home/user',
-].join('\n');
+/** A passwd/group line for `user` with the first id from 1000 not taken in either file. */
+export function addUserEntries(passwd: string, group: string): { passwd: string; group: string; uid: number } | null {
+  const has = (text: string) => text.split('\n').some((l) => l.startsWith('user:'));
+  if (has(passwd)) return null;
+  const taken = new Set<number>();
+  for (const text of [passwd, group]) for (const l of text.split('\n')) if (/^[^:]*:[^:]*:\d+:/.test(l)) taken.add(Number(l.split(':')[2]));
+  let uid = 1000;
+  while (taken.has(uid)) uid++;
+  const nl = (t: string) => (t === '' || t.endsWith('\n') ? t : `${t}\n`);
+  return {
+    passwd: `${nl(passwd)}user:x:${uid}:${uid}::/home/user:/bin/bash\n`,
+    group: has(group) ? group : `${nl(group)}user:x:${uid}:\n`,
+    uid,
+  };
+}
 
 /**
  * E2B clients expect a `user` account with home /home/user. Images need not
  * have one: it is added to the sandbox's own writable layer on first use
- * (packed snapshots carry it on).
+ * (packed snapshots carry it on). /etc is read-only inside sandboxes, so the
+ * account files are written through the shim's confined file access; the
+ * home directory is made inside the sandbox.
  */
 export async function ensureUser(plane: Plane, id: string): Promise<void> {
   if (plane.usersEnsured.has(id)) return;
-  const r = await plane.ctx.shim.exec(id, { cmd: ['/bin/sh', '-c', ENSURE_USER], user: 'root', timeoutMs: 30_000, maxOutputBytes: 65536 });
-  if (r.exitCode !== 0) plane.log(`e2b: could not add the "user" account to sandbox ${id}: ${r.stderr.trim().slice(0, 300)}`);
-  else plane.usersEnsured.add(id);
+  const shim = plane.ctx.shim;
+  const read = async (p: string) => {
+    try {
+      return (await shim.readFile(id, p, 4 * 1024 * 1024)).toString('utf8');
+    } catch (err) {
+      if (err instanceof WarrenError && err.code === 'FILE_NOT_FOUND') return '';
+      throw err;
+    }
+  };
+  const next = addUserEntries(await read('/etc/passwd'), await read('/etc/group'));
+  if (next !== null) {
+    await shim.writeFile(id, '/etc/group', Buffer.from(next.group), 0o644);
+    await shim.writeFile(id, '/etc/passwd', Buffer.from(next.passwd), 0o644);
+    const r = await shim.exec(id, { cmd: ['/bin/sh', '-c', `mkdir -p /home/user && chown ${next.uid}:${next.uid} /home/user && chmod 755 /home/user`], user: 'root', timeoutMs: 30_000, maxOutputBytes: 65536 });
+    if (r.exitCode !== 0) plane.log(`e2b: sandbox ${id}: could not make /home/user: ${r.stderr.trim().slice(0, 300)}`);
+  }
+  plane.usersEnsured.add(id);
 }
 
 // ---------------------------------------------------------------- Connect plumbing
@@ -771,7 +795,7 @@ async function download(plane: Plane, req: Request, res: Response): Promise<void
   res.header('content-type', 'application/octet-stream');
   res.header('content-disposition', `attachment; filename="${posix.basename(path).replace(/["\\\r\n]/g, '_')}"`);
   res.on('close', () => proc.kill(9));
-  if (!res.write(first)) await new Promise((r) => res.once('drain', r));
+  if (!res.write(first)) await new Promise<void>((r) => res.once("drain", () => r()));
   proc.stdout.on('data', (c: Buffer) => {
     if (!res.write(c)) {
       proc.stdout.pause();

@@ -6,7 +6,7 @@
  * A client that goes away mid-execution interrupts the cell (SIGINT).
  */
 import { randomBytes } from 'node:crypto';
-import type { Request, Response, Server } from 'hyper-express';
+import type { Req as Request, Res as Response, Router as Server } from './http';
 import type { ExecStream } from '../../shim/types';
 import { publicError } from '../http';
 import { validateEnv } from '../validation';

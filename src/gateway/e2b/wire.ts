@@ -12,7 +12,7 @@
  *
  * Pure functions except the body reader; the unit tests cover each.
  */
-import type { Request, Response } from 'hyper-express';
+import type { Req, Res } from './http';
 import { WarrenError } from '../../errors';
 
 // ---------------------------------------------------------------- errors
@@ -326,38 +326,34 @@ function decodeFilename(raw: string): string {
 
 /**
  * Read a request body of at most `limit` bytes, with a Content-Length or
- * chunked (uWS de-chunks; hyper-express only reads bodies with a length, so
- * chunked ones are taken from the raw response's data events). Oversized
- * bodies are refused with 413 (from Content-Length before reading; chunked
- * ones as soon as the count passes the limit).
+ * chunked (the SDKs stream their POST bodies). Oversized bodies are refused
+ * with 413: from Content-Length before reading, chunked ones as soon as the
+ * count passes the limit.
  */
-export function readBodyAnyEncoding(req: Request, limit: number): Promise<Buffer> {
+export function readBodyAnyEncoding(req: Req, limit: number): Promise<Buffer> {
   const cl = req.headers['content-length'];
   if (cl !== undefined && cl !== '') {
     if (!/^\d{1,16}$/.test(cl)) return Promise.reject(new E2bError(400, 'invalid Content-Length'));
     const n = Number(cl);
     if (n > limit) return Promise.reject(tooLarge(n, limit));
-    if (n === 0) return Promise.resolve(Buffer.alloc(0));
-    return req.buffer();
   }
-  if (!/chunked/i.test(req.headers['transfer-encoding'] ?? '')) return Promise.resolve(Buffer.alloc(0));
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    let failed = false;
-    const raw = (req as unknown as { _raw_response: { onData(cb: (ab: ArrayBuffer, last: boolean) => void): void } })._raw_response;
-    raw.onData((ab, last) => {
-      if (failed) return;
-      size += ab.byteLength;
+    const raw = req.raw;
+    const onData = (c: Buffer) => {
+      size += c.length;
       if (size > limit) {
-        failed = true;
+        raw.off('data', onData);
+        raw.pause();
         reject(tooLarge(size, limit));
         return;
       }
-      // uWS reuses the ArrayBuffer after the callback: copy.
-      if (ab.byteLength > 0) chunks.push(Buffer.from(new Uint8Array(ab).slice()));
-      if (last) resolve(Buffer.concat(chunks, size));
-    });
+      chunks.push(c);
+    };
+    raw.on('data', onData);
+    raw.once('end', () => resolve(Buffer.concat(chunks, size)));
+    raw.once('error', (err) => reject(new E2bError(400, `reading the request body failed: ${err.message}`)));
   });
 }
 
@@ -365,15 +361,13 @@ function tooLarge(n: number, limit: number): E2bError {
   return new E2bError(413, `request body of ${n} bytes exceeds the limit of ${limit} bytes`, 'resource_exhausted');
 }
 
-/** Whether the request body has not been consumed (the connection must then be closed after an error). */
-export function bodyPending(req: Request): boolean {
-  const cl = req.headers['content-length'];
-  if (cl !== undefined && cl !== '' && cl !== '0') return !req.received;
-  return req.headers['transfer-encoding'] !== undefined;
+/** Whether the request body has not been consumed (the connection is then closed after an error answer). */
+export function bodyPending(req: Req): boolean {
+  return !req.received;
 }
 
 /** Write a JSON body with a status (no-op once the response is done). */
-export function sendJsonBody(res: Response, status: number, body: string, contentType = 'application/json'): void {
+export function sendJsonBody(res: Res, status: number, body: string, contentType = 'application/json'): void {
   if (res.completed) return;
   res.status(status);
   res.header('content-type', contentType);
