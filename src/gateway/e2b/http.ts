@@ -60,6 +60,11 @@ export class Res {
     if (close) this.raw.once('finish', () => this.raw.socket?.destroySoon?.());
   }
 
+  /** Send the status and headers now (a streamed answer whose first chunk may take a while). */
+  flushHeaders(): void {
+    if (!this.raw.headersSent) this.raw.flushHeaders();
+  }
+
   /** A chunk of a streamed body; false when the client is behind (wait for 'drain'). */
   write(chunk: string | Buffer): boolean {
     if (this.completed) return false;

@@ -135,6 +135,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
         res.status(200);
         res.header('content-type', 'application/x-ndjson');
         res.header('cache-control', 'no-store');
+        res.flushHeaders();
         await new Promise<void>((resolve) => {
           let finished = false;
           const finish = () => {
