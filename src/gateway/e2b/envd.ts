@@ -16,7 +16,8 @@
 import { posix } from 'node:path';
 import { gunzip } from 'node:zlib';
 import { watch, type FSWatcher } from 'node:fs';
-import { closeSync } from 'node:fs';
+import { closeSync, fchownSync } from 'node:fs';
+import { native } from '../../native';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
 import type { ExecStream, SandboxInfo } from '../../shim/types';
@@ -162,8 +163,18 @@ export async function ensureUser(plane: Plane, id: string): Promise<void> {
   if (next !== null) {
     await shim.writeFile(id, '/etc/group', Buffer.from(next.group), 0o644);
     await shim.writeFile(id, '/etc/passwd', Buffer.from(next.passwd), 0o644);
-    const r = await shim.exec(id, { cmd: ['/bin/sh', '-c', `mkdir -p /home/user && chown ${next.uid}:${next.uid} /home/user && chmod 755 /home/user`], user: 'root', timeoutMs: 30_000, maxOutputBytes: 65536 });
-    if (r.exitCode !== 0) plane.log(`e2b: sandbox ${id}: could not make /home/user: ${r.stderr.trim().slice(0, 300)}`);
+    // The home directory through the native confined walk: no process to start.
+    const pid = shim.getSandbox(id).pid;
+    if (pid !== undefined) {
+      const root = `/proc/${pid}/root`;
+      native.mkdirInRoot(root, '/home/user', 0o755, true);
+      const fd = native.openInRoot(root, '/home/user', 'dir', 0);
+      try {
+        fchownSync(fd, next.uid, next.uid);
+      } finally {
+        closeSync(fd);
+      }
+    }
   }
   plane.usersEnsured.add(id);
 }
@@ -621,7 +632,6 @@ async function watchDir(plane: Plane, info: SandboxInfo, msg: Record<string, unk
   const recursive = boolField(msg.recursive, 'recursive');
   // The user must be able to list the directory (envd watches as that user).
   await fsRun(plane, info.id, user, `${FS_SCRIPTS.exists}\n[ -d "$1" ] || { echo "path is not a directory: $1" >&2; exit 20; }\n[ -r "$1" ] && [ -x "$1" ] || { echo "Permission denied: $1" >&2; exit 13; }`, [path]);
-  const { native } = await import('../../native');
   const root = `/proc/${info.pid ?? plane.ctx.shim.getSandbox(info.id).pid}/root`;
   if (!info.pid && !plane.ctx.shim.getSandbox(info.id).pid) throw new E2bError(502, 'sandbox is not running', 'unavailable');
   const watchers = new Map<string, { w: FSWatcher; fd: number }>();
