@@ -57,7 +57,8 @@ export class Res {
     if (this.completed) return;
     if (close && !this.raw.headersSent) this.raw.setHeader('connection', 'close');
     this.raw.end(body ?? '');
-    if (close) this.raw.once('finish', () => this.raw.socket?.destroySoon?.());
+    // Node would otherwise read and discard the rest of an unread body to keep the connection.
+    if (close) this.raw.once('finish', () => this.raw.socket?.destroy());
   }
 
   /** Send the status and headers now (a streamed answer whose first chunk may take a while). */
