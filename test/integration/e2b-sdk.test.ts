@@ -132,6 +132,8 @@ test.serial('pty: create, input, resize, output, kill', async (t) => {
     t.true(await sb.pty.kill(pty.pid));
     await pty.wait().catch(() => undefined);
     await until('pty gone', async () => !(await sb.commands.list()).some((p) => p.pid === pty.pid));
+    // Its shell session (holder) is closed, not left lingering.
+    await until('session closed', async () => ((await w.api('GET', `/v1/sandboxes/${sb.sandboxId}/sessions`)).body.sessions as { alive: boolean }[]).every((s) => !s.alive));
   } finally {
     await sb.kill();
   }
@@ -362,4 +364,9 @@ test.serial('bad input: unknown template, foreign ids, bad tokens, bad keys, hos
   } finally {
     await mine.kill();
   }
+});
+
+test.serial('nothing is left behind: every sandbox these tests made is gone', async (t) => {
+  const left = (await w.api('GET', '/v1/sandboxes')).body.sandboxes as { id: string; state: string }[];
+  t.deepEqual(left.map((s) => `${s.id}:${s.state}`), []);
 });
