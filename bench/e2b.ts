@@ -5,7 +5,9 @@
  *  - create -> first command: `Sandbox.create()` + `commands.run('true')`
  *    against `createSandbox()` + `exec(['/bin/bash', '-l', '-c', 'true'])` as
  *    `user` (the command E2B's SDK runs);
- *  - round trip of `commands.run('true')` against the same native exec.
+ *  - round trip of `commands.run('true')` against the same native exec;
+ *  - the surface without a process: `commands.list()` (a unary Connect call)
+ *    against the native `GET /v1/sandboxes/:id`.
  *
  * The difference of the medians is what the E2B surface adds. Conditions are
  * printed first; results go to bench/results/e2b.json.
@@ -92,6 +94,17 @@ async function main(): Promise<void> {
       await n.exec(CMD, { user: 'root' });
       nativeRtt.push(performance.now() - t0);
     }
+    // The surface itself, without a process: a unary Connect call (process.List) against a native GET.
+    const e2bRpc: number[] = [];
+    const nativeGet: number[] = [];
+    for (let i = 0; i < RTT; i++) {
+      let t0 = performance.now();
+      await s.commands.list();
+      e2bRpc.push(performance.now() - t0);
+      t0 = performance.now();
+      await client.getSandbox(n.id);
+      nativeGet.push(performance.now() - t0);
+    }
     await s.kill();
     await client.deleteSandbox(n.id);
 
@@ -104,7 +117,8 @@ async function main(): Promise<void> {
       'added p50': `${(percentile(e, 50) - percentile(nat, 50)).toFixed(2)} ms`,
     });
     console.log('\n# E2B SDK vs native SDK (same node, same run)');
-    printTable([row("create -> first commands.run('true')", e2bCreate, nativeCreate), row("commands.run('true') round trip", e2bRtt, nativeRtt)]);
+    printTable([row("create -> first commands.run('true')", e2bCreate, nativeCreate), row("commands.run('true') round trip", e2bRtt, nativeRtt), row('commands.list() vs GET /v1/sandboxes/:id', e2bRpc, nativeGet)]);
+    results.unary = { e2b: { p50: percentile(e2bRpc, 50), p99: percentile(e2bRpc, 99) }, native: { p50: percentile(nativeGet, 50), p99: percentile(nativeGet, 99) } };
     results.create = { e2b: { p50: percentile(e2bCreate, 50), p99: percentile(e2bCreate, 99) }, native: { p50: percentile(nativeCreate, 50), p99: percentile(nativeCreate, 99) } };
     results.rtt = { e2b: { p50: percentile(e2bRtt, 50), p99: percentile(e2bRtt, 99) }, native: { p50: percentile(nativeRtt, 50), p99: percentile(nativeRtt, 99) } };
     mkdirSync(join(__dirname, '../../bench/results'), { recursive: true });

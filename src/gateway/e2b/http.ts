@@ -159,7 +159,8 @@ export class Router {
 
 /** Listen with a router; errors escaping a handler become a bare 500 (handlers answer their own errors). */
 export async function listen(router: Router, host: string, port: number, log: (line: string) => void): Promise<{ server: HttpServer; port: number }> {
-  const server = createServer({ keepAliveTimeout: 60_000, requestTimeout: 0, headersTimeout: 60_000 }, (rawReq, rawRes) => {
+  // A request (headers and body) must arrive within 10 minutes: a trickling upload cannot hold a connection for ever.
+  const server = createServer({ keepAliveTimeout: 60_000, requestTimeout: 600_000, headersTimeout: 60_000 }, (rawReq, rawRes) => {
     const req = new Req(rawReq);
     const res = new Res(rawRes);
     Promise.resolve()
