@@ -297,6 +297,11 @@ test.serial('bad input: unknown template, foreign ids, bad tokens, bad keys, hos
   t.regex(String(err.message), /404.*not found/);
   await t.throwsAsync(Sandbox.create({ ...w.opts, apiKey: 'wrn_bogus' }), { message: /Unauthorized/ });
   await t.throwsAsync(Sandbox.create({ ...w.opts, network: { allowOut: ['0.0.0.0/0'] } }), { message: /CIDR|service/ });
+  // This node runs without sandbox networking: "no internet" is what every sandbox has; asking for a service says why not.
+  const offline = await Sandbox.create({ ...w.opts, allowInternetAccess: false });
+  t.is((await offline.commands.run('echo offline')).stdout, 'offline\n');
+  await offline.kill();
+  await t.throwsAsync(Sandbox.create({ ...w.opts, network: { allowOut: ['pypi.org'] } }), { message: /501.*network/ });
   await t.throwsAsync(Sandbox.connect('nope-123', w.opts), { instanceOf: NotFoundError });
   await t.throwsAsync(Sandbox.getInfo('../../etc', w.opts), { instanceOf: NotFoundError });
 
