@@ -7,7 +7,8 @@
  *    `user` (the command E2B's SDK runs);
  *  - round trip of `commands.run('true')` against the same native exec;
  *  - the surface without a process: `commands.list()` (a unary Connect call)
- *    against the native `GET /v1/sandboxes/:id`.
+ *    against the native `GET /v1/sandboxes/:id`, through each SDK and through
+ *    one fetch client (what the servers alone add).
  *
  * The difference of the medians is what the E2B surface adds. Conditions are
  * printed first; results go to bench/results/e2b.json.
@@ -105,6 +106,19 @@ async function main(): Promise<void> {
       await client.getSandbox(n.id);
       nativeGet.push(performance.now() - t0);
     }
+    // The same, with one HTTP client for both (fetch, keep-alive): only the servers differ.
+    const info = (await (await fetch(`${urls.e2b}/e2b/sandboxes/${s.sandboxId}`, { headers: { 'x-api-key': token } })).json()) as { envdAccessToken: string };
+    const rawE2b: number[] = [];
+    const rawNative: number[] = [];
+    const rpcHeaders = { 'content-type': 'application/json', 'e2b-sandbox-id': s.sandboxId, 'x-access-token': info.envdAccessToken };
+    for (let i = 0; i < RTT; i++) {
+      let t0 = performance.now();
+      await (await fetch(`${urls.e2b}/process.Process/List`, { method: 'POST', headers: rpcHeaders, body: '{}' })).text();
+      rawE2b.push(performance.now() - t0);
+      t0 = performance.now();
+      await (await fetch(`${urls.url}/v1/sandboxes/${n.id}`, { headers: { authorization: `Bearer ${token}` } })).text();
+      rawNative.push(performance.now() - t0);
+    }
     await s.kill();
     await client.deleteSandbox(n.id);
 
@@ -117,7 +131,8 @@ async function main(): Promise<void> {
       'added p50': `${(percentile(e, 50) - percentile(nat, 50)).toFixed(2)} ms`,
     });
     console.log('\n# E2B SDK vs native SDK (same node, same run)');
-    printTable([row("create -> first commands.run('true')", e2bCreate, nativeCreate), row("commands.run('true') round trip", e2bRtt, nativeRtt), row('commands.list() vs GET /v1/sandboxes/:id', e2bRpc, nativeGet)]);
+    printTable([row("create -> first commands.run('true')", e2bCreate, nativeCreate), row("commands.run('true') round trip", e2bRtt, nativeRtt), row('commands.list() vs GET /v1/sandboxes/:id', e2bRpc, nativeGet), row('same fetch client: List RPC vs GET', rawE2b, rawNative)]);
+    results.raw = { e2b: { p50: percentile(rawE2b, 50), p99: percentile(rawE2b, 99) }, native: { p50: percentile(rawNative, 50), p99: percentile(rawNative, 99) } };
     results.unary = { e2b: { p50: percentile(e2bRpc, 50), p99: percentile(e2bRpc, 99) }, native: { p50: percentile(nativeGet, 50), p99: percentile(nativeGet, 99) } };
     results.create = { e2b: { p50: percentile(e2bCreate, 50), p99: percentile(e2bCreate, 99) }, native: { p50: percentile(nativeCreate, 50), p99: percentile(nativeCreate, 99) } };
     results.rtt = { e2b: { p50: percentile(e2bRtt, 50), p99: percentile(e2bRtt, 99) }, native: { p50: percentile(nativeRtt, 50), p99: percentile(nativeRtt, 99) } };
