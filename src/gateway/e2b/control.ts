@@ -15,13 +15,12 @@
 import { randomBytes } from 'node:crypto';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
-import { native } from '../../native';
 import { policyStore } from '../../security/confinement';
 import type { SandboxInfo, SandboxSpec } from '../../shim/types';
-import { type Account, bearerFromHeader, can, requirePermission } from '../auth';
+import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { sandboxFor } from '../context';
 import { publicError } from '../http';
-import { checkEnvironments, withQuota } from '../routes/sandboxes';
+import { withQuota } from '../routes/sandboxes';
 import { IMAGE_REF_RE, LIMITS, validateCreateRequest } from '../validation';
 import { type Plane, ensureUser } from './envd';
 import type { E2bRecord } from './state';
@@ -251,9 +250,13 @@ export class Control {
     const template = raw === undefined || raw === null ? 'base' : raw;
     if (typeof template !== 'string' || template === '') throw new E2bError(400, 'templateID must be a non-empty string');
     if (DEFAULT_TEMPLATES.includes(template)) return { image: 'default', template };
-    const known = IMAGE_REF_RE.test(template) && !template.includes('..') && (this.plane.ctx.shim.listImages().some((i) => i.name === template || i.digest === template) || this.plane.ctx.shim.environment(template) !== null);
+    // What the account may not use looks missing, as on the native API.
+    const principal = principalOf(account);
+    const known =
+      IMAGE_REF_RE.test(template) &&
+      !template.includes('..') &&
+      (this.plane.ctx.shim.listImages(principal).some((i) => i.name === template || i.digest === template) || this.plane.ctx.shim.environment(template, principal) !== null);
     if (!known) throw new E2bError(404, `template ${JSON.stringify(template.slice(0, 128))} not found (templates are this node's images and environments; "base" is the default image)`);
-    void account;
     return { image: template, template };
   }
 
@@ -297,15 +300,16 @@ export class Control {
   }
 
   private async createFrom(account: Account, spec: SandboxSpec, rec: Omit<E2bRecord, 'id'>): Promise<SandboxInfo> {
-    checkEnvironments(this.plane.ctx, account, spec);
+    const principal = principalOf(account);
+    this.plane.ctx.shim.authorizeContent(principal, spec);
     let info: SandboxInfo;
     try {
-      info = await withQuota(this.plane.ctx, account, spec, () => this.plane.ctx.shim.createSandbox(spec));
+      info = await withQuota(this.plane.ctx, account, spec, () => this.plane.ctx.shim.createSandbox(spec, principal));
     } catch (err) {
       // A node without networking has loopback-only sandboxes: "no internet" is already true.
       if (err instanceof WarrenError && err.code === 'NOT_SUPPORTED' && spec.network !== undefined && Object.values(spec.network).every((v) => !v)) {
         const { network: _n, ...rest } = spec;
-        info = await withQuota(this.plane.ctx, account, rest, () => this.plane.ctx.shim.createSandbox(rest));
+        info = await withQuota(this.plane.ctx, account, rest, () => this.plane.ctx.shim.createSandbox(rest, principal));
       } else throw err;
     }
     const full: E2bRecord = { ...rec, id: info.id };
@@ -444,10 +448,8 @@ export class Control {
 
     route('get', '/sandboxes/:id/metrics', async (req, res, account) => {
       const info = this.sandbox(account, req.path_parameters.id);
-      let stats;
-      try {
-        stats = native.cgroupStats(info.id);
-      } catch {
+      const stats = this.plane.ctx.shim.sandboxStats ? await this.plane.ctx.shim.sandboxStats(info.id).catch(() => null) : null;
+      if (stats === null) {
         sendRest(res, 200, []);
         return;
       }
@@ -488,7 +490,7 @@ export class Control {
       const sandboxID = q.get('sandboxID');
       const name = q.get('name');
       const envs = this.plane.ctx.shim
-        .listEnvironments()
+        .listEnvironments(principalOf(account))
         .filter((e) => can(account, 'allSandboxes') || e.owner === account.id)
         .filter((e) => !sandboxID || e.sourceSandbox === sandboxID)
         .filter((e) => !name || e.name === name || e.name.startsWith(`${name}:`))
@@ -498,7 +500,7 @@ export class Control {
 
     route('delete', '/templates/:id', async (req, res, account) => {
       const id = req.path_parameters.id ?? '';
-      const env = IMAGE_REF_RE.test(id) ? this.plane.ctx.shim.environment(id) : null;
+      const env = IMAGE_REF_RE.test(id) ? this.plane.ctx.shim.environment(id, principalOf(account)) : null;
       if (env === null || (env.owner !== account.id && !can(account, 'allSandboxes'))) throw new E2bError(404, `snapshot ${JSON.stringify(id.slice(0, 128))} not found`);
       void res;
       throw new E2bError(501, `environments are kept by Warren's layer store and cannot be deleted through this API; unpublish it instead (POST /v1/environments/${env.name}/unpublish)`);
