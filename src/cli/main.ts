@@ -38,7 +38,7 @@ const COMMON = {
 const USAGE = `usage: warren <command> [options]
 
 commands:
-  up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID]
+  up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID] [--e2b-port PORT]
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
      [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
@@ -176,6 +176,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'nft-table': { type: 'string' },
     'dns-upstream': { type: 'string', multiple: true },
     'netns-warm': { type: 'string' },
+    'e2b-port': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -208,6 +209,11 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   const qc = num(values, 'quota-cpu');
   const qm = num(values, 'quota-memory');
   if (qs !== undefined || qc !== undefined || qm !== undefined) opts.defaultQuota = { maxSandboxes: qs ?? null, maxCpu: qc ?? null, maxMemoryMb: qm ?? null };
+  const e2bPort = num(values, 'e2b-port');
+  if (e2bPort !== undefined) {
+    if (!Number.isInteger(e2bPort) || e2bPort < 0 || e2bPort > 65535) throw new UsageError(`--e2b-port expects a port number (got ${values['e2b-port']})`);
+    opts.e2bPort = e2bPort;
+  }
   if (values['no-network']) opts.network = false;
   else {
     const net: NonNullable<Exclude<typeof opts.network, false>> = {};
@@ -222,6 +228,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   const warren = await startWarren(opts);
   progress.finish();
   io.out(`Warren is listening on ${warren.url}\n`);
+  if (warren.e2bUrl) io.out(`E2B API on ${warren.e2bUrl} (E2B_API_URL=${warren.e2bUrl}/e2b E2B_SANDBOX_URL=${warren.e2bUrl})\n`);
   if (warren.adminToken) {
     io.out(`Admin token (shown once; saved in ${join(dataDir, 'admin.token')}, mode 0600):\n${warren.adminToken}\n`);
   }

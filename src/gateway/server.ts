@@ -23,6 +23,7 @@ import { registerSystemRoutes } from './routes/system';
 import { registerPolicyRoutes } from './routes/policy';
 import { registerShellRoutes } from './ws-shell';
 import { registerUiRoutes } from './routes/ui';
+import { startE2bSurface } from './e2b';
 
 export interface GatewayOptions {
   shim: Shim;
@@ -38,11 +39,15 @@ export interface GatewayOptions {
   uploadLimitBytes?: number;
   /** Quota of accounts without their own (concurrent sandboxes, cpu, memory); default unlimited. */
   defaultQuota?: Quota;
+  /** Port of the E2B-compatible surface (docs/e2b.md); absent: not served. */
+  e2bPort?: number;
 }
 
 export interface Gateway {
   port: number;
   url: string;
+  /** Base URL of the E2B-compatible surface, when served. */
+  e2bUrl?: string;
   close(): Promise<void>;
 }
 
@@ -104,6 +109,10 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   } catch (err) {
     throw new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.port}: ${typeof err === 'string' ? err : (err as Error).message}`);
   }
+  const e2b = opts.e2bPort === undefined ? null : await startE2bSurface(ctx, { db: opts.db, host: opts.host, port: opts.e2bPort }).catch((err) => {
+    app.close();
+    throw new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.e2bPort} (E2B surface): ${(err as Error).message}`);
+  });
   const port = app.port;
   const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host === '0.0.0.0' ? '127.0.0.1' : opts.host;
   const url = `http://${hostForUrl}:${port}`;
@@ -112,11 +121,13 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   return {
     port,
     url,
+    ...(e2b ? { e2bUrl: e2b.url } : {}),
     async close() {
       if (closed) return;
       closed = true;
       shells.closeAll();
       app.close();
+      await e2b?.close();
     },
   };
 }

@@ -38,10 +38,14 @@ export interface StartOptions {
   /** issue 4: sandbox networking (bridge, NAT, eBPF egress, DNS); false = loopback-only sandboxes.
    *  Default: on where the kernel and tools allow it (/v1/features: egress-bpf, sandbox-network). */
   network?: NetworkConfig | false;
+  /** Serve the E2B-compatible surface on this port (0: ephemeral); absent: not served (docs/e2b.md). */
+  e2bPort?: number;
 }
 
 export interface Warren {
   url: string;
+  /** Base URL of the E2B surface when served (E2B_SANDBOX_URL; E2B_API_URL is this + /e2b). */
+  e2bUrl?: string;
   /** The admin token on the first start (print it once); null on later starts. */
   adminToken: string | null;
   close(): Promise<void>;
@@ -78,11 +82,13 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
+    if (opts.e2bPort !== undefined) gatewayOpts.e2bPort = opts.e2bPort;
     const gateway = await createGateway(gatewayOpts);
     const openShimRef = shim;
     let closing: Promise<void> | null = null;
     return {
       url: gateway.url,
+      ...(gateway.e2bUrl !== undefined ? { e2bUrl: gateway.e2bUrl } : {}),
       adminToken,
       close() {
         closing ??= (async () => {

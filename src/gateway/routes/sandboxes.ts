@@ -28,7 +28,7 @@ export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
   return u;
 }
 
-async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
+export async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
   checkQuota(ctx.auth.quota(account.id, ctx.defaultQuota), accountUsage(ctx, account.id), spec);
   let byAccount = reservations.get(ctx);
   if (!byAccount) reservations.set(ctx, (byAccount = new Map()));

@@ -1,0 +1,89 @@
+/**
+ * @e2b/code-interpreter, unmodified, against a real `warren up`: runCode with
+ * state kept between calls, streamed stdout/stderr, the last expression as the
+ * result, errors with name/value/traceback, env vars, and the context calls.
+ */
+import test from 'ava';
+import { Sandbox } from '@e2b/code-interpreter';
+import { type E2bWarren, startE2bWarren } from './e2b-fixture';
+
+let w: E2bWarren;
+let sb: Sandbox;
+
+test.before(async () => {
+  w = await startE2bWarren('e2bci');
+  sb = await Sandbox.create(w.opts);
+});
+
+test.after.always(async () => {
+  await sb?.kill().catch(() => undefined);
+  await w?.stop();
+});
+
+test.serial('code-interpreter-v1 starts the default image; state persists between runCode calls', async (t) => {
+  t.is((await sb.getInfo()).templateId, 'code-interpreter-v1');
+  const first = await sb.runCode('x = 20\nx + 1');
+  t.is(first.error, undefined);
+  t.is(first.text, '21');
+  t.is(first.executionCount, 1);
+  const second = await sb.runCode('x * 2');
+  t.is(second.text, '40');
+  t.is(second.executionCount, 2);
+  const none = await sb.runCode('y = [1, 2]');
+  t.is(none.results.length, 0, 'an assignment has no result');
+});
+
+test.serial('stdout and stderr stream, also from child processes; env vars apply to one run', async (t) => {
+  const out: string[] = [];
+  const err: string[] = [];
+  const ex = await sb.runCode('import os, sys\nprint("hello")\nprint("warn", file=sys.stderr)\nos.system("echo from-child")\nos.environ.get("ONLY_HERE")', {
+    onStdout: (m) => void out.push(m.line),
+    onStderr: (m) => void err.push(m.line),
+    envs: { ONLY_HERE: 'yes' },
+  });
+  t.is(ex.logs.stdout.join(''), 'hello\nfrom-child\n');
+  t.is(ex.logs.stderr.join(''), 'warn\n');
+  t.is(out.join(''), 'hello\nfrom-child\n');
+  t.is(err.join(''), 'warn\n');
+  t.is(ex.text, "'yes'");
+  t.is((await sb.runCode('import os; os.environ.get("ONLY_HERE")')).results.length, 0, 'gone after the run');
+});
+
+test.serial('errors carry name, value and traceback; the context survives them', async (t) => {
+  const ex = await sb.runCode('def f():\n    return 1 / 0\nf()');
+  t.truthy(ex.error);
+  t.is(ex.error!.name, 'ZeroDivisionError');
+  t.is(ex.error!.value, 'division by zero');
+  t.regex(ex.error!.traceback, /ZeroDivisionError/);
+  t.regex(ex.error!.traceback, /<cell>/);
+  const syntax = await sb.runCode('def (:');
+  t.is(syntax.error!.name, 'SyntaxError');
+  t.is((await sb.runCode('x')).text, '20');
+});
+
+test.serial('contexts: create (cwd), list, isolated state, restart, remove; a run timeout interrupts the cell', async (t) => {
+  const c = await sb.createCodeContext({ cwd: '/tmp' });
+  t.is(c.cwd, '/tmp');
+  t.is(c.language, 'python');
+  t.is((await sb.runCode('import os; os.getcwd()', { context: c })).text, "'/tmp'");
+  t.is((await sb.runCode('z = 5', { context: c })).error, undefined);
+  t.is((await sb.runCode('z', { context: c })).text, '5');
+  t.is((await sb.runCode('"z" in globals()')).text, 'False', 'the default context does not see it');
+  const listed = await sb.listCodeContexts();
+  t.true(listed.some((x) => x.id === c.id));
+  await sb.restartCodeContext(c);
+  t.is((await sb.runCode('"z" in globals()', { context: c })).text, 'False', 'restart clears the state');
+  const slow = await sb.runCode('import time\ntime.sleep(30)', { context: c, timeoutMs: 500 }).catch((e) => e);
+  t.true(slow instanceof Error);
+  // The interrupted kernel is usable again.
+  let after;
+  for (let i = 0; i < 50; i++) {
+    after = await sb.runCode('1 + 1', { context: c });
+    if (after.text === '2') break;
+  }
+  t.is(after?.text, '2');
+  await sb.removeCodeContext(c);
+  t.false((await sb.listCodeContexts()).some((x) => x.id === c.id));
+  await t.throwsAsync(sb.runCode('1', { context: c }), { message: /not found/ });
+  await t.throwsAsync(sb.runCode('1', { language: 'r' }), { message: /400/ });
+});
