@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import test, { type ExecutionContext } from 'ava';
 import { WarrenError } from '../../src/errors';
-import { DnsResponder, type DnsAnswerAddress, type DnsClientPolicy, type DnsResponderOptions } from '../../src/shim/network/dns-responder';
+import { DnsResponder, type DnsAnswerAddress, type DnsClientPolicy, type DnsRefusal, type DnsResponderOptions } from '../../src/shim/network/dns-responder';
 import { DnsClass, DnsRcode, DnsType, buildQuery, buildResponse, encodeMessage, parseMessage, type DnsMessage } from '../../src/shim/network/dns-wire';
 import { startDnsZone, type DnsZone, type ZoneRecords } from '../helpers/dns-zone';
 import { elapse, waitFor } from '../helpers/wait';
@@ -26,12 +26,22 @@ interface Bound {
 }
 
 /** A policy allowing `services` (name -> service) that records its bind calls. */
-function recordingPolicy(sandboxId: string, services: Record<string, string>, onBind?: (bound: Bound) => Promise<void> | void): DnsClientPolicy & { binds: Bound[] } {
+function recordingPolicy(
+  sandboxId: string,
+  services: Record<string, string>,
+  onBind?: (bound: Bound) => Promise<void> | void,
+  catalog: Record<string, string> = {},
+): DnsClientPolicy & { binds: Bound[]; refusals: DnsRefusal[] } {
   const binds: Bound[] = [];
+  const refusals: DnsRefusal[] = [];
   return {
     sandboxId,
     binds,
+    refusals,
     serviceFor: (name) => services[name],
+    // `catalog` adds names of services this sandbox has not enabled
+    servicesOf: (name) => [services[name] ?? catalog[name]].filter((s): s is string => s !== undefined),
+    refused: (r) => void refusals.push(r),
     bind: async (service, name, addrs) => {
       const bound = { service, name, addrs };
       binds.push(bound);
@@ -353,6 +363,7 @@ test('a policy that throws: SERVFAIL, nothing forwarded', async (t) => {
     serviceFor: () => {
       throw new Error('policy file half-written');
     },
+    servicesOf: () => [],
     bind: () => undefined,
   };
   const { port, zone, logs } = await setup(t, {}, { [LOOPBACK]: policy });
