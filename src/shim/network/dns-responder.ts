@@ -172,8 +172,13 @@ interface TcpClient {
   inFlight: number;
 }
 
-/** Queries answered per turn of the event loop before reading more from the sockets. */
-const PUMP_BATCH = 32;
+/**
+ * Queries answered per turn of the event loop before the sockets are read again. Fewer than libuv
+ * reads per turn (32 datagrams), so the shared receive buffer drains faster than queries are
+ * answered: a flooding sender's excess is then dropped at its own queue, cheaply, instead of
+ * holding other senders' datagrams behind it in the kernel.
+ */
+const PUMP_BATCH = 8;
 
 interface Listener {
   address: string;
@@ -575,7 +580,10 @@ export class DnsResponder {
         draining = true; // no more queries; close once what is owed is written
         connection.pause();
       }
-      if (draining && client.inFlight === 0) return void connection.end(() => connection.destroy());
+      if (draining && client.inFlight === 0) {
+        this.counters.tcpClosed += 1;
+        return void connection.end(() => connection.destroy());
+      }
       if (client.inFlight === 0 && partialSince === undefined && now - lastActivity >= this.tcpIdleTimeoutMs) {
         this.counters.tcpClosed += 1;
         return void connection.destroy();
