@@ -137,6 +137,164 @@ t('DNS bindings are per sandbox: A resolving npm does not open npm to B', async 
   }
 });
 
+t('DNS answers open no special, node, neighbour or operator address; AAAA forms of IPv4 and CNAMEs into other services open nothing', async (tt) => {
+  const neighbour = await create({});
+  const sb = await create({ pypi: true });
+  try {
+    const nbAddress = shim.networkInfo(neighbour.id).address;
+    const gw = shim.network!.gatewayAddress;
+    net.zone.setRecords({ ...net.records, 'neighbour.pypi.test': [{ type: 'A', value: nbAddress }] });
+    const { pypi, npm, internal } = net;
+    const names = ['meta.pypi.test', 'gw.pypi.test', 'veth.pypi.test', 'neighbour.pypi.test', 'internal.pypi.test', 'to-npm.pypi.test'];
+    const rs = await probe(sb.id, [
+      ...names.map((host) => ({ kind: 'resolve' as const, host })),
+      { kind: 'resolve6', host: 'mapped.pypi.test' },
+      { kind: 'resolve6', host: 'nat64.pypi.test' },
+      { kind: 'resolve', host: 'mapped.pypi.test' },
+      { kind: 'http', host: 'cdn.pypi.test', port: SERVICE_PORT },
+      // what the answers would have opened: denied at connect(), at once
+      { kind: 'tcp', host: '169.254.169.254', port: SERVICE_PORT },
+      { kind: 'tcp', host: gw, port: SERVICE_PORT },
+      { kind: 'tcp', host: pypi.hostAddress, port: SERVICE_PORT },
+      { kind: 'tcp', host: nbAddress, port: SERVICE_PORT },
+      { kind: 'tcp', host: internal.address, port: SERVICE_PORT },
+      { kind: 'tcp', host: npm.address, port: SERVICE_PORT },
+      { kind: 'tcp6', host: `::ffff:${npm.address}`, port: SERVICE_PORT },
+    ]);
+    tt.log(rs.map((r) => `${r.kind} ${r.host}:${r.port ?? ''} -> ${r.outcome} ${r.body ?? ''} (${r.ms} ms)`).join('\n'));
+    tt.deepEqual(outcomes(rs), [...names.map(() => 'gaierror'), 'gaierror', 'gaierror', 'ok', 'ok', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM']);
+    tt.is(rs[names.length + 2]!.body, pypi.address, "the A answer of a name whose AAAA is ::ffff:<npm's address> still works");
+    tt.is(rs[names.length + 3]!.body, 'pypi says hello', 'a CNAME through a name of no service (a CDN) is followed');
+    for (const r of rs.slice(names.length + 4)) tt.true(r.ms < 200, `${r.host} took ${r.ms} ms`);
+    await new Promise((r) => setTimeout(r, 300));
+    const denials = shim.networkInfo(sb.id).denials;
+    const why = (hook: string, destination: string) => denials.find((d) => d.hook === hook && d.destination === destination)?.reason;
+    tt.like(
+      {
+        meta: why('dns', '169.254.169.254'),
+        gw: why('dns', gw),
+        veth: why('dns', pypi.hostAddress),
+        neighbour: why('dns', nbAddress),
+        internal: why('dns', internal.address),
+        cname: denials.find((d) => d.hook === 'dns' && d.reason === 'cname')?.destination,
+        connectMeta: why('connect4', `169.254.169.254:${SERVICE_PORT}`),
+        connectGw: why('connect4', `${gw}:${SERVICE_PORT}`),
+        connectNeighbour: why('connect4', `${nbAddress}:${SERVICE_PORT}`),
+        connectInternal: why('connect4', `${internal.address}:${SERVICE_PORT}`),
+        connectNpm: why('connect4', `${npm.address}:${SERVICE_PORT}`),
+      },
+      { meta: 'metadata', gw: 'node', veth: 'node', neighbour: 'sandbox-subnet', internal: 'operator', cname: 'to-npm.pypi.test', connectMeta: 'metadata', connectGw: 'node', connectNeighbour: 'sandbox-subnet', connectInternal: 'operator', connectNpm: 'not-allowed' },
+      JSON.stringify(denials),
+    );
+    tt.true(denials.some((d) => d.hook === 'dns' && d.reason === 'embedded-ipv4'), 'the AAAA forms were refused too');
+    tt.true(logs.some((l) => l.includes(`egress denied: sandbox=${sb.id} service=pypi dest=169.254.169.254 hook=dns reason=metadata`)), 'logged as a denial');
+    tt.false(shim.networkInfo(sb.id).bindings.some((b) => b.address !== pypi.address), JSON.stringify(shim.networkInfo(sb.id).bindings));
+    // an operator-listed range is reachable through a service that names it as a CIDR
+    await shim.updateNetwork(sb.id, { internal: true });
+    const opened = await probe(sb.id, [{ kind: 'http', host: internal.address, port: SERVICE_PORT }, { kind: 'resolve', host: 'internal.pypi.test' }]);
+    tt.deepEqual(outcomes(opened), ['ok', 'gaierror'], 'the CIDR opens it; a DNS answer still does not');
+    tt.is(opened[0]!.body, 'internal says hello');
+  } finally {
+    net.zone.setRecords(net.records);
+    await shim.deleteSandbox(sb.id);
+    await shim.deleteSandbox(neighbour.id);
+  }
+});
+
+const HOSTILE = String.raw`
+import random, socket, struct, sys, threading, time
+R, D = sys.argv[1], float(sys.argv[2])
+def query(name):
+    q = struct.pack("!HHHHHH", random.randint(0, 65535), 0x0100, 1, 0, 0, 0)
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    return q + b"\0" + struct.pack("!HH", 1, 1)
+end = time.time() + D
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    packets = [query("x%d.evil.test" % i) for i in range(256)]
+    while time.time() < end:
+        for p in packets:
+            try: s.sendto(p, (R, 53))
+            except OSError: pass
+def loris():
+    conns = []
+    while time.time() < end:
+        while len(conns) < 150 and time.time() < end:
+            try:
+                c = socket.create_connection((R, 53), timeout=0.5); c.setblocking(False); conns.append(c)
+            except OSError:
+                break
+        for c in list(conns):
+            try: c.send(b"\0")
+            except OSError: conns.remove(c); c.close()
+        time.sleep(0.5)
+def pipelined():
+    burst = b"".join(struct.pack("!H", len(q)) + q for q in [query("p%d.evil.test" % i) for i in range(64)])
+    while time.time() < end:
+        try:
+            c = socket.create_connection((R, 53), timeout=0.5)
+            while time.time() < end:
+                c.sendall(burst); time.sleep(0.01)
+        except OSError:
+            time.sleep(0.05)
+threads = [threading.Thread(target=f, daemon=True) for f in (udp, udp, loris, pipelined, pipelined)]
+for th in threads: th.start()
+print("flooding", flush=True)
+time.sleep(D)
+`;
+
+const VICTIM = String.raw`
+import json, socket, struct, sys, time
+R, name = sys.argv[1], sys.argv[2]
+lat, fails = [], 0
+for i in range(30):
+    t = time.monotonic()
+    try: socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError: fails += 1
+    lat.append((time.monotonic() - t) * 1000)
+q = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
+t = time.monotonic()
+tcp = "ok"
+try:
+    c = socket.create_connection((R, 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
+    n = struct.unpack("!H", c.recv(2))[0]
+    if len(c.recv(n)) < 12: tcp = "short"
+except OSError as e: tcp = type(e).__name__
+print(json.dumps({"lat": lat, "fails": fails, "tcp": tcp, "tcpMs": (time.monotonic() - t) * 1000}))
+`;
+
+t("a hostile neighbour flooding the resolver over UDP and TCP (slow-loris, pipelined) does not starve a victim's lookups", async (tt) => {
+  const hostile = await create({});
+  const victim = await create({ pypi: true });
+  try {
+    const gw = shim.network!.gatewayAddress;
+    const flood = await shim.execStream(hostile.id, { cmd: ['python3', '-c', HOSTILE, gw, '5'] });
+    let out = '';
+    flood.stdout.on('data', (d: Buffer) => (out += d));
+    const deadline = Date.now() + 20_000;
+    while (!out.includes('flooding') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    tt.true(out.includes('flooding'), 'the flood started');
+    await new Promise((r) => setTimeout(r, 1000)); // every TCP slot it may take is taken
+    const before = shim.network!.dns.stats();
+    const r = await shim.exec(victim.id, { cmd: ['python3', '-c', VICTIM, gw, net.names.pypi], timeoutMs: 60_000 });
+    const after = shim.network!.dns.stats();
+    tt.is(r.exitCode, 0, r.stderr);
+    const v = JSON.parse(r.stdout.trim().split('\n').pop()!) as { lat: number[]; fails: number; tcp: string; tcpMs: number };
+    const sorted = [...v.lat].sort((a, b) => a - b);
+    tt.log(`victim under the flood: p50 ${sorted[15]!.toFixed(1)} ms, max ${sorted[29]!.toFixed(1)} ms, TCP ${v.tcp} in ${v.tcpMs.toFixed(1)} ms; responder meanwhile: ${after.queries - before.queries} queries, ${after.dropped - before.dropped} dropped, ${after.tcpClosed - before.tcpClosed} TCP connections closed`);
+    tt.is(v.fails, 0, 'every lookup answered');
+    tt.is(v.tcp, 'ok', 'a TCP query gets a connection and an answer');
+    // generous: a lost datagram costs the resolver a 5 s retry; the bench has the figures
+    tt.true(sorted[29]! < 4000, `slowest lookup ${sorted[29]!.toFixed(0)} ms`);
+    tt.true(v.tcpMs < 4000, `TCP query took ${v.tcpMs.toFixed(0)} ms`);
+    await flood.exited;
+  } finally {
+    await shim.deleteSandbox(hostile.id);
+    await shim.deleteSandbox(victim.id);
+  }
+});
+
 t('without network a sandbox has loopback only; bad services are refused', async (tt) => {
   const sb = await create();
   try {
