@@ -13,6 +13,7 @@ import { netResources } from '../helpers/net-hosts';
 import { parseProbeOutput, probeArgv, type Probe, type ProbeResult } from '../helpers/net-probe';
 import { testUnless } from '../helpers/skip';
 import { waitFor, waitForValue } from '../helpers/wait';
+import { HOSTILE_DNS_SCRIPT, VICTIM_DNS_SCRIPT } from '../helpers/dns-flood';
 
 const skip = egressSkipReason();
 const tag = process.pid.toString(36);
@@ -201,75 +202,12 @@ t('DNS answers open no special, node, neighbour or operator address; AAAA forms 
   }
 });
 
-const HOSTILE = String.raw`
-import random, socket, struct, sys, threading, time
-R, D = sys.argv[1], float(sys.argv[2])
-def query(name):
-    q = struct.pack("!HHHHHH", random.randint(0, 65535), 0x0100, 1, 0, 0, 0)
-    for label in name.split("."):
-        q += bytes([len(label)]) + label.encode()
-    return q + b"\0" + struct.pack("!HH", 1, 1)
-end = time.time() + D
-def udp():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    packets = [query("x%d.evil.test" % i) for i in range(256)]
-    while time.time() < end:
-        for p in packets:
-            try: s.sendto(p, (R, 53))
-            except OSError: pass
-def loris():
-    conns = []
-    while time.time() < end:
-        while len(conns) < 150 and time.time() < end:
-            try:
-                c = socket.create_connection((R, 53), timeout=0.5); c.setblocking(False); conns.append(c)
-            except OSError:
-                break
-        for c in list(conns):
-            try: c.send(b"\0")
-            except OSError: conns.remove(c); c.close()
-        time.sleep(0.5)
-def pipelined():
-    burst = b"".join(struct.pack("!H", len(q)) + q for q in [query("p%d.evil.test" % i) for i in range(64)])
-    while time.time() < end:
-        try:
-            c = socket.create_connection((R, 53), timeout=0.5)
-            while time.time() < end:
-                c.sendall(burst); time.sleep(0.01)
-        except OSError:
-            time.sleep(0.05)
-threads = [threading.Thread(target=f, daemon=True) for f in (udp, udp, loris, pipelined, pipelined)]
-for th in threads: th.start()
-print("flooding", flush=True)
-time.sleep(D)
-`;
-
-const VICTIM = String.raw`
-import json, socket, struct, sys, time
-R, name = sys.argv[1], sys.argv[2]
-lat, fails = [], 0
-for i in range(30):
-    t = time.monotonic()
-    try: socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)
-    except OSError: fails += 1
-    lat.append((time.monotonic() - t) * 1000)
-q = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0) + b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
-t = time.monotonic()
-tcp = "ok"
-try:
-    c = socket.create_connection((R, 53), timeout=5); c.sendall(struct.pack("!H", len(q)) + q)
-    n = struct.unpack("!H", c.recv(2))[0]
-    if len(c.recv(n)) < 12: tcp = "short"
-except OSError as e: tcp = type(e).__name__
-print(json.dumps({"lat": lat, "fails": fails, "tcp": tcp, "tcpMs": (time.monotonic() - t) * 1000}))
-`;
-
 t("a hostile neighbour flooding the resolver over UDP and TCP (slow-loris, pipelined) does not starve a victim's lookups", async (tt) => {
   const hostile = await create({});
   const victim = await create({ pypi: true });
   try {
     const gw = shim.network!.gatewayAddress;
-    const flood = await shim.execStream(hostile.id, { cmd: ['python3', '-c', HOSTILE, gw, '5'] });
+    const flood = await shim.execStream(hostile.id, { cmd: ['python3', '-c', HOSTILE_DNS_SCRIPT, gw, '5'] });
     let out = '';
     flood.stdout.on('data', (d: Buffer) => (out += d));
     const deadline = Date.now() + 20_000;
@@ -277,7 +215,7 @@ t("a hostile neighbour flooding the resolver over UDP and TCP (slow-loris, pipel
     tt.true(out.includes('flooding'), 'the flood started');
     await new Promise((r) => setTimeout(r, 1000)); // every TCP slot it may take is taken
     const before = shim.network!.dns.stats();
-    const r = await shim.exec(victim.id, { cmd: ['python3', '-c', VICTIM, gw, net.names.pypi], timeoutMs: 60_000 });
+    const r = await shim.exec(victim.id, { cmd: ['python3', '-c', VICTIM_DNS_SCRIPT, gw, net.names.pypi, '30'], timeoutMs: 60_000 });
     const after = shim.network!.dns.stats();
     tt.is(r.exitCode, 0, r.stderr);
     const v = JSON.parse(r.stdout.trim().split('\n').pop()!) as { lat: number[]; fails: number; tcp: string; tcpMs: number };
