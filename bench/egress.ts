@@ -41,6 +41,7 @@ import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { bpfObject, native } from '../src/native';
 import { EgressEnforcer, type SandboxEgressPolicy } from '../src/shim/network/egress';
+import { SpecialAddresses } from '../src/shim/network/special-addr';
 import type { NetworkConfig, ShimNode } from '../src/shim/node';
 import { openTestShim, spec } from '../test/helpers/warren';
 import { startDnsZone } from '../test/helpers/dns-zone';
@@ -67,6 +68,8 @@ const RANGE_HOST = `${TEST_NET}.130`;
 const LO_ADDRESSES = [EXACT_HOST, DENIED_HOST, RANGE_HOST];
 
 const PIN_ROOT = '/sys/fs/bpf/warren-bench';
+/** The default operator list but 10.0.0.0/8, which holds the test addresses. */
+const BENCH_DENIED_RANGES = ['172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', 'fc00::/7'];
 const NODE_ID = 'wbench';
 const NETWORK: NetworkConfig = { bridge: 'wbench0', subnet: '10.199.0.0/24', nftTable: 'wbench', warm: 8, pinRoot: PIN_ROOT, upstreams: [{ address: '127.0.0.1', port: 53 }] };
 
@@ -194,6 +197,11 @@ async function measureConnectOverhead(cgroupRoot: string, pinDir: string) {
       ranges: (['tcp', 'udp'] as const).map((proto) => ({ cidr: RANGE, ports: [port], proto, serviceId: 2 })),
     };
     enforcer.open();
+    // the node-wide deny trie as a node fills it (its own addresses, a subnet, operator ranges):
+    // every allowed connect looks its destination up there first
+    const deny = new SpecialAddresses({ subnet: NETWORK.subnet!, deniedRanges: () => BENCH_DENIED_RANGES }).denyRanges();
+    enforcer.setDenyRanges(deny);
+    console.log(`- deny trie: ${deny.length} entries (the host's addresses, ${NETWORK.subnet}, ${BENCH_DENIED_RANGES.join(', ')})`);
     cgroupId = enforcer.attach('bench-connect', groups.filtered, policy);
     const programs = { filtered: effectivePrograms(groups.filtered), unfiltered: effectivePrograms(groups.unfiltered) };
     console.log(`- filtered group: ${groups.filtered} (effective programs: ${programs.filtered.join(', ') || 'none'})`);
