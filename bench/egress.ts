@@ -199,7 +199,9 @@ async function measureConnectOverhead(cgroupRoot: string, pinDir: string) {
     enforcer.open();
     // the node-wide deny trie as a node fills it (its own addresses, a subnet, operator ranges):
     // every allowed connect looks its destination up there first
-    const deny = new SpecialAddresses({ subnet: NETWORK.subnet!, deniedRanges: () => BENCH_DENIED_RANGES }).denyRanges();
+    // (but the bench's destinations, which it put on lo itself)
+    const hostAddresses = () => Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((i) => i.address)).filter((a) => !LO_ADDRESSES.includes(a));
+    const deny = new SpecialAddresses({ subnet: NETWORK.subnet!, deniedRanges: () => BENCH_DENIED_RANGES, nodeAddresses: hostAddresses }).denyRanges();
     enforcer.setDenyRanges(deny);
     console.log(`- deny trie: ${deny.length} entries (the host's addresses, ${NETWORK.subnet}, ${BENCH_DENIED_RANGES.join(', ')})`);
     cgroupId = enforcer.attach('bench-connect', groups.filtered, policy);
