@@ -5,7 +5,7 @@
  *   profiles.yaml   confinement profiles (AppArmor name, Landlock paths and scopes, seccomp
  *                   filter, rlimits, default disk quota) and the enforcement switches
  *   seccomp.yaml    seccomp choices: named filters, each allowing optional syscall groups
- *   services.yaml   the services catalog (network egress, issue 4): service name -> host names
+ *   services.yaml   the services catalog (network egress): service name -> host names
  *                   (learned through the node's DNS responder), fixed CIDRs, ports, protocol
  *   accounts.yaml   per-account defaults: which profile an account's sandboxes get, which
  *                   services they get when a create request says nothing, which services

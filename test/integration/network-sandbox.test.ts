@@ -1,5 +1,5 @@
 /**
- * Per-service egress end to end (issue 4): real sandboxes on a node with
+ * Per-service egress end to end: real sandboxes on a node with
  * networking, a python3 inside each trying every way out, test "pypi" and "npm"
  * hosts in network namespaces, and an upstream DNS zone that names them. No
  * traffic leaves this machine.

@@ -1,7 +1,7 @@
 /**
- * The kernel side of per-sandbox egress allowlists (issue 4): the programs of
+ * The kernel side of per-sandbox egress allowlists: the programs of
  * bpf/sandbox_egress.bpf.c pinned under one directory per node, a pinned link
- * per (sandbox cgroup, hook), and the three maps they read.
+ * per (sandbox cgroup, hook), the three per-sandbox maps they read and the node-wide deny trie.
  *
  * Everything that enforces lives in bpffs, so enforcement outlives this process:
  * a dead gateway leaves each sandbox with exactly the allowlist it had. A new
