@@ -831,7 +831,7 @@ test.serial('a hostile sender flooding UDP and TCP (slow-loris, pipelined) does 
     child.kill('SIGKILL');
   });
   await once(child.stdout, 'data');
-  await delay(500); // the flood is under way
+  await waitFor(() => responder.stats().queries > 300 && responder.stats().tcpClosed > 0, 15_000, 'the flood (UDP and TCP) to reach the responder');
   const before = responder.stats();
   const latencies: number[] = [];
   for (let i = 0; i < 40; i++) {
