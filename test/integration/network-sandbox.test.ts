@@ -227,6 +227,7 @@ t("a hostile neighbour flooding the resolver over UDP and TCP (slow-loris, pipel
     // generous: a lost datagram costs the resolver a 5 s retry; the bench has the figures
     tt.true(sorted[29]! < 4000, `slowest lookup ${sorted[29]!.toFixed(0)} ms`);
     tt.true(v.tcpMs < 4000, `TCP query took ${v.tcpMs.toFixed(0)} ms`);
+    flood.kill(9);
     await flood.exited;
   } finally {
     await shim.deleteSandbox(hostile.id);
