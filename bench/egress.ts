@@ -1,5 +1,5 @@
 /**
- * npm run bench:egress — the cost of issue 4's per-service egress allowlists, side by side in one run.
+ * npm run bench:egress — the cost of per-service egress allowlists, side by side in one run.
  *
  *  1. connect() overhead of the eBPF programs on the allowed path. bench/connect-loop.c (built
  *     here with cc -O2) runs socket() + connect() + close() in a loop, moving itself every 1000
@@ -24,6 +24,13 @@
  *     create; a second node with warm: 0 shows a pool miss against loopback-only creates
  *     interleaved on that node.
  *
+ *  3. DNS lookup latency of a victim sandbox through the node's resolver, with and without a
+ *     hostile neighbour flooding it (UDP at full speed from two threads, 150 TCP connections
+ *     kept alive by a byte trickle, pipelined queries over others: test/helpers/dns-flood.ts),
+ *     on the same node in the same run, quiet and flooded rounds alternating. The victim
+ *     resolves one name of its service with getaddrinfo(), one lookup after another; the
+ *     upstream is a test zone on 127.0.0.1.
+ *
  * Needs root. Conditions first; tables at the end (markdown, for the README); JSON goes to
  * bench/results/egress.json. Everything it creates on the host is removed and checked for.
  */
@@ -34,8 +41,12 @@ import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { bpfObject, native } from '../src/native';
 import { EgressEnforcer, type SandboxEgressPolicy } from '../src/shim/network/egress';
+import { SpecialAddresses } from '../src/shim/network/special-addr';
 import type { NetworkConfig, ShimNode } from '../src/shim/node';
 import { openTestShim, spec } from '../test/helpers/warren';
+import { startDnsZone } from '../test/helpers/dns-zone';
+import { HOSTILE_DNS_SCRIPT, VICTIM_DNS_SCRIPT } from '../test/helpers/dns-flood';
+import { BUNDLED_POLICY_DIR, PolicyStore, policyStore, usePolicyStore } from '../src/security/confinement';
 import { conditions, percentile, printTable } from './stats';
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
@@ -43,6 +54,8 @@ const CONNECTS = Number(process.env.BENCH_CONNECTS ?? 20_000);
 const CREATES = Number(process.env.BENCH_CREATES ?? 42); // 7 × each of the 6 orders of the 3 modes
 const POOL_MISS_CREATES = Number(process.env.BENCH_POOL_MISS ?? 10); // pairs: loopback only + pool miss
 const ATTACHES = Number(process.env.BENCH_ATTACHES ?? 50);
+const DNS_ROUNDS = Number(process.env.BENCH_DNS_ROUNDS ?? 4); // quiet + flooded each
+const DNS_LOOKUPS = Number(process.env.BENCH_DNS_LOOKUPS ?? 200); // per round
 const TARGET_ADDED_US = 5;
 
 // Outside the 10.251.10-209.x of test/integration/network-egress.test.ts, which may run meanwhile.
@@ -55,6 +68,8 @@ const RANGE_HOST = `${TEST_NET}.130`;
 const LO_ADDRESSES = [EXACT_HOST, DENIED_HOST, RANGE_HOST];
 
 const PIN_ROOT = '/sys/fs/bpf/warren-bench';
+/** The default operator list but 10.0.0.0/8, which holds the test addresses. */
+const BENCH_DENIED_RANGES = ['172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', 'fc00::/7'];
 const NODE_ID = 'wbench';
 const NETWORK: NetworkConfig = { bridge: 'wbench0', subnet: '10.199.0.0/24', nftTable: 'wbench', warm: 8, pinRoot: PIN_ROOT, upstreams: [{ address: '127.0.0.1', port: 53 }] };
 
@@ -182,6 +197,13 @@ async function measureConnectOverhead(cgroupRoot: string, pinDir: string) {
       ranges: (['tcp', 'udp'] as const).map((proto) => ({ cidr: RANGE, ports: [port], proto, serviceId: 2 })),
     };
     enforcer.open();
+    // the node-wide deny trie as a node fills it (its own addresses, a subnet, operator ranges):
+    // every allowed connect looks its destination up there first
+    // (but the bench's destinations, which it put on lo itself)
+    const hostAddresses = () => Object.values(os.networkInterfaces()).flatMap((l) => (l ?? []).map((i) => i.address)).filter((a) => !LO_ADDRESSES.includes(a));
+    const deny = new SpecialAddresses({ subnet: NETWORK.subnet!, deniedRanges: () => BENCH_DENIED_RANGES, nodeAddresses: hostAddresses }).denyRanges();
+    enforcer.setDenyRanges(deny);
+    console.log(`- deny trie: ${deny.length} entries (the host's addresses, ${NETWORK.subnet}, ${BENCH_DENIED_RANGES.join(', ')})`);
     cgroupId = enforcer.attach('bench-connect', groups.filtered, policy);
     const programs = { filtered: effectivePrograms(groups.filtered), unfiltered: effectivePrograms(groups.unfiltered) };
     console.log(`- filtered group: ${groups.filtered} (effective programs: ${programs.filtered.join(', ') || 'none'})`);
@@ -384,6 +406,74 @@ async function measureCreateLatency(dataDir: string) {
   return { rows, json };
 }
 
+// ---------------------------------------------------------------- 3. DNS under a hostile neighbour
+
+async function measureDnsStarvation(dataDir: string) {
+  const zone = await startDnsZone({ records: { 'victim.bench.test': [{ type: 'A', value: '198.51.100.7', ttl: 300 }] } });
+  const policyDir = mkdtempSync(join(os.tmpdir(), 'warren-bench-dnspolicy-'));
+  const previous = policyStore();
+  let node: ShimNode | null = null;
+  try {
+    execFileSync('cp', ['-r', `${BUNDLED_POLICY_DIR}/.`, policyDir]);
+    writeFileSync(join(policyDir, 'services.yaml'), 'version: 1\nservices:\n  bench:\n    hosts: [victim.bench.test]\n    ports: [443]\n...\n');
+    usePolicyStore(new PolicyStore(policyDir, join(policyDir, 'audit.log')));
+    node = (await openTestShim({ dataDir, nodeId: NODE_ID, network: { ...NETWORK, warm: 2, upstreams: [{ address: zone.address, port: zone.port }] }, log: nodeLog })).shim;
+    await node.functions.ensureJudgeImage(); // python3 for the resolver clients
+    const victim = await node.createSandbox(spec({ owner: 'bench', image: 'judge', memoryMb: 512, network: { bench: true } }));
+    const hostile = await node.createSandbox(spec({ owner: 'bench', image: 'judge', memoryMb: 512, network: {} }));
+    const gw = node.network!.gatewayAddress;
+    const lookups = async (): Promise<number[]> => {
+      const r = await node!.exec(victim.id, { cmd: ['python3', '-c', VICTIM_DNS_SCRIPT, gw, 'victim.bench.test', String(DNS_LOOKUPS)], timeoutMs: 300_000 });
+      if (r.exitCode !== 0) throw new Error(`victim lookups failed: ${r.stderr}`);
+      const v = JSON.parse(r.stdout.trim().split('\n').pop()!) as { lat: number[]; fails: number; tcp: string };
+      if (v.fails > 0 || v.tcp !== 'ok') throw new Error(`victim: ${v.fails} failed lookups, TCP ${v.tcp}`);
+      return v.lat;
+    };
+    await lookups(); // warm-up: python, the resolver path
+    const quiet: number[] = [];
+    const flooded: number[] = [];
+    const responder: Array<{ queries: number; dropped: number; tcpClosed: number; seconds: number }> = [];
+    for (let round = 0; round < DNS_ROUNDS; round++) {
+      quiet.push(...(await lookups()));
+      const flood = await node.execStream(hostile.id, { cmd: ['python3', '-c', HOSTILE_DNS_SCRIPT, gw, '600'] });
+      let out = '';
+      flood.stdout.on('data', (d: Buffer) => (out += d));
+      const deadline = Date.now() + 30_000;
+      while (!out.includes('flooding') && Date.now() < deadline) await sleep(20);
+      await sleep(1000); // the TCP connections it may hold are held
+      const before = node.network!.dns.stats();
+      const t0 = performance.now();
+      flooded.push(...(await lookups()));
+      const after = node.network!.dns.stats();
+      responder.push({ queries: after.queries - before.queries, dropped: after.dropped - before.dropped, tcpClosed: after.tcpClosed - before.tcpClosed, seconds: (performance.now() - t0) / 1000 });
+      flood.kill(9);
+      await flood.exited;
+      process.stderr.write(`dns: round ${round + 1}/${DNS_ROUNDS} done\n`);
+    }
+    await node.deleteSandbox(victim.id);
+    await node.deleteSandbox(hostile.id);
+    const row = (label: string, xs: number[]) => ({
+      'victim getaddrinfo()': label,
+      n: String(xs.length),
+      'p50 ms': percentile(xs, 50).toFixed(2),
+      'p99 ms': percentile(xs, 99).toFixed(2),
+      'max ms': Math.max(...xs).toFixed(1),
+      'p50 ratio': `${(percentile(xs, 50) / percentile(quiet, 50)).toFixed(2)}×`,
+      'p99 ratio': `${(percentile(xs, 99) / percentile(quiet, 99)).toFixed(2)}×`,
+    });
+    const seconds = responder.reduce((a, r) => a + r.seconds, 0);
+    const notes = [
+      `while flooded the responder answered ${(responder.reduce((a, r) => a + r.queries, 0) / seconds).toFixed(0)} queries/s in all (the hostile sandbox's UDP is held to its nftables budget before the socket), dropped ${responder.reduce((a, r) => a + r.dropped, 0)} at the hostile sandbox's queue, and closed ${responder.reduce((a, r) => a + r.tcpClosed, 0)} of its TCP connections`,
+    ];
+    return { rows: [row('quiet neighbour', quiet), row('hostile neighbour flooding', flooded)], notes, json: { quietMs: quiet, floodedMs: flooded, responder } };
+  } finally {
+    if (node) await closeNode(node);
+    usePolicyStore(previous);
+    await zone.close();
+    await rm(policyDir, { recursive: true, force: true });
+  }
+}
+
 // ---------------------------------------------------------------- leftovers
 
 /** Everything this bench may have created on the host, and whether any of it is still there. */
@@ -429,10 +519,11 @@ async function main(): Promise<void> {
     'cgroup2 hierarchy': dirname(unifiedRoot),
     'egress object': bpfObject('sandbox_egress'),
     connects: `${ROUNDS} rounds × ${CONNECTS} per case and group, alternating filtered/unfiltered every 1000`,
+    dns: `${DNS_ROUNDS} rounds × ${DNS_LOOKUPS} sequential getaddrinfo() per condition, flood: 2 UDP threads + 150 slow-loris + 2 pipelining TCP threads`,
     creates: `${CREATES} per mode (c=1, busybox, interleaved in every order of the modes) + ${POOL_MISS_CREATES} pool misses`,
     network: JSON.stringify(NETWORK),
   };
-  console.log('# egress allowlist cost (issue 4)');
+  console.log('# egress allowlist cost');
   for (const [k, v] of Object.entries(cond)) console.log(`- ${k}: ${v}`);
 
   const results: Record<string, unknown> = {};
@@ -440,6 +531,8 @@ async function main(): Promise<void> {
   let attachRows: Array<Record<string, string>> = [];
   let connectNotes: string[] = [];
   let createRows: Array<Record<string, string>> = [];
+  let dnsRows: Array<Record<string, string>> = [];
+  let dnsNotes: string[] = [];
   let failed = false;
   try {
     const connect = await measureConnectOverhead(cgroupRoot, pinDir);
@@ -450,6 +543,10 @@ async function main(): Promise<void> {
     const create = await measureCreateLatency(dataDir);
     createRows = create.rows;
     results.create = create.json;
+    const dns = await measureDnsStarvation(dataDir);
+    dnsRows = dns.rows;
+    dnsNotes = dns.notes;
+    results.dns = dns.json;
   } finally {
     await rm(dataDir, { recursive: true, force: true });
     const left = leftovers(cgroupRoot, dataDir);
@@ -466,6 +563,9 @@ async function main(): Promise<void> {
   printTable(attachRows);
   console.log('\n# create → first exec of `true`, network off vs on (c=1, interleaved; pool back at warm before each create)');
   printTable(createRows);
+  console.log(`\n# DNS lookups of a victim sandbox, quiet vs a hostile neighbour flooding the resolver (${DNS_ROUNDS} alternating rounds × ${DNS_LOOKUPS} lookups)`);
+  printTable(dnsRows);
+  for (const note of dnsNotes) console.log(`- ${note}`);
 
   mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
   writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'egress.json'), JSON.stringify({ conditions: cond, results }, (_k, v) => (typeof v === 'bigint' ? String(v) : v), 2));

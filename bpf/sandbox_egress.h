@@ -14,5 +14,6 @@
 #define EGRESS_MAP_ALLOW "egress_allow"
 #define EGRESS_MAP_CIDRS "egress_cidrs"
 #define EGRESS_MAP_EVENTS "egress_events"
+#define EGRESS_MAP_DENY "egress_deny"
 
 #endif

@@ -6,6 +6,7 @@
 #define WARREN_MAX_SANDBOXES 65536
 #define WARREN_MAX_ALLOW_ENTRIES 262144
 #define WARREN_MAX_CIDR_ENTRIES 65536
+#define WARREN_MAX_DENY_ENTRIES 16384
 #define EGRESS_EVENT_CONNECT4 1
 #define EGRESS_EVENT_CONNECT6 2
 #define EGRESS_EVENT_SENDMSG4 3
@@ -13,6 +14,19 @@
 #define EGRESS_EVENT_SKB_EGRESS 5
 #define EGRESS_SERVICE_NONE 0
 #define EGRESS_SERVICE_RULE 65535
+#define EGRESS_REASON_NOT_ALLOWED 0
+#define EGRESS_REASON_UNSPECIFIED 1
+#define EGRESS_REASON_LOOPBACK 2
+#define EGRESS_REASON_LINK_LOCAL 3
+#define EGRESS_REASON_METADATA 4
+#define EGRESS_REASON_MULTICAST 5
+#define EGRESS_REASON_BROADCAST 6
+#define EGRESS_REASON_EMBEDDED_IPV4 7
+#define EGRESS_REASON_NODE 8
+#define EGRESS_REASON_SANDBOX_SUBNET 9
+#define EGRESS_REASON_OPERATOR 10
+#define EGRESS_REASON_CNAME 11
+#define EGRESS_DENY_OVERRIDABLE 1
 
 /* Key of the exact allow map: one entry per (sandbox cgroup, policy generation, destination, port, protocol). Port 0 = any port. */
 struct egress_key {
@@ -46,6 +60,18 @@ struct egress_cidr_value {
 	__u32 pad;
 };
 
+/* Key of the node-wide deny map (LPM trie): ranges no sandbox of the node may reach whatever its allowlist says (the node's own addresses, the sandbox subnet) or only through its CIDR entries (operator-listed ranges). prefixlen counts address bits (IPv4 as IPv4-mapped IPv6: 96 + the IPv4 prefix). */
+struct egress_deny_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct egress_deny_value {
+	__u8 reason; /* EGRESS_REASON_* reported when this entry denies */
+	__u8 flags; /* EGRESS_DENY_OVERRIDABLE: the sandbox's CIDR entries (service cidrs, account rules) may still allow it; its DNS bindings never do */
+	__u8 pad[2];
+};
+
 /* Per-sandbox settings, keyed by cgroup id. A cgroup absent from this map is not filtered. */
 struct sandbox_policy {
 	__u8 enforce; /* 1 = deny anything not allowed */
@@ -64,6 +90,8 @@ struct egress_event {
 	__u8 proto;
 	__u8 kind; /* EGRESS_EVENT_* */
 	__u32 pid; /* tgid of the caller; 0 for the skb backstop */
+	__u8 reason; /* EGRESS_REASON_*: why the destination was denied */
+	__u8 pad[7];
 };
 
 #ifndef __bpf__
@@ -89,13 +117,20 @@ _Static_assert(offsetof(struct egress_cidr_key, addr) == 16, "egress_cidr_key.ad
 _Static_assert(sizeof(struct egress_cidr_value) == 8, "egress_cidr_value size");
 _Static_assert(offsetof(struct egress_cidr_value, service_id) == 0, "egress_cidr_value.service_id");
 _Static_assert(offsetof(struct egress_cidr_value, pad) == 4, "egress_cidr_value.pad");
+_Static_assert(sizeof(struct egress_deny_key) == 20, "egress_deny_key size");
+_Static_assert(offsetof(struct egress_deny_key, prefixlen) == 0, "egress_deny_key.prefixlen");
+_Static_assert(offsetof(struct egress_deny_key, addr) == 4, "egress_deny_key.addr");
+_Static_assert(sizeof(struct egress_deny_value) == 4, "egress_deny_value size");
+_Static_assert(offsetof(struct egress_deny_value, reason) == 0, "egress_deny_value.reason");
+_Static_assert(offsetof(struct egress_deny_value, flags) == 1, "egress_deny_value.flags");
+_Static_assert(offsetof(struct egress_deny_value, pad) == 2, "egress_deny_value.pad");
 _Static_assert(sizeof(struct sandbox_policy) == 8, "sandbox_policy size");
 _Static_assert(offsetof(struct sandbox_policy, enforce) == 0, "sandbox_policy.enforce");
 _Static_assert(offsetof(struct sandbox_policy, allow_dns) == 1, "sandbox_policy.allow_dns");
 _Static_assert(offsetof(struct sandbox_policy, generation) == 2, "sandbox_policy.generation");
 _Static_assert(offsetof(struct sandbox_policy, pad) == 3, "sandbox_policy.pad");
 _Static_assert(offsetof(struct sandbox_policy, resolver_v4) == 4, "sandbox_policy.resolver_v4");
-_Static_assert(sizeof(struct egress_event) == 40, "egress_event size");
+_Static_assert(sizeof(struct egress_event) == 48, "egress_event size");
 _Static_assert(offsetof(struct egress_event, cgroup_id) == 0, "egress_event.cgroup_id");
 _Static_assert(offsetof(struct egress_event, timestamp_ns) == 8, "egress_event.timestamp_ns");
 _Static_assert(offsetof(struct egress_event, addr) == 16, "egress_event.addr");
@@ -103,6 +138,8 @@ _Static_assert(offsetof(struct egress_event, port) == 32, "egress_event.port");
 _Static_assert(offsetof(struct egress_event, proto) == 34, "egress_event.proto");
 _Static_assert(offsetof(struct egress_event, kind) == 35, "egress_event.kind");
 _Static_assert(offsetof(struct egress_event, pid) == 36, "egress_event.pid");
+_Static_assert(offsetof(struct egress_event, reason) == 40, "egress_event.reason");
+_Static_assert(offsetof(struct egress_event, pad) == 41, "egress_event.pad");
 #endif
 
 #endif

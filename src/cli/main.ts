@@ -338,7 +338,7 @@ async function cmdNetwork(args: string[], io: Io): Promise<number> {
     const on = Object.entries(info.services).filter(([, v]) => v).map(([k]) => k);
     io.out(`address   ${info.address}\nresolver  ${info.resolver}\nservices  ${on.length ? on.join(', ') : '(none)'}\n`);
     if (info.bindings.length) io.out(`bindings\n${info.bindings.map((b) => `  ${b.service.padEnd(12)} ${b.name} -> ${b.address} (${b.expiresInS}s)`).join('\n')}\n`);
-    if (info.denials.length) io.out(`recent denials\n${info.denials.slice(-10).map((d) => `  ${d.at} ${d.destination}/${d.proto} (${d.service}, ${d.hook})`).join('\n')}\n`);
+    if (info.denials.length) io.out(`recent denials\n${info.denials.slice(-10).map((d) => `  ${d.at} ${d.destination}/${d.proto} (${d.service}, ${d.hook}, ${d.reason})`).join('\n')}\n`);
     return 0;
   } finally {
     await client.close();

@@ -4,6 +4,7 @@
 export const WARREN_MAX_SANDBOXES = 65536;
 export const WARREN_MAX_ALLOW_ENTRIES = 262144;
 export const WARREN_MAX_CIDR_ENTRIES = 65536;
+export const WARREN_MAX_DENY_ENTRIES = 16384;
 export const EGRESS_EVENT_CONNECT4 = 1;
 export const EGRESS_EVENT_CONNECT6 = 2;
 export const EGRESS_EVENT_SENDMSG4 = 3;
@@ -11,6 +12,19 @@ export const EGRESS_EVENT_SENDMSG6 = 4;
 export const EGRESS_EVENT_SKB_EGRESS = 5;
 export const EGRESS_SERVICE_NONE = 0;
 export const EGRESS_SERVICE_RULE = 65535;
+export const EGRESS_REASON_NOT_ALLOWED = 0;
+export const EGRESS_REASON_UNSPECIFIED = 1;
+export const EGRESS_REASON_LOOPBACK = 2;
+export const EGRESS_REASON_LINK_LOCAL = 3;
+export const EGRESS_REASON_METADATA = 4;
+export const EGRESS_REASON_MULTICAST = 5;
+export const EGRESS_REASON_BROADCAST = 6;
+export const EGRESS_REASON_EMBEDDED_IPV4 = 7;
+export const EGRESS_REASON_NODE = 8;
+export const EGRESS_REASON_SANDBOX_SUBNET = 9;
+export const EGRESS_REASON_OPERATOR = 10;
+export const EGRESS_REASON_CNAME = 11;
+export const EGRESS_DENY_OVERRIDABLE = 1;
 
 /** Key of the exact allow map: one entry per (sandbox cgroup, policy generation, destination, port, protocol). Port 0 = any port. */
 export interface EgressKey {
@@ -125,6 +139,52 @@ export function decodeEgressCidrValue(buf: Buffer, at = 0): EgressCidrValue {
   };
 }
 
+/** Key of the node-wide deny map (LPM trie): ranges no sandbox of the node may reach whatever its allowlist says (the node's own addresses, the sandbox subnet) or only through its CIDR entries (operator-listed ranges). prefixlen counts address bits (IPv4 as IPv4-mapped IPv6: 96 + the IPv4 prefix). */
+export interface EgressDenyKey {
+  prefixlen: number;
+  addr: Buffer;
+}
+export const EGRESS_DENY_KEY_SIZE = 20;
+export const EGRESS_DENY_KEY_OFFSETS = { prefixlen: 0, addr: 4 } as const;
+export function encodeEgressDenyKey(v: EgressDenyKey, buf: Buffer = Buffer.alloc(20)): Buffer {
+  if (buf.length < 20) throw new RangeError('egress_deny_key: buffer too small');
+  buf.fill(0, 0, 20);
+  buf.writeUInt32LE(v.prefixlen, 0);
+  if (v.addr.length !== 16) throw new RangeError('egress_deny_key.addr: expected 16 bytes');
+  v.addr.copy(buf, 4);
+  return buf;
+}
+export function decodeEgressDenyKey(buf: Buffer, at = 0): EgressDenyKey {
+  if (buf.length - at < 20) throw new RangeError('egress_deny_key: buffer too small');
+  return {
+    prefixlen: buf.readUInt32LE(at + 0),
+    addr: Buffer.from(buf.subarray(at + 4, at + 4 + 16)),
+  };
+}
+
+export interface EgressDenyValue {
+  /** EGRESS_REASON_* reported when this entry denies */
+  reason: number;
+  /** EGRESS_DENY_OVERRIDABLE: the sandbox's CIDR entries (service cidrs, account rules) may still allow it; its DNS bindings never do */
+  flags: number;
+}
+export const EGRESS_DENY_VALUE_SIZE = 4;
+export const EGRESS_DENY_VALUE_OFFSETS = { reason: 0, flags: 1, pad: 2 } as const;
+export function encodeEgressDenyValue(v: EgressDenyValue, buf: Buffer = Buffer.alloc(4)): Buffer {
+  if (buf.length < 4) throw new RangeError('egress_deny_value: buffer too small');
+  buf.fill(0, 0, 4);
+  buf.writeUInt8(v.reason, 0);
+  buf.writeUInt8(v.flags, 1);
+  return buf;
+}
+export function decodeEgressDenyValue(buf: Buffer, at = 0): EgressDenyValue {
+  if (buf.length - at < 4) throw new RangeError('egress_deny_value: buffer too small');
+  return {
+    reason: buf.readUInt8(at + 0),
+    flags: buf.readUInt8(at + 1),
+  };
+}
+
 /** Per-sandbox settings, keyed by cgroup id. A cgroup absent from this map is not filtered. */
 export interface SandboxPolicy {
   /** 1 = deny anything not allowed */
@@ -168,12 +228,14 @@ export interface EgressEvent {
   kind: number;
   /** tgid of the caller; 0 for the skb backstop */
   pid: number;
+  /** EGRESS_REASON_*: why the destination was denied */
+  reason: number;
 }
-export const EGRESS_EVENT_SIZE = 40;
-export const EGRESS_EVENT_OFFSETS = { cgroupId: 0, timestampNs: 8, addr: 16, port: 32, proto: 34, kind: 35, pid: 36 } as const;
-export function encodeEgressEvent(v: EgressEvent, buf: Buffer = Buffer.alloc(40)): Buffer {
-  if (buf.length < 40) throw new RangeError('egress_event: buffer too small');
-  buf.fill(0, 0, 40);
+export const EGRESS_EVENT_SIZE = 48;
+export const EGRESS_EVENT_OFFSETS = { cgroupId: 0, timestampNs: 8, addr: 16, port: 32, proto: 34, kind: 35, pid: 36, reason: 40, pad: 41 } as const;
+export function encodeEgressEvent(v: EgressEvent, buf: Buffer = Buffer.alloc(48)): Buffer {
+  if (buf.length < 48) throw new RangeError('egress_event: buffer too small');
+  buf.fill(0, 0, 48);
   buf.writeBigUInt64LE(v.cgroupId, 0);
   buf.writeBigUInt64LE(v.timestampNs, 8);
   if (v.addr.length !== 16) throw new RangeError('egress_event.addr: expected 16 bytes');
@@ -182,10 +244,11 @@ export function encodeEgressEvent(v: EgressEvent, buf: Buffer = Buffer.alloc(40)
   buf.writeUInt8(v.proto, 34);
   buf.writeUInt8(v.kind, 35);
   buf.writeUInt32LE(v.pid, 36);
+  buf.writeUInt8(v.reason, 40);
   return buf;
 }
 export function decodeEgressEvent(buf: Buffer, at = 0): EgressEvent {
-  if (buf.length - at < 40) throw new RangeError('egress_event: buffer too small');
+  if (buf.length - at < 48) throw new RangeError('egress_event: buffer too small');
   return {
     cgroupId: buf.readBigUInt64LE(at + 0),
     timestampNs: buf.readBigUInt64LE(at + 8),
@@ -194,5 +257,6 @@ export function decodeEgressEvent(buf: Buffer, at = 0): EgressEvent {
     proto: buf.readUInt8(at + 34),
     kind: buf.readUInt8(at + 35),
     pid: buf.readUInt32LE(at + 36),
+    reason: buf.readUInt8(at + 40),
   };
 }

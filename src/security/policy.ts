@@ -5,7 +5,7 @@
  *   profiles.yaml   confinement profiles (AppArmor name, Landlock paths and scopes, seccomp
  *                   filter, rlimits, default disk quota) and the enforcement switches
  *   seccomp.yaml    seccomp choices: named filters, each allowing optional syscall groups
- *   services.yaml   the services catalog (network egress, issue 4): service name -> host names
+ *   services.yaml   the services catalog (network egress): service name -> host names
  *                   (learned through the node's DNS responder), fixed CIDRs, ports, protocol
  *   accounts.yaml   per-account defaults: which profile an account's sandboxes get, which
  *                   services they get when a create request says nothing, which services
@@ -20,6 +20,7 @@
 import { createHash } from 'node:crypto';
 import { lstatSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { isIPv4, isIPv6 } from 'node:net';
 import { LineCounter, isMap, isSeq, parseDocument, type Document } from 'yaml';
 import { WarrenError } from '../errors';
 
@@ -98,6 +99,12 @@ export interface Policy {
   profiles: Record<string, Profile>;
   seccomp: Record<string, SeccompChoice>;
   services: Record<string, Service>;
+  /**
+   * Ranges (IPv4 or IPv6 CIDRs) a DNS answer never opens and the egress programs deny unless a
+   * service's `cidrs` or an account rule names them (`denied_ranges` in services.yaml; absent:
+   * private and shared address space).
+   */
+  deniedRanges: string[];
   accounts: {
     defaultProfile: string;
     defaultNetwork: AccountNetwork;
@@ -386,11 +393,18 @@ export function loadPolicy(dir: string): Policy {
 
   // services.yaml
   const services: Record<string, Service> = {};
+  let deniedRanges: string[] = [...DEFAULT_DENIED_RANGES];
   {
     const c = new Checker(sources['services.yaml']!);
-    const top = c.obj(c.src.doc.toJS(), [], { required: ['version', 'services'] });
+    const top = c.obj(c.src.doc.toJS(), [], { required: ['version', 'services'], optional: ['denied_ranges'] });
     if (top) {
       version(c, top);
+      if (top.denied_ranges !== undefined) {
+        deniedRanges = top.denied_ranges === null ? [] : c.strings(top.denied_ranges, ['denied_ranges'], ANY_CIDR_RE, 'an IPv4 or IPv6 CIDR');
+        deniedRanges.forEach((cidr, i) => {
+          if (!anyCidrOk(cidr)) c.src.at(['denied_ranges', i], `${JSON.stringify(cidr)} is not an IPv4 or IPv6 CIDR`);
+        });
+      }
       const ss = top.services === null ? {} : c.obj(top.services, ['services'], { required: [], optional: Object.keys((top.services as Obj) ?? {}) });
       for (const [name, v] of Object.entries(ss ?? {})) {
         const base = ['services', name];
@@ -442,7 +456,19 @@ export function loadPolicy(dir: string): Policy {
     }
   }
   if (issues.length > 0) throw new PolicyError(issues);
-  return { enforcement: { allowUnconfined }, profiles, seccomp, services, accounts, digests };
+  return { enforcement: { allowUnconfined }, profiles, seccomp, services, deniedRanges, accounts, digests };
+}
+
+/** Operator-listed ranges when services.yaml has no `denied_ranges`: private and shared address space. */
+export const DEFAULT_DENIED_RANGES: readonly string[] = ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', 'fc00::/7'];
+
+const ANY_CIDR_RE = /^[0-9a-f.:]+\/\d{1,3}$/;
+
+function anyCidrOk(cidr: string): boolean {
+  const slash = cidr.indexOf('/');
+  const ip = cidr.slice(0, slash);
+  const len = Number(cidr.slice(slash + 1));
+  return (isIPv4(ip) && len <= 32) || (isIPv6(ip) && len <= 128);
 }
 
 function cidrOk(cidr: string): boolean {

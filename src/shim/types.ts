@@ -223,7 +223,8 @@ export interface SandboxNetworkInfo {
   /** Addresses learned through DNS for the sandbox's services. */
   bindings: { service: string; name: string; address: string; expiresInS: number }[];
   /** The most recent denials (newest last). */
-  denials: { at: string; service: string; destination: string; proto: string; hook: string }[];
+  /** `reason`: not-allowed, or the special range (metadata, node, operator, ...) or cname; hook `dns` for an answer the resolver would not open. */
+  denials: { at: string; service: string; destination: string; proto: string; hook: string; reason: string }[];
 }
 
 export interface SandboxRecord {

@@ -54,7 +54,7 @@ function answer(zone: Map<string, ZoneRecord[]>, query: DnsMessage): { rcode: nu
   const question = query.questions[0]!;
   const answers: DnsRecord[] = [];
   let owner = question.name;
-  for (let hops = 0; hops < 8; hops++) {
+  for (let hops = 0; hops < 40; hops++) {
     const records = zone.get(owner);
     if (records === undefined) return { rcode: DnsRcode.NXDOMAIN, answers };
     const cname = records.find((record) => record.type === 'CNAME');

@@ -3,7 +3,7 @@
  * each probe tries one way out and reports "ok", the errno name, or "timeout",
  * with how long the attempt took. Used to assert that denials are real and prompt.
  */
-export type ProbeKind = 'tcp' | 'tcp6' | 'udp' | 'udp6' | 'raw' | 'http' | 'resolve';
+export type ProbeKind = 'tcp' | 'tcp6' | 'udp' | 'udp6' | 'udpconnect' | 'raw' | 'http' | 'resolve' | 'resolve6';
 
 export interface Probe {
   kind: ProbeKind;
@@ -53,6 +53,10 @@ def run(p):
             s.sendto(b"ping", (host, port))
             if p.get("expectReply"): s.recvfrom(100)
             s.close()
+        elif k == "udpconnect":
+            # connect() only: the hooks decide, nothing is sent (IPv6 socket for a ':' host)
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+            s.connect((host, port)); s.close()
         elif k == "raw":
             s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
             s.settimeout(2)
@@ -63,6 +67,8 @@ def run(p):
                 out["body"] = r.read().decode()
         elif k == "resolve":
             out["body"] = ",".join(sorted({a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET, socket.SOCK_STREAM)}))
+        elif k == "resolve6":
+            out["body"] = ",".join(sorted({a[4][0] for a in socket.getaddrinfo(host, 80, socket.AF_INET6, socket.SOCK_STREAM)}))
         out["outcome"] = "ok"
     except Exception as e:
         out["outcome"] = classify(e)

@@ -150,6 +150,56 @@ t('CIDR ranges, DNS bindings with expiry, and atomic policy updates', withEnforc
   }
 }));
 
+t('special-use ranges and the node-wide deny trie win over allow entries; each denial says why', withEnforcer(async (e, tt) => {
+  const cg = group();
+  const OPERATOR_ONLY = `10.251.${octet}.4`;
+  const special = ['169.254.169.254', '169.254.7.7', '100.100.100.200', '224.0.0.251', '255.255.255.255', '240.0.0.1', '0.0.0.0', '64:ff9b::a9fe:a9fe', '64:ff9b::a01:203', '::ffff:0:a01:203', '2002:a01:203::1', 'fe80::1', 'ff02::1'];
+  const udp = (address: string) => ({ address, ports: [port], proto: 'udp' as const, serviceId: 1, expiresNs: 0n });
+  // every one of them has an allow entry, as if a DNS answer had bound it
+  const cgid = e.attach('t-special', cg, policy({
+    bindings: [...[...special, ALLOWED, DENIED, RANGE_HOST, OPERATOR_ONLY].map(udp)],
+    ranges: [{ cidr: `10.251.${octet}.128/25`, ports: [port], proto: 'udp', serviceId: 2 }],
+  }));
+  try {
+    e.setDenyRanges([
+      { cidr: `${DENIED}/32`, reason: 'node', overridable: false },
+      { cidr: `10.251.${octet}.128/25`, reason: 'operator', overridable: true },
+      { cidr: `${OPERATOR_ONLY}/32`, reason: 'operator', overridable: true },
+    ]);
+    tt.is(e.denyEntries(), 3);
+    const rs = await probe(cg, [...special, ALLOWED, DENIED, RANGE_HOST, OPERATOR_ONLY].map((host) => ({ kind: 'udpconnect' as const, host, port })));
+    const byHost = Object.fromEntries(rs.map((r) => [r.host, r.outcome]));
+    for (const host of special) tt.is(byHost[host], 'EPERM', `${host}: ${JSON.stringify(rs)}`);
+    tt.is(byHost[ALLOWED], 'ok', 'an ordinary binding still works');
+    tt.is(byHost[DENIED], 'EPERM', 'a node address: no allow entry opens it');
+    tt.is(byHost[RANGE_HOST], 'ok', "an operator range is opened by the sandbox's CIDR entry");
+    tt.is(byHost[OPERATOR_ONLY], 'EPERM', 'but never by a DNS binding');
+    const reasons = Object.fromEntries(e.drainDenials().filter((d) => d.cgroupId === cgid).map((d) => [d.address, d.reason]));
+    tt.like(reasons, {
+      '169.254.169.254': 'metadata',
+      '100.100.100.200': 'metadata',
+      '169.254.7.7': 'link-local',
+      '224.0.0.251': 'multicast',
+      '255.255.255.255': 'broadcast',
+      '240.0.0.1': 'broadcast',
+      '0.0.0.0': 'unspecified',
+      '64:ff9b::a9fe:a9fe': 'embedded-ipv4',
+      '::ffff:0:a01:203': 'embedded-ipv4',
+      '2002:a01:203::1': 'embedded-ipv4',
+      'fe80::1': 'link-local',
+      'ff02::1': 'multicast',
+      [DENIED]: 'node',
+      [OPERATOR_ONLY]: 'operator',
+    }, JSON.stringify(reasons));
+    // the trie is written by difference and can be emptied again
+    tt.deepEqual(e.setDenyRanges([{ cidr: `${DENIED}/32`, reason: 'node', overridable: false }]), { added: 0, removed: 2 });
+    tt.deepEqual(outcomes(await probe(cg, [{ kind: 'udpconnect', host: OPERATOR_ONLY, port }])), ['ok']);
+  } finally {
+    e.setDenyRanges([]);
+    e.detach('t-special', cgid);
+  }
+}));
+
 t('the skb backstop drops what bypasses the socket hooks (raw ICMP)', withEnforcer(async (e, tt) => {
   const cg = group();
   const cgid = e.attach('t-raw', cg, policy());

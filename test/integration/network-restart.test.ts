@@ -18,6 +18,7 @@ import { netResources } from '../helpers/net-hosts';
 import { openTestShim } from '../helpers/warren';
 import { kill9, startWarrenProcess, stopGracefully } from '../helpers/warren-process';
 import { parseProbeOutput, probeArgv } from '../helpers/net-probe';
+import { testUnless } from '../helpers/skip';
 
 const skip = egressSkipReason();
 const it = testUnless(skip);
@@ -41,7 +42,6 @@ with open("/tmp/egress.log", "a", buffering=1) as f:
         f.write("%.3f pypi=%s npm=%s\n" % (time.time(), attempt(pypi), attempt(npm)))
         time.sleep(0.1)
 `;
-import { testUnless } from '../helpers/skip';
 import { elapse, waitFor } from '../helpers/wait';
 
 it(`denials stay in force while no gateway runs; a restarted gateway takes over`, async (t) => {

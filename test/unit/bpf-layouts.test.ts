@@ -38,7 +38,7 @@ test('codecs round-trip and zero the padding', (t) => {
   L.encodeEgressKey(key, buf);
   t.deepEqual(L.decodeEgressKey(buf), key);
   t.deepEqual([...buf.subarray(L.EGRESS_KEY_OFFSETS.pad, L.EGRESS_KEY_SIZE)], [0, 0, 0, 0]);
-  const ev = { cgroupId: 9n, timestampNs: 123n, addr: ipToBytes('2001:db8::1'), port: 53, proto: 17, kind: L.EGRESS_EVENT_SENDMSG6, pid: 4242 };
+  const ev = { cgroupId: 9n, timestampNs: 123n, addr: ipToBytes('2001:db8::1'), port: 53, proto: 17, kind: L.EGRESS_EVENT_SENDMSG6, pid: 4242, reason: L.EGRESS_REASON_METADATA };
   t.deepEqual(L.decodeEgressEvent(L.encodeEgressEvent(ev)), ev);
   t.throws(() => L.decodeEgressEvent(Buffer.alloc(L.EGRESS_EVENT_SIZE - 1)), { instanceOf: RangeError });
   t.throws(() => L.encodeEgressKey({ ...key, addr: Buffer.alloc(4) }), { instanceOf: RangeError });

@@ -3,6 +3,7 @@ import test from 'ava';
 import { hostMatches, policyAllows, serviceId } from '../../src/shim/network/manager';
 import type { SandboxEgressPolicy } from '../../src/shim/network/egress';
 import { EGRESS_SERVICE_NONE, EGRESS_SERVICE_RULE } from '../../src/native/bpf-layouts';
+import { SpecialAddresses } from '../../src/shim/network/special-addr';
 
 const policy: SandboxEgressPolicy = {
   resolverV4: '10.88.0.1',
@@ -42,4 +43,23 @@ test('serviceId: stable, small, never a reserved id', (t) => {
     const id = serviceId(`svc-${i}`);
     t.true(id > EGRESS_SERVICE_NONE && id < EGRESS_SERVICE_RULE && Number.isInteger(id), `svc-${i} -> ${id}`);
   }
+});
+
+test('policyAllows mirrors the programs: special-use and node ranges first, operator ranges only through CIDRs', (t) => {
+  const special = new SpecialAddresses({ subnet: '10.88.0.0/16', deniedRanges: () => ['192.168.0.0/16'], nodeAddresses: () => ['10.88.0.1', '172.31.0.5'] });
+  const p: SandboxEgressPolicy = {
+    resolverV4: '10.88.0.1',
+    ranges: [{ cidr: '192.168.7.0/24', ports: [5432], proto: 'tcp', serviceId: 3 }],
+    bindings: ['169.254.169.254', '172.31.0.5', '10.88.0.9', '192.168.9.9', '192.168.7.7', '8.8.8.8'].map((address) => ({ address, ports: [443, 5432], proto: 'tcp' as const, serviceId: 1, expiresNs: 0n })),
+  };
+  t.false(policyAllows(p, '169.254.169.254', 443, 'tcp', special), 'metadata, although bound');
+  t.false(policyAllows(p, '172.31.0.5', 443, 'tcp', special), 'a node address');
+  t.false(policyAllows(p, '10.88.0.9', 443, 'tcp', special), 'another sandbox');
+  t.false(policyAllows(p, '192.168.9.9', 443, 'tcp', special), 'operator range: a binding does not open it');
+  t.true(policyAllows(p, '192.168.7.7', 5432, 'tcp', special), 'operator range: a CIDR entry does');
+  t.false(policyAllows(p, '192.168.7.7', 443, 'tcp', special), 'on its own ports only');
+  t.true(policyAllows(p, '8.8.8.8', 443, 'tcp', special));
+  t.true(policyAllows(p, '10.88.0.1', 53, 'udp', special), 'the resolver comes before the node ranges');
+  t.false(policyAllows(p, '169.254.169.254', 443, 'tcp'), 'special-use ranges need no node view (compiled in)');
+  t.true(policyAllows(p, '172.31.0.5', 443, 'tcp'), 'without the node view, a node address is judged by the maps alone');
 });

@@ -59,3 +59,33 @@ export function parseCidr(cidr: string): { bytes: Buffer; prefix: number } {
   for (let bit = prefix; bit < 128; bit++) bytes[bit >> 3]! &= ~(0x80 >> (bit & 7));
   return { bytes, prefix };
 }
+
+/** RFC 5952 text of 16 bytes as IPv6 (never the dotted form): the longest run of zero words becomes ::. */
+export function canonicalIpv6(b: Buffer): string {
+  const words: number[] = [];
+  for (let i = 0; i < 16; i += 2) words.push(b.readUInt16BE(i));
+  let best = -1;
+  let bestLen = 1;
+  for (let i = 0; i < 8; ) {
+    if (words[i] !== 0) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < 8 && words[j] === 0) j++;
+    if (j - i > bestLen) {
+      best = i;
+      bestLen = j - i;
+    }
+    i = j;
+  }
+  const hex = words.map((w) => w.toString(16));
+  if (best < 0) return hex.join(':');
+  return `${hex.slice(0, best).join(':')}::${hex.slice(best + bestLen).join(':')}`;
+}
+
+/** Text of 16 map bytes: IPv4-mapped as a dotted quad, anything else as IPv6. */
+export function bytesToIp(b: Buffer): string {
+  if (b.subarray(0, 10).every((x) => x === 0) && b[10] === 0xff && b[11] === 0xff) return `${b[12]}.${b[13]}.${b[14]}.${b[15]}`;
+  return canonicalIpv6(b);
+}

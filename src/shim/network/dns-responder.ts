@@ -6,6 +6,16 @@
  * (which opens them in that sandbox's eBPF allow map for the DNS TTL). Every other name is REFUSED
  * and never forwarded, so DNS cannot carry data out of a sandbox. There is no cache: every answer
  * goes through the asking sandbox's own bind.
+ *
+ * What an answer may open is limited three ways before bind is called: addresses the node says
+ * no answer may open (special-use ranges, the node's own addresses and subnet, operator-listed
+ * ranges: `refusal`) are dropped from the answer; an AAAA that embeds an IPv4 address (mapped,
+ * translated, NAT64, 6to4, Teredo) never opens it; a CNAME chain through a name of another
+ * service than the question's is REFUSED.
+ *
+ * Sandboxes share the responder fairly: every query waits in its sender's own queue, and the
+ * queues are served round-robin; each sender has bounded queries in flight, upstream lookups
+ * and TCP connections, and a TCP connection has deadlines no trickle of bytes can extend.
  */
 import { randomInt } from 'node:crypto';
 import * as dgram from 'node:dgram';
@@ -34,6 +44,7 @@ import {
   type DnsQuestion,
   type DnsRecord,
 } from './dns-wire';
+import { normalizeAddress, specialReason, type RefusalReason } from './special-addr';
 
 export interface DnsAnswerAddress {
   address: string;
@@ -41,13 +52,32 @@ export interface DnsAnswerAddress {
   ttl: number;
 }
 
+/** Something an answer would have opened and did not. */
+export interface DnsRefusal {
+  service: string;
+  /** The question name. */
+  name: string;
+  /** The refused address; absent when a whole answer was refused (a CNAME chain). */
+  address?: string;
+  reason: RefusalReason;
+  detail: string;
+}
+
 export interface DnsClientPolicy {
   /** Id of the sandbox asking (logged). */
   sandboxId: string;
   /** The allowed service a (lower-case, no trailing dot) query name belongs to, or undefined if not allowed. */
   serviceFor(name: string): string | undefined;
+  /**
+   * Every service of the catalog whose hosts match the name, enabled for this sandbox or not
+   * ([] for a name in no service). A CNAME chain may pass only through names of the question's
+   * own service or names of none.
+   */
+  servicesOf(name: string): string[];
   /** Called with the addresses of an allowed answer BEFORE the reply is sent; the reply waits for it. If it throws, answer SERVFAIL. */
   bind(service: string, name: string, addrs: DnsAnswerAddress[]): Promise<void> | void;
+  /** Told about every refused address or chain (for the sandbox's denial log). */
+  refused?(refusal: DnsRefusal): void;
 }
 
 export interface DnsEndpoint {
@@ -62,20 +92,33 @@ export interface DnsResponderOptions {
   upstreams?: DnsEndpoint[];
   /** Who is asking, by the query's source address; undefined = REFUSED. */
   clientFor(sourceAddress: string): DnsClientPolicy | undefined;
+  /**
+   * Why no answer may open an address (node addresses, subnet, operator ranges), or undefined.
+   * Special-use ranges and IPv6 forms embedding IPv4 are refused whatever this says.
+   */
+  refusal?(address: string): RefusalReason | undefined;
   log?(line: string): void;
   /** Upstream timeout per try (default 2000 ms). */
   upstreamTimeoutMs?: number;
   /** TTLs handed to bind are clamped to [minTtl, maxTtl] (defaults 5 and 3600 s); TTLs in replies are capped at maxTtl. */
   minTtl?: number;
   maxTtl?: number;
-  /** A TCP client connection with nothing in flight is closed after this long idle (default 10000 ms). */
+  /** A TCP client connection with nothing in flight and no complete query for this long is closed (default 10000 ms); bytes of an unfinished query do not count. */
   tcpIdleTimeoutMs?: number;
-  /** Open TCP client connections over all listen addresses (default 128). */
+  /** A query over TCP must be complete this long after its first byte, or the connection is closed (default 2000 ms). */
+  tcpMessageTimeoutMs?: number;
+  /** A TCP connection reads no more queries after this long and closes once its answers are written (default 30000 ms). */
+  tcpMaxLifetimeMs?: number;
+  /** Open TCP client connections over all listen addresses (default 128); when full, the sender with the most gives one up. */
   maxTcpConnections?: number;
+  /** Open TCP connections per sender (default 4). */
+  maxTcpConnectionsPerClient?: number;
   /** Queries being resolved upstream at once; more are answered SERVFAIL (default 1024). */
   maxConcurrentLookups?: number;
   /** Upstream lookups one sandbox may have in flight (default 32): one sandbox cannot starve the others. */
   maxLookupsPerClient?: number;
+  /** Queries one sender may have queued or being answered (default 64); more UDP queries are dropped, TCP ones answered SERVFAIL. */
+  maxQueriesPerClient?: number;
 }
 
 export interface DnsResponderStats {
@@ -87,6 +130,12 @@ export interface DnsResponderStats {
   servfail: number;
   /** Messages that could not be decoded, or were responses rather than queries. */
   malformed: number;
+  /** UDP queries dropped unread because their sender had maxQueriesPerClient in flight. */
+  dropped: number;
+  /** Answered addresses not bound (and left out of the reply), and CNAME chains refused. */
+  refusedAddresses: number;
+  /** TCP connections closed by a deadline, a per-sender limit or to make room for another sender. */
+  tcpClosed: number;
 }
 
 /** The payload size this responder advertises with EDNS and the most it sends over UDP. */
@@ -107,6 +156,29 @@ interface Reply {
   /** The UDP payload size the query advertised with EDNS; the reply then carries an OPT record too. */
   ednsPayload?: number;
 }
+
+/** One received query waiting in its sender's queue. */
+interface Job {
+  message: Buffer;
+  source: string;
+  transport: 'udp' | 'tcp';
+  done(response: Buffer | undefined): void;
+}
+
+interface TcpClient {
+  socket: net.Socket;
+  source: string;
+  openedAt: number;
+  inFlight: number;
+}
+
+/**
+ * Queries answered per turn of the event loop before the sockets are read again. Fewer than libuv
+ * reads per turn (32 datagrams), so the shared receive buffer drains faster than queries are
+ * answered: a flooding sender's excess is then dropped at its own queue, cheaply, instead of
+ * holding other senders' datagrams behind it in the kernel.
+ */
+const PUMP_BATCH = 8;
 
 interface Listener {
   address: string;
@@ -172,37 +244,44 @@ function withLengthPrefix(message: Buffer): Buffer {
 }
 
 /**
- * Splits a TCP byte stream into 2-byte-length-prefixed DNS messages. Returns false (and stops)
- * when a message announces more than `maxLength` bytes.
+ * Splits a TCP byte stream into 2-byte-length-prefixed DNS messages. `push` returns false (and
+ * stops) when a message announces more than `maxLength` bytes; `partial` says whether bytes of an
+ * unfinished message are waiting.
  */
-function lengthPrefixedReader(maxLength: number, onMessage: (message: Buffer) => void): (chunk: Buffer) => boolean {
+function lengthPrefixedReader(maxLength: number, onMessage: (message: Buffer) => void): { push(chunk: Buffer): boolean; partial(): boolean } {
   let pending: Buffer = Buffer.alloc(0);
-  return (chunk) => {
-    pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
-    while (pending.length >= 2) {
-      const length = pending.readUInt16BE(0);
-      if (length > maxLength) return false;
-      if (pending.length < 2 + length) break;
-      const message = pending.subarray(2, 2 + length);
-      pending = pending.subarray(2 + length);
-      onMessage(message);
-    }
-    return true;
+  return {
+    push(chunk) {
+      pending = pending.length === 0 ? chunk : Buffer.concat([pending, chunk]);
+      while (pending.length >= 2) {
+        const length = pending.readUInt16BE(0);
+        if (length > maxLength) return false;
+        if (pending.length < 2 + length) break;
+        const message = pending.subarray(2, 2 + length);
+        pending = pending.subarray(2 + length);
+        onMessage(message);
+      }
+      return true;
+    },
+    partial: () => pending.length > 0,
   };
 }
 
 /**
  * Follows the CNAME chain from the question name through the upstream answer section and collects
  * the address records of the question's type at its end. Records for any other owner name are
- * ignored: they are not what was asked and must not be bound.
+ * ignored: they are not what was asked and must not be bound. A chain that loops or is longer
+ * than MAX_CNAME_CHAIN is `broken` (the answer is SERVFAIL and nothing is bound).
  */
-function answerChain(question: DnsQuestion, reply: DnsMessage): { cnames: DnsCnameRecord[]; addresses: DnsAddressRecord[] } {
+function answerChain(question: DnsQuestion, reply: DnsMessage): { cnames: DnsCnameRecord[]; addresses: DnsAddressRecord[]; broken?: string } {
   const cnames: DnsCnameRecord[] = [];
   const seen = new Set<string>([question.name]);
   let owner = question.name;
   for (;;) {
     const cname = reply.answers.find((record): record is DnsCnameRecord => isCnameRecord(record) && record.name === owner);
-    if (cname === undefined || seen.has(cname.target) || cnames.length >= MAX_CNAME_CHAIN) break;
+    if (cname === undefined) break;
+    if (seen.has(cname.target)) return { cnames, addresses: [], broken: `the CNAME chain loops at ${cname.target}` };
+    if (cnames.length >= MAX_CNAME_CHAIN) return { cnames, addresses: [], broken: `the CNAME chain is longer than ${MAX_CNAME_CHAIN}` };
     cnames.push(cname);
     seen.add(cname.target);
     owner = cname.target;
@@ -211,6 +290,11 @@ function answerChain(question: DnsQuestion, reply: DnsMessage): { cnames: DnsCna
     (record): record is DnsAddressRecord => isAddressRecord(record) && record.name === owner && record.type === question.type && record.class === DnsClass.IN,
   );
   return { cnames, addresses };
+}
+
+/** Why no answer may open an address whatever the node says: special-use, or an IPv6 form of an IPv4 address. */
+function builtinRefusal(address: string): RefusalReason | undefined {
+  return specialReason(address) ?? (normalizeAddress(address).embedded ? 'embedded-ipv4' : undefined);
 }
 
 function closeListener(listener: Listener): Promise<void> {
@@ -229,16 +313,27 @@ export class DnsResponder {
   private readonly maxTcpConnections: number;
   private readonly maxConcurrentLookups: number;
   private readonly maxLookupsPerClient: number;
+  private readonly tcpMessageTimeoutMs: number;
+  private readonly tcpMaxLifetimeMs: number;
+  private readonly maxTcpConnectionsPerClient: number;
+  private readonly maxQueriesPerClient: number;
   private readonly lookupsByClient = new Map<string, number>();
+  /** Per sender: queries waiting to be answered, and how many it has queued or being answered. */
+  private readonly queues = new Map<string, { jobs: Job[]; pending: number }>();
+  /** Senders with queued jobs, in round-robin order. */
+  private readonly ready: string[] = [];
+  private pumpScheduled: NodeJS.Immediate | undefined;
+  /** Open TCP connections by sender, oldest first. */
+  private readonly tcpBySource = new Map<string, TcpClient[]>();
   private upstreams: DnsEndpoint[] = [];
   private readonly listeners: Listener[] = [];
-  private readonly tcpConnections = new Set<net.Socket>();
+  private readonly tcpConnections = new Set<TcpClient>();
   /** Aborts of the upstream exchanges in flight; close() calls them all. */
   private readonly upstreamExchanges = new Set<() => void>();
   private lookupsInFlight = 0;
   private state: 'new' | 'starting' | 'running' | 'closed' = 'new';
   private closing: Promise<void> | undefined;
-  private readonly counters: DnsResponderStats = { queries: 0, refused: 0, forwarded: 0, servfail: 0, malformed: 0 };
+  private readonly counters: DnsResponderStats = { queries: 0, refused: 0, forwarded: 0, servfail: 0, malformed: 0, dropped: 0, refusedAddresses: 0, tcpClosed: 0 };
 
   constructor(options: DnsResponderOptions) {
     if (!Array.isArray(options.listen) || options.listen.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'a DNS responder needs at least one listen address');
@@ -252,6 +347,10 @@ export class DnsResponder {
     this.maxTcpConnections = checkCount(options.maxTcpConnections, 128, 'maxTcpConnections', 1);
     this.maxConcurrentLookups = checkCount(options.maxConcurrentLookups, 1024, 'maxConcurrentLookups', 1);
     this.maxLookupsPerClient = checkCount(options.maxLookupsPerClient, 32, 'maxLookupsPerClient', 1);
+    this.tcpMessageTimeoutMs = checkCount(options.tcpMessageTimeoutMs, 2000, 'tcpMessageTimeoutMs', 1);
+    this.tcpMaxLifetimeMs = checkCount(options.tcpMaxLifetimeMs, 30_000, 'tcpMaxLifetimeMs', 1);
+    this.maxTcpConnectionsPerClient = checkCount(options.maxTcpConnectionsPerClient, 4, 'maxTcpConnectionsPerClient', 1);
+    this.maxQueriesPerClient = checkCount(options.maxQueriesPerClient, 64, 'maxQueriesPerClient', 1);
   }
 
   /** Binds UDP and TCP on every listen address; on any failure closes what it bound and rejects. */
@@ -285,7 +384,12 @@ export class DnsResponder {
     if (this.closing !== undefined) return this.closing;
     this.state = 'closed';
     for (const abort of [...this.upstreamExchanges]) abort();
-    for (const connection of this.tcpConnections) connection.destroy();
+    for (const client of this.tcpConnections) client.socket.destroy();
+    if (this.pumpScheduled !== undefined) clearImmediate(this.pumpScheduled);
+    this.pumpScheduled = undefined;
+    for (const queue of this.queues.values()) for (const job of queue.jobs) job.done(undefined);
+    this.queues.clear();
+    this.ready.length = 0;
     this.closing = Promise.all(this.listeners.map(closeListener)).then(() => undefined);
     return this.closing;
   }
@@ -350,7 +454,6 @@ export class DnsResponder {
   private listenTcp(endpoint: DnsEndpoint): Promise<net.Server> {
     return new Promise((resolve, reject) => {
       const server = net.createServer((connection) => this.onTcpConnection(connection));
-      server.maxConnections = this.maxTcpConnections;
       const onListenError = (err: NodeJS.ErrnoException): void => {
         server.close();
         reject(this.listenError('tcp', endpoint, err));
@@ -374,46 +477,203 @@ export class DnsResponder {
   }
 
   private onUdpMessage(socket: dgram.Socket, message: Buffer, remote: dgram.RemoteInfo): void {
-    void this.respond(message, unmapIpv4(remote.address), 'udp').then((response) => {
-      if (response === undefined || this.state === 'closed') return;
-      socket.send(response, remote.port, remote.address, (err) => {
-        if (err) this.log(`dns: reply to ${remote.address}:${remote.port}: ${err.message}`);
-      });
+    const source = unmapIpv4(remote.address);
+    const accepted = this.enqueue({
+      message,
+      source,
+      transport: 'udp',
+      done: (response) => {
+        if (response === undefined || this.state === 'closed') return;
+        socket.send(response, remote.port, remote.address, (err) => {
+          if (err) this.log(`dns: reply to ${remote.address}:${remote.port}: ${err.message}`);
+        });
+      },
     });
+    if (!accepted) this.counters.dropped += 1; // the sender retries; answering a flood would double it
   }
+
+  // -------------------------------------------------------------------------------------------
+  // Fair queueing: each sender's queries wait in its own queue; queues are served round-robin.
+
+  /** Queue a query for its sender; false when the sender already has maxQueriesPerClient in flight. */
+  private enqueue(job: Job): boolean {
+    if (this.state === 'closed') return false;
+    let queue = this.queues.get(job.source);
+    if (queue === undefined) {
+      queue = { jobs: [], pending: 0 };
+      this.queues.set(job.source, queue);
+    }
+    if (queue.pending >= this.maxQueriesPerClient) return false;
+    queue.pending += 1;
+    queue.jobs.push(job);
+    if (queue.jobs.length === 1) this.ready.push(job.source);
+    this.schedulePump();
+    return true;
+  }
+
+  private schedulePump(): void {
+    if (this.pumpScheduled === undefined && this.ready.length > 0) this.pumpScheduled = setImmediate(() => this.pump());
+  }
+
+  private pump(): void {
+    this.pumpScheduled = undefined;
+    for (let served = 0; served < PUMP_BATCH && this.ready.length > 0 && this.state !== 'closed'; served++) {
+      const source = this.ready.shift()!;
+      const queue = this.queues.get(source)!;
+      const job = queue.jobs.shift()!;
+      if (queue.jobs.length > 0) this.ready.push(source);
+      void this.respond(job.message, job.source, job.transport).then((response) => {
+        queue.pending -= 1;
+        if (queue.pending === 0 && queue.jobs.length === 0 && this.queues.get(source) === queue) this.queues.delete(source);
+        job.done(response);
+      });
+    }
+    // the rest after the sockets have been read again: new senders join the rotation
+    this.schedulePump();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // TCP clients
 
   private onTcpConnection(connection: net.Socket): void {
     if (this.state === 'closed') {
       connection.destroy();
       return;
     }
-    this.tcpConnections.add(connection);
     const source = unmapIpv4(connection.remoteAddress ?? '');
-    let inFlight = 0;
-    connection.on('close', () => this.tcpConnections.delete(connection));
     connection.on('error', (err) => this.log(`dns: tcp client ${source}: ${err.message}`));
-    // Idle but still owing answers: keep it; writing the answer re-arms the timeout. (Not the
-    // setTimeout callback form: that listens only once.)
-    connection.setTimeout(this.tcpIdleTimeoutMs);
-    connection.on('timeout', () => {
-      if (inFlight === 0) connection.destroy();
+    const mine = this.tcpBySource.get(source) ?? [];
+    if (mine.length >= this.maxTcpConnectionsPerClient) {
+      this.counters.tcpClosed += 1;
+      this.log(`dns: tcp client ${source} already has ${mine.length} connections; closing the new one`);
+      connection.destroy();
+      return;
+    }
+    if (this.tcpConnections.size >= this.maxTcpConnections && !this.evictFor(source, mine.length)) {
+      this.counters.tcpClosed += 1;
+      this.log(`dns: ${this.tcpConnections.size} tcp connections open; closing the new one from ${source}`);
+      connection.destroy();
+      return;
+    }
+    const client: TcpClient = { socket: connection, source, openedAt: Date.now(), inFlight: 0 };
+    this.tcpConnections.add(client);
+    mine.push(client);
+    this.tcpBySource.set(source, mine);
+
+    // One timer for three deadlines: idle (no complete query and nothing owed), an unfinished
+    // query (from its first byte), and the connection's lifetime. Bytes alone never re-arm it.
+    let lastActivity = client.openedAt;
+    let partialSince: number | undefined;
+    let draining = false;
+    let timer: NodeJS.Timeout | undefined;
+    const closeFor = (why: string): void => {
+      this.counters.tcpClosed += 1;
+      this.log(`dns: tcp client ${source}: ${why}; closing`);
+      connection.destroy();
+    };
+    const check = (): void => {
+      timer = undefined;
+      if (connection.destroyed) return;
+      const now = Date.now();
+      if (partialSince !== undefined && now - partialSince >= this.tcpMessageTimeoutMs) return closeFor(`a query unfinished after ${this.tcpMessageTimeoutMs} ms`);
+      if (!draining && now - client.openedAt >= this.tcpMaxLifetimeMs) {
+        draining = true; // no more queries; close once what is owed is written
+        connection.pause();
+      }
+      if (draining && client.inFlight === 0) {
+        this.counters.tcpClosed += 1;
+        return void connection.end(() => connection.destroy());
+      }
+      if (client.inFlight === 0 && partialSince === undefined && now - lastActivity >= this.tcpIdleTimeoutMs) {
+        this.counters.tcpClosed += 1;
+        return void connection.destroy();
+      }
+      arm();
+    };
+    const arm = (): void => {
+      if (timer !== undefined) clearTimeout(timer);
+      const now = Date.now();
+      let at = draining ? Infinity : client.openedAt + this.tcpMaxLifetimeMs;
+      if (partialSince !== undefined) at = Math.min(at, partialSince + this.tcpMessageTimeoutMs);
+      if (client.inFlight === 0 && partialSince === undefined) at = Math.min(at, lastActivity + this.tcpIdleTimeoutMs);
+      if (at === Infinity) return; // draining with answers owed: their writes call check()
+      timer = setTimeout(check, Math.max(0, at - now));
+    };
+    connection.on('close', () => {
+      if (timer !== undefined) clearTimeout(timer);
+      this.tcpConnections.delete(client);
+      const list = this.tcpBySource.get(source);
+      const at = list?.indexOf(client) ?? -1;
+      if (list && at >= 0) list.splice(at, 1);
+      if (list?.length === 0) this.tcpBySource.delete(source);
     });
     const read = lengthPrefixedReader(MAX_TCP_QUERY_BYTES, (message) => {
-      inFlight += 1;
-      if (inFlight >= MAX_PIPELINED_PER_CONNECTION) connection.pause();
-      void this.respond(Buffer.from(message), source, 'tcp').then((response) => {
-        inFlight -= 1;
+      lastActivity = Date.now();
+      client.inFlight += 1;
+      if (client.inFlight >= MAX_PIPELINED_PER_CONNECTION) connection.pause();
+      const answer = (response: Buffer | undefined): void => {
+        client.inFlight -= 1;
         if (connection.destroyed) return;
-        connection.resume();
+        if (!draining) connection.resume();
         if (response !== undefined) connection.write(withLengthPrefix(response));
-      });
+        // a client that does not read its answers is not buffered for without bound
+        if (connection.writableLength > 2 * MAX_TCP_MESSAGE_BYTES) return closeFor('answers are not being read');
+        lastActivity = Date.now();
+        check();
+      };
+      const copy = Buffer.from(message);
+      if (!this.enqueue({ message: copy, source, transport: 'tcp', done: answer })) answer(this.overloaded(copy));
     });
     connection.on('data', (chunk) => {
-      if (!read(chunk)) {
+      if (draining) return;
+      if (!read.push(chunk)) {
         this.log(`dns: tcp client ${source} sent a message over ${MAX_TCP_QUERY_BYTES} bytes; closing`);
         connection.destroy();
+        return;
       }
+      const partial = read.partial();
+      if (partial && partialSince === undefined) partialSince = Date.now();
+      if (!partial) partialSince = undefined;
+      arm();
     });
+    arm();
+  }
+
+  /**
+   * Make room for a connection from `source` (which has `has` open) by closing one of the sender
+   * with the most connections, if it has more; its oldest connection with nothing owed goes first.
+   */
+  private evictFor(source: string, has: number): boolean {
+    let victim: string | undefined;
+    let most = has + 1;
+    for (const [other, list] of this.tcpBySource) {
+      if (other !== source && list.length > most) {
+        victim = other;
+        most = list.length;
+      }
+    }
+    if (victim === undefined) return false;
+    const list = this.tcpBySource.get(victim)!;
+    const client = list.find((c) => c.inFlight === 0) ?? list[0]!;
+    this.counters.tcpClosed += 1;
+    this.log(`dns: tcp client ${victim} holds ${list.length} connections; closing one for ${source}`);
+    client.socket.destroy();
+    // 'close' is emitted later: take it out of the counts now
+    this.tcpConnections.delete(client);
+    list.splice(list.indexOf(client), 1);
+    return true;
+  }
+
+  /** SERVFAIL for a query that could not even be queued (its sender has too many in flight). */
+  private overloaded(raw: Buffer): Buffer | undefined {
+    this.counters.queries += 1;
+    this.counters.servfail += 1;
+    try {
+      return buildResponse(parseHeader(raw), { rcode: DnsRcode.SERVFAIL });
+    } catch {
+      this.counters.malformed += 1;
+      return undefined;
+    }
   }
 
   // -------------------------------------------------------------------------------------------
@@ -516,13 +776,51 @@ export class DnsResponder {
       else this.lookupsByClient.delete(client.sandboxId);
     }
 
-    const { cnames, addresses } = answerChain(question, upstreamReply);
-    if (addresses.length > 0) {
-      const bound = addresses.map((record) => ({
+    const { cnames, addresses, broken } = answerChain(question, upstreamReply);
+    if (broken !== undefined) {
+      this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: ${broken}`);
+      return reply(DnsRcode.SERVFAIL);
+    }
+    // A chain may pass only through names of the question's own service and names of none: a
+    // name of another service (denied, or enabled with other ports) is that service's to open.
+    for (const cname of cnames) {
+      let owners: string[];
+      try {
+        owners = client.servicesOf(cname.target);
+      } catch (err) {
+        this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: policy lookup failed: ${asWarrenError(err).message}`);
+        return reply(DnsRcode.SERVFAIL);
+      }
+      if (owners.length > 0 && !owners.includes(service)) {
+        const detail = `CNAME ${cname.name} -> ${cname.target}, a name of ${owners.join(', ')}, not of ${service}`;
+        this.refuse(client, { service, name: question.name, reason: 'cname', detail });
+        return reply(DnsRcode.REFUSED);
+      }
+    }
+    const kept: DnsAddressRecord[] = [];
+    const bound: DnsAnswerAddress[] = [];
+    for (const record of addresses) {
+      let reason: RefusalReason | undefined;
+      try {
+        reason = builtinRefusal(record.address) ?? this.options.refusal?.(record.address);
+      } catch (err) {
+        this.log(`dns: SERVFAIL ${what} for sandbox ${client.sandboxId}: address check failed: ${asWarrenError(err).message}`);
+        return reply(DnsRcode.SERVFAIL);
+      }
+      if (reason !== undefined) {
+        const embedded = normalizeAddress(record.address).embedded;
+        const detail = embedded ? `${record.address} is ${embedded.form} IPv4 ${embedded.ipv4}` : `${record.address} is ${reason}`;
+        this.refuse(client, { service, name: question.name, address: record.address, reason, detail });
+        continue;
+      }
+      kept.push(record);
+      bound.push({
         address: record.address,
-        family: record.type === DnsType.A ? (4 as const) : (6 as const),
+        family: record.type === DnsType.A ? 4 : 6,
         ttl: Math.min(Math.max(this.replyTtl(record.ttl), this.minTtl), this.maxTtl),
-      }));
+      });
+    }
+    if (bound.length > 0) {
       try {
         await client.bind(service, question.name, bound);
       } catch (err) {
@@ -530,10 +828,22 @@ export class DnsResponder {
         return reply(DnsRcode.SERVFAIL);
       }
     }
-    this.log(`dns: ${what} for sandbox ${client.sandboxId} (service ${service}): rcode ${upstreamReply.rcode}, ${addresses.length} address(es) bound`);
+    const refusedNote = kept.length < addresses.length ? `, ${addresses.length - kept.length} refused` : '';
+    this.log(`dns: ${what} for sandbox ${client.sandboxId} (service ${service}): rcode ${upstreamReply.rcode}, ${bound.length} address(es) bound${refusedNote}`);
     // A client must not cache an address longer than bind allowed it: cap reply TTLs at maxTtl.
-    const answers = [...cnames, ...addresses].map((record) => ({ ...record, ttl: Math.min(this.replyTtl(record.ttl), this.maxTtl) }));
+    // Refused addresses are left out: the sandbox is not sent somewhere it cannot go.
+    const answers = [...cnames, ...kept].map((record) => ({ ...record, ttl: Math.min(this.replyTtl(record.ttl), this.maxTtl) }));
     return reply(upstreamReply.rcode, answers);
+  }
+
+  private refuse(client: DnsClientPolicy, refusal: DnsRefusal): void {
+    this.counters.refusedAddresses += 1;
+    this.log(`dns: refused to open for sandbox ${client.sandboxId} (${refusal.name}, service ${refusal.service}): ${refusal.detail}`);
+    try {
+      client.refused?.(refusal);
+    } catch (err) {
+      this.log(`dns: reporting a refusal for ${client.sandboxId} failed: ${asWarrenError(err).message}`);
+    }
   }
 
   private replyTtl(ttl: number): number {
@@ -615,7 +925,7 @@ export class DnsResponder {
       const answer = accept(message);
       if (answer !== undefined) finish(null, answer);
     });
-    socket.on('data', (chunk) => read(chunk));
+    socket.on('data', (chunk) => read.push(chunk));
     socket.on('error', (err) => finish(err));
     socket.on('close', () => finish(new Error('connection closed without an answer')));
     socket.write(withLengthPrefix(query));

@@ -1,7 +1,7 @@
 /**
- * The kernel side of per-sandbox egress allowlists (issue 4): the programs of
+ * The kernel side of per-sandbox egress allowlists: the programs of
  * bpf/sandbox_egress.bpf.c pinned under one directory per node, a pinned link
- * per (sandbox cgroup, hook), and the three maps they read.
+ * per (sandbox cgroup, hook), the three per-sandbox maps they read and the node-wide deny trie.
  *
  * Everything that enforces lives in bpffs, so enforcement outlives this process:
  * a dead gateway leaves each sandbox with exactly the allowlist it had. A new
@@ -27,9 +27,15 @@ import {
   encodeEgressValue,
   encodeSandboxPolicy,
   decodeSandboxPolicy,
+  encodeEgressDenyKey,
+  encodeEgressDenyValue,
+  EGRESS_DENY_OVERRIDABLE,
   type EgressEvent,
 } from '../../native/bpf-layouts';
-import { ipv4ToMapped, ipToBytes, parseCidr } from './addr';
+import { bytesToIp, ipv4ToMapped, ipToBytes, parseCidr } from './addr';
+
+export { bytesToIp };
+import { REASON_CODES, reasonName, type DenyRange } from './special-addr';
 
 export const PROGRAMS: Record<BpfCgroupAttach, string> = {
   connect4: 'egress_connect4',
@@ -38,7 +44,7 @@ export const PROGRAMS: Record<BpfCgroupAttach, string> = {
   sendmsg6: 'egress_sendmsg6',
   egress: 'egress_skb',
 };
-const MAPS = { policies: 'sandbox_policies', allow: 'egress_allow', cidrs: 'egress_cidrs', events: 'egress_events' } as const;
+const MAPS = { policies: 'sandbox_policies', allow: 'egress_allow', cidrs: 'egress_cidrs', deny: 'egress_deny', events: 'egress_events' } as const;
 const CIDR_FIXED_BITS = 96;
 export const IPPROTO_TCP = 6;
 export const IPPROTO_UDP = 17;
@@ -77,6 +83,8 @@ export interface EgressDenial {
   hook: 'connect4' | 'connect6' | 'sendmsg4' | 'sendmsg6' | 'skb';
   pid: number;
   timestampNs: bigint;
+  /** Why: 'not-allowed', or the special range that denied it ('metadata', 'node', 'operator', ...). */
+  reason: string;
 }
 
 interface SandboxState {
@@ -104,7 +112,9 @@ const KIND_HOOK: Record<number, EgressDenial['hook']> = { 1: 'connect4', 2: 'con
 
 export class EgressEnforcer {
   private readonly n: NativeAddon;
-  private fds: { policies: number; allow: number; cidrs: number; events: number } | null = null;
+  private fds: { policies: number; allow: number; cidrs: number; deny: number; events: number } | null = null;
+  /** hex key -> hex value of the node-wide deny trie as written. */
+  private deny = new Map<string, string>();
   private ringbuf = 0;
   private readonly sandboxes = new Map<bigint, SandboxState>();
   private readonly linkDir: string;
@@ -123,15 +133,63 @@ export class EgressEnforcer {
     mkdirSync(this.opts.pinDir, { recursive: true, mode: 0o700 });
     mkdirSync(this.linkDir, { recursive: true, mode: 0o700 });
     this.n.bpfLoadPinned(this.opts.objectPath, this.opts.pinDir);
-    const fds = { policies: -1, allow: -1, cidrs: -1, events: -1 };
+    const fds = { policies: -1, allow: -1, cidrs: -1, deny: -1, events: -1 };
     try {
-      for (const k of Object.keys(MAPS) as (keyof typeof MAPS)[]) fds[k] = this.n.bpfObjGet(join(this.opts.pinDir, MAPS[k]));
+      for (const k of Object.keys(MAPS) as (keyof typeof MAPS)[]) {
+        const pin = join(this.opts.pinDir, MAPS[k]);
+        if (!existsSync(pin)) {
+          // programs pinned by an older build whose object had no such map: they would not consult it
+          throw new WarrenError('INTERNAL', `${pin} is missing: the programs under ${this.opts.pinDir} come from another build; delete the node's sandboxes with network and remove the directory`);
+        }
+        fds[k] = this.n.bpfObjGet(pin);
+      }
       this.ringbuf = this.n.bpfRingbufOpen(fds.events);
     } catch (err) {
       for (const fd of Object.values(fds)) if (fd >= 0) this.n.close(fd);
       throw err;
     }
     this.fds = fds;
+    this.deny = new Map(this.keys(fds.deny).map((k) => [k.toString('hex'), this.n.bpfMapLookup(fds.deny, k)?.toString('hex') ?? '']));
+  }
+
+  /**
+   * Make the node-wide deny trie exactly `ranges` (the node's own addresses, the sandbox subnet,
+   * operator-listed ranges). Writes only what changed; new entries go in before old ones leave.
+   */
+  setDenyRanges(ranges: DenyRange[]): { added: number; removed: number } {
+    const m = this.maps;
+    const want = new Map<string, Buffer>();
+    const keys = new Map<string, Buffer>();
+    for (const r of ranges) {
+      const { bytes, prefix } = parseCidr(r.cidr);
+      const key = encodeEgressDenyKey({ prefixlen: prefix, addr: bytes });
+      const hex = key.toString('hex');
+      // two entries for one range: the non-overridable one wins
+      const prev = want.get(hex);
+      if (prev !== undefined && (prev[1]! & EGRESS_DENY_OVERRIDABLE) === 0) continue;
+      want.set(hex, encodeEgressDenyValue({ reason: REASON_CODES[r.reason], flags: r.overridable ? EGRESS_DENY_OVERRIDABLE : 0 }));
+      keys.set(hex, key);
+    }
+    let added = 0;
+    let removed = 0;
+    for (const [hex, value] of want) {
+      if (this.deny.get(hex) === value.toString('hex')) continue;
+      this.n.bpfMapUpdate(m.deny, keys.get(hex)!, value);
+      this.deny.set(hex, value.toString('hex'));
+      added++;
+    }
+    for (const hex of [...this.deny.keys()]) {
+      if (want.has(hex)) continue;
+      this.n.bpfMapDelete(m.deny, Buffer.from(hex, 'hex'));
+      this.deny.delete(hex);
+      removed++;
+    }
+    return { added, removed };
+  }
+
+  /** Entries of the node-wide deny trie now. */
+  denyEntries(): number {
+    return this.deny.size;
   }
 
   private get maps() {
@@ -276,7 +334,7 @@ export class EgressEnforcer {
     return this.n.bpfRingbufDrain(this.ringbuf).flatMap((rec) => {
       if (rec.length < EGRESS_EVENT_SIZE) return [];
       const e: EgressEvent = decodeEgressEvent(rec);
-      return [{ cgroupId: e.cgroupId, address: bytesToIp(e.addr), port: e.port, proto: e.proto, hook: KIND_HOOK[e.kind] ?? 'skb', pid: e.pid, timestampNs: e.timestampNs }];
+      return [{ cgroupId: e.cgroupId, address: bytesToIp(e.addr), port: e.port, proto: e.proto, hook: KIND_HOOK[e.kind] ?? 'skb', pid: e.pid, timestampNs: e.timestampNs, reason: reasonName(e.reason) }];
     });
   }
 
@@ -298,6 +356,7 @@ export class EgressEnforcer {
     for (const fd of Object.values(this.fds)) this.n.close(fd);
     this.fds = null;
     this.sandboxes.clear();
+    this.deny.clear();
   }
 
   /** Remove the node's programs and maps (only when no sandbox is attached any more). */
@@ -427,11 +486,4 @@ function v4str(v: number): string {
   const b = Buffer.alloc(4);
   b.writeUInt32LE(v);
   return [...b].join('.');
-}
-
-export function bytesToIp(b: Buffer): string {
-  if (b.subarray(0, 10).every((x) => x === 0) && b[10] === 0xff && b[11] === 0xff) return `${b[12]}.${b[13]}.${b[14]}.${b[15]}`;
-  const parts: string[] = [];
-  for (let i = 0; i < 16; i += 2) parts.push(b.readUInt16BE(i).toString(16));
-  return parts.join(':').replace(/(^|:)0(:0)+(:|$)/, '::');
 }

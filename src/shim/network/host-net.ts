@@ -27,6 +27,14 @@ const PRIVATE_RANGES: ReadonlyArray<{ cidr: string; network: number; prefix: num
   { cidr: '172.16.0.0/12', network: 0xac100000, prefix: 12 },
   { cidr: '192.168.0.0/16', network: 0xc0a80000, prefix: 16 },
 ];
+/**
+ * Per-sandbox DNS budgets in the kernel: queries per second over UDP (with a burst for a
+ * resolver's retries), and TCP connections at once (the responder keeps fewer: see its
+ * maxTcpConnectionsPerClient). A package install resolves a few names a second.
+ */
+const DNS_UDP_RATE = 500;
+const DNS_UDP_BURST = 1000;
+const DNS_TCP_CONNS = 16;
 /** Tools are on these paths on Debian; the PATH of the calling process may lack the sbin dirs. */
 export const TOOL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 const DEFAULT_TOOL_TIMEOUT_MS = 15_000;
@@ -210,6 +218,11 @@ export class HostNetwork {
       `table ${table}`,
       `delete table ${table}`,
       `table ${table} {`,
+      // Per-sandbox budgets at the resolver, enforced before a packet reaches its socket: one
+      // sandbox's UDP flood is dropped here instead of filling the socket buffer all share, and
+      // no sandbox holds more than its share of TCP connections.
+      `  set dns_udp_rate { type ipv4_addr; size 65535; flags dynamic; timeout 10s; }`,
+      `  set dns_tcp_conns { type ipv4_addr; size 65535; flags dynamic; }`,
       `  chain forward {`,
       `    type filter hook forward priority filter; policy accept;`,
       // Sandboxes have no IPv6; nothing but IPv4 crosses the bridge through L3.
@@ -230,8 +243,11 @@ export class HostNetwork {
       `    type filter hook input priority filter; policy accept;`,
       `    iifname ${br} meta nfproto != ipv4 drop`,
       `    iifname ${br} ip saddr != ${subnet} drop`,
+      // before the conntrack accept: a flooding socket's later queries are "established"
+      `    iifname ${br} ip daddr ${gateway} udp dport 53 update @dns_udp_rate { ip saddr limit rate over ${DNS_UDP_RATE}/second burst ${DNS_UDP_BURST} packets } drop`,
       `    iifname ${br} ct state established,related accept`,
       `    iifname ${br} ip daddr ${gateway} udp dport 53 accept`,
+      `    iifname ${br} ip daddr ${gateway} tcp dport 53 ct state new add @dns_tcp_conns { ip saddr ct count over ${DNS_TCP_CONNS} } reject with tcp reset`,
       `    iifname ${br} ip daddr ${gateway} tcp dport 53 accept`,
       `    iifname ${br} drop`,
       `  }`,

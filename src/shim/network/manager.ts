@@ -1,6 +1,5 @@
 /**
- * Per-service egress for sandboxes (issue 4): the one place that ties the parts
- * together.
+ * Per-service egress for sandboxes: the one place that ties the parts together.
  *
  *   HostNetwork     the bridge, its gateway address and the nftables NAT table
  *   NetnsPool       pre-created network namespaces with a veth on the bridge
@@ -25,6 +24,7 @@ import { EgressEnforcer, type EgressBinding, type EgressDenial, type EgressRange
 import { HostNetwork, runTool } from './host-net';
 import { NetnsPool, type NetnsLease } from './netns-pool';
 import { parseCidr } from './addr';
+import { SpecialAddresses, specialReason, type RefusalReason } from './special-addr';
 import type { SandboxNetworkInfo } from '../types';
 import { instruments } from '../../telemetry';
 
@@ -75,6 +75,8 @@ interface Attached {
 }
 
 const DENIALS_KEPT = 50;
+/** How often the host's addresses are re-read for the programs' deny trie. */
+const DENY_REFRESH_MS = 2000;
 const DENIAL_LOGS_PER_SECOND = 20;
 
 export class NetworkManager {
@@ -82,6 +84,8 @@ export class NetworkManager {
   readonly pool: NetnsPool;
   readonly egress: EgressEnforcer;
   readonly dns: DnsResponder;
+  /** What no DNS answer may open and what the programs deny node-wide (one set of rules for both). */
+  readonly special: SpecialAddresses;
   private readonly byId = new Map<string, Attached>();
   private readonly byCgroup = new Map<bigint, Attached>();
   private readonly byAddress = new Map<string, Attached>();
@@ -95,18 +99,22 @@ export class NetworkManager {
     this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable, log: opts.log });
     this.pool = new NetnsPool({ host: this.host, prefix: `wn-${opts.nodeId}`.slice(0, 24), warm: opts.warm ?? 8, log: opts.log });
     this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
+    this.special = new SpecialAddresses({ subnet: this.host.subnet, deniedRanges: () => this.opts.policy().deniedRanges });
     this.dns = new DnsResponder({
       listen: [{ address: this.host.gatewayAddress, port: 53 }],
       upstreams: opts.upstreams,
       // a sandbox can ask for refused names in a loop: keep the log bounded
       log: rateLimited(opts.log, 50),
+      refusal: (address) => this.special.nodeReason(address),
       clientFor: (source) => {
         const a = this.byAddress.get(source);
         if (a === undefined) return undefined;
         return {
           sandboxId: a.id,
           serviceFor: (name) => this.serviceFor(a, name),
+          servicesOf: (name) => this.servicesOf(name),
           bind: (service, name, addrs) => this.bindAnswer(a, service, name, addrs),
+          refused: (r) => this.recordDenial(a, { service: r.service, destination: r.address ?? r.name, proto: 'dns', hook: 'dns', reason: r.reason, detail: r.detail }),
         };
       },
     });
@@ -121,6 +129,8 @@ export class NetworkManager {
     await this.host.ensure();
     this.egress.open();
     try {
+      this.special.refresh();
+      this.syncDenyRanges();
       await this.pool.start(adopted.map((r) => r.lease));
       await this.dns.start(); // e.g. UNAVAILABLE when something else holds <gateway>:53
     } catch (err) {
@@ -133,6 +143,21 @@ export class NetworkManager {
     this.started = true;
     this.timers.push(setInterval(() => this.pollDenials(), 100).unref());
     this.timers.push(setInterval(() => this.egress.sweep(), 30_000).unref());
+    // the host's addresses change (interfaces come and go): keep the programs' deny trie current
+    this.timers.push(
+      setInterval(() => {
+        if (this.special.refresh()) this.syncDenyRanges();
+      }, DENY_REFRESH_MS).unref(),
+    );
+  }
+
+  /** Write the node-wide deny trie from the host's addresses, the subnet and the policy's denied ranges. */
+  private syncDenyRanges(): void {
+    try {
+      this.egress.setDenyRanges(this.special.denyRanges());
+    } catch (err) {
+      this.opts.log(`network: updating the node's denied ranges failed: ${(err as Error).message}`);
+    }
   }
 
   /**
@@ -202,6 +227,7 @@ export class NetworkManager {
 
   /** After a policy apply: recompute every sandbox's allowlist from the new catalog. */
   reapply(): void {
+    if (this.started) this.syncDenyRanges();
     for (const a of this.byId.values()) {
       try {
         for (const [addr, b] of a.bindings) if (this.catalog()[b.service] === undefined) a.bindings.delete(addr);
@@ -229,7 +255,7 @@ export class NetworkManager {
         // columns: [State] Recv-Q Send-Q Local:Port Peer:Port [Process]; the peer is the last address
         const endpoints = line.trim().split(/\s+/).filter((f) => /^\[?[0-9a-f.:]+\]?:\d+$/i.test(f));
         const m = endpoints.length < 2 ? null : /^\[?([0-9a-f.:]+?)\]?:(\d+)$/i.exec(endpoints[endpoints.length - 1]!);
-        if (m && !policyAllows(policy, m[1]!.replace(/^::ffff:/i, ''), Number(m[2]), 'tcp')) revoked.add(`${m[1]}:${m[2]}`);
+        if (m && !policyAllows(policy, m[1]!.replace(/^::ffff:/i, ''), Number(m[2]), 'tcp', this.special)) revoked.add(`${m[1]}:${m[2]}`);
       }
       for (const dst of revoked) {
         const r = await inNetns(['-K', '-tn', 'dst', dst]);
@@ -349,6 +375,13 @@ export class NetworkManager {
     return undefined;
   }
 
+  /** Every catalog service whose hosts match a name, enabled or not. */
+  private servicesOf(name: string): string[] {
+    return Object.values(this.catalog())
+      .filter((s) => s.hosts.some((h) => hostMatches(h, name)))
+      .map((s) => s.name);
+  }
+
   private bindAnswer(a: Attached, service: string, name: string, addrs: DnsAnswerAddress[]): void {
     if (!this.byId.has(a.id) || a.services[service] !== true) throw new WarrenError('FORBIDDEN', `${service} is no longer enabled for ${a.id}`);
     const s = this.catalog()[service];
@@ -380,15 +413,23 @@ export class NetworkManager {
       const service = this.serviceOf(d.address);
       const proto = d.proto === 6 ? 'tcp' : d.proto === 17 ? 'udp' : d.proto === 1 ? 'icmp' : `proto-${d.proto}`;
       const destination = d.address.includes(':') ? `[${d.address}]:${d.port}` : `${d.address}:${d.port}`;
-      const id = a?.id ?? `cgroup-${d.cgroupId}`;
-      this.metrics.egressDenials.add(1, { service, hook: d.hook, proto });
-      if (a) {
-        a.denials.push({ at: new Date().toISOString(), service, destination, proto, hook: d.hook });
-        if (a.denials.length > DENIALS_KEPT) a.denials.shift();
-        if (!this.rateOk(a)) continue;
+      const entry = { service, destination, proto, hook: d.hook, reason: d.reason };
+      if (a) this.recordDenial(a, entry, d.pid);
+      else {
+        this.metrics.egressDenials.add(1, { service, hook: d.hook, proto, reason: d.reason });
+        this.opts.log(`egress denied: sandbox=cgroup-${d.cgroupId} service=${service} dest=${destination}/${proto} hook=${d.hook} reason=${d.reason} pid=${d.pid}`);
       }
-      this.opts.log(`egress denied: sandbox=${id} service=${service} dest=${destination}/${proto} hook=${d.hook} pid=${d.pid}`);
     }
+  }
+
+  /** One denial of a sandbox (from the programs, or an answer the DNS responder would not open): kept, counted, logged (rate-limited). */
+  private recordDenial(a: Attached, d: { service: string; destination: string; proto: string; hook: string; reason: string; detail?: string }, pid?: number): void {
+    this.metrics.egressDenials.add(1, { service: d.service, hook: d.hook, proto: d.proto, reason: d.reason });
+    a.denials.push({ at: new Date().toISOString(), service: d.service, destination: d.destination, proto: d.proto, hook: d.hook, reason: d.reason });
+    if (a.denials.length > DENIALS_KEPT) a.denials.shift();
+    if (!this.rateOk(a)) return;
+    const dest = d.hook === 'dns' ? `dest=${d.destination}` : `dest=${d.destination}/${d.proto}`;
+    this.opts.log(`egress denied: sandbox=${a.id} service=${d.service} ${dest} hook=${d.hook} reason=${d.reason}${d.detail ? ` (${d.detail})` : ''}${pid !== undefined ? ` pid=${pid}` : ''}`);
   }
 
   private rateOk(a: Attached): boolean {
@@ -463,12 +504,16 @@ function rateLimited(log: (line: string) => void, perSecond: number): (line: str
 }
 
 /** The decision the programs make for a destination (expiry ignored, like the skb backstop). */
-export function policyAllows(policy: SandboxEgressPolicy, address: string, port: number, proto: 'tcp' | 'udp'): boolean {
+export function policyAllows(policy: SandboxEgressPolicy, address: string, port: number, proto: 'tcp' | 'udp', special?: SpecialAddresses): boolean {
   if (address.startsWith('127.') || address === '::1') return true;
   if (policy.resolverV4 !== null && address === policy.resolverV4 && port === 53) return true;
+  if (specialReason(address) !== undefined) return false;
   const portOk = (ports: number[]) => ports.length === 0 || ports.includes(port);
+  const inRanges = () => policy.ranges.some((r) => r.proto === proto && portOk(r.ports) && cidrContains(r.cidr, address));
+  const denied: RefusalReason | undefined = special?.nodeReason(address);
+  if (denied !== undefined) return denied === 'operator' && inRanges();
   if (policy.bindings.some((b) => b.address === address && b.proto === proto && portOk(b.ports))) return true;
-  return policy.ranges.some((r) => r.proto === proto && portOk(r.ports) && cidrContains(r.cidr, address));
+  return inRanges();
 }
 
 export function hostMatches(pattern: string, name: string): boolean {
