@@ -157,6 +157,9 @@ function parseEndpoint(text: string): { address: string; port: number } {
 }
 
 async function cmdUp(args: string[], io: Io): Promise<number> {
+  // A server whose log destination goes away (its stdout or stderr a pipe whose reader exited)
+  // keeps serving; the lines it writes are lost instead of the write error ending the process.
+  for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
   const { values } = parse(args, {
     listen: { type: 'string' },
     otlp: { type: 'string' },
