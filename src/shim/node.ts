@@ -225,12 +225,11 @@ export class ShimNode implements Shim {
       this.watchEnd(live, box);
       this.log(`sandbox ${record.id}: re-adopted (pid ${box.pid})`);
     }
-    // Whatever carries this node's prefix on the host but has no record (a crash between making
-    // a resource and recording it) is removed, so no kill -9 can leak a cgroup, mount or link.
+    // A sandbox of this node's that has no record (a crash between making a resource and
+    // recording it) is removed with its cgroups, mounts and links, so no kill -9 leaks them.
     const known = new Set(this.sandboxes.keys());
     const prefix = `${this.nodeId}-`;
-    const orphans = new Set([...this.container.leftovers(known, prefix), ...(this.network?.pinnedUnknown(known).filter((id) => id.startsWith(prefix)) ?? [])]);
-    for (const id of orphans) {
+    for (const id of this.container.leftovers(known, prefix)) {
       this.log(`sandbox ${id}: left on the host without a record; removing it`);
       await this.container.cleanup(id).catch((err: Error) => this.log(`sandbox ${id}: cleanup failed: ${err.message}`));
     }

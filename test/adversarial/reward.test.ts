@@ -36,19 +36,21 @@ it('reward: the verifier\'s environment and command lines are not readable from 
   }
 });
 
-it('reward: the agent cannot patch the shared image (sitecustomize, conftest, binaries); a fresh verifier sees it pristine', async (t) => {
+it('reward: what the agent patches in the image (sitecustomize, profile, binaries, conftest) stays in its own sandbox; a fresh verifier sees the image pristine', async (t) => {
   const agent = node.boxes[0]!;
-  const before = (await agent.sh('md5sum /bin/busybox')).stdout.split(' ')[0];
-  refused(t, await agent.attack('write', '/bin/sitecustomize.py'), 'EACCES');
-  refused(t, await agent.attack('write', '/etc/profile'), 'EACCES');
-  refused(t, await agent.attack('write', '/bin/busybox'));
-  await agent.sh('mkdir -p /root/tests && echo "def test_x(): assert True  # tampered" > /root/tests/conftest.py; echo poisoned > /tmp/poison');
+  const image = 'md5sum /bin/busybox /etc/profile 2>&1; ls -l /bin/true 2>&1; ls /bin/sitecustomize.py /root/tests/conftest.py /tmp/poison 2>&1';
+  const before = (await agent.sh(image)).stdout;
+  // The default profile lets a sandbox change its whole own root filesystem: these writes succeed,
+  // and land in the agent's own writable layer, never in the shared read-only layers.
+  const patched = await agent.sh(
+    'echo "import os" > /bin/sitecustomize.py && echo "export EVIL=1" >> /etc/profile && rm /bin/true && printf "#!/bin/sh\\nexit 0\\n" > /bin/true && chmod +x /bin/true && ' +
+      'mkdir -p /root/tests && echo "def test_x(): assert True  # tampered" > /root/tests/conftest.py && echo poisoned > /tmp/poison && echo patched',
+  );
+  t.is(patched.stdout.trim(), 'patched', patched.stderr);
+  t.not((await agent.sh(image)).stdout, before, 'the agent sees its own changes');
   const fresh = await box(node.shim);
   try {
-    const r = await fresh.sh('ls /root/tests/conftest.py /tmp/poison 2>&1; md5sum /bin/busybox');
-    t.regex(r.stdout, /No such file/);
-    t.false(r.stdout.includes('poisoned'));
-    t.true(r.stdout.includes(before!), 'busybox changed');
+    t.is((await fresh.sh(image)).stdout, before, 'a fresh sandbox of the same image sees none of them');
   } finally {
     await node.shim.deleteSandbox(fresh.id);
   }

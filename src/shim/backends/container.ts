@@ -128,19 +128,15 @@ export class ContainerBackend implements Backend {
   }
 
   /**
-   * Ids of this node's sandboxes that exist on the host (a cgroup in any hierarchy, or a sandbox
-   * directory) but are not in `known`: what a node killed in the middle of a create or a delete
-   * left behind. `prefix` is the node's id prefix, so other nodes' sandboxes and pool containers
-   * on the same host are never touched.
+   * Ids of this node's sandboxes that have a directory under its sandboxes dir but are not in
+   * `known`: what a node killed in the middle of a create or a delete left behind. The directory
+   * is made before anything else of a sandbox and removed after everything else, so it marks
+   * what this node (this data dir) made; a cgroup name alone would not, since another node on
+   * the same host could use the same id prefix.
    */
   leftovers(known: ReadonlySet<string>, prefix: string): string[] {
-    const found = new Set<string>();
-    for (const root of Object.values(native.cgroupLayout().roots)) {
-      if (!existsSync(root)) continue;
-      for (const d of readdirSync(root, { withFileTypes: true })) if (d.isDirectory() && d.name.startsWith(prefix)) found.add(d.name);
-    }
-    if (existsSync(this.sandboxesDir)) for (const d of readdirSync(this.sandboxesDir)) if (d.startsWith(prefix)) found.add(d);
-    return [...found].filter((id) => !known.has(id));
+    if (!existsSync(this.sandboxesDir)) return [];
+    return readdirSync(this.sandboxesDir).filter((id) => id.startsWith(prefix) && !known.has(id));
   }
 
   /** Remove whatever a dead or half-created sandbox left behind. */

@@ -277,11 +277,6 @@ export class NetworkManager {
     if (lease) await this.pool.release(lease);
   }
 
-  /** Sandboxes with pinned egress links that the node does not know (left by a crash mid-create). */
-  pinnedUnknown(known: ReadonlySet<string>): string[] {
-    return this.egress.pinnedSandboxes().filter((id) => !known.has(id));
-  }
-
   info(id: string): SandboxNetworkInfo {
     const a = this.attached(id);
     if (this.started) this.pollDenials();
