@@ -115,6 +115,8 @@ export async function runSoak(opts: SoakOptions): Promise<SoakReport> {
   const net = opts.network ? { bridge: `wsk${tag}`, subnet: `10.250.${process.pid % 250}.0/24`, nftTable: `wsk${tag}` } : null;
   const netArgs = net ? ['--bridge', net.bridge, '--subnet', net.subnet, '--nft-table', net.nftTable, '--dns-upstream', '127.0.0.1:9', '--netns-warm', '2'] : ['--no-network'];
   const pinDir = `/sys/fs/bpf/warren/${nodeId}`;
+  // the node id is new to this run's fresh data dir; pins under it are an older run's
+  rmSync(pinDir, { recursive: true, force: true });
 
   const leftovers = async (client: WarrenClient | null): Promise<Leftovers> => {
     let cgroups = 0;
