@@ -8,8 +8,8 @@ import { existsSync, readFileSync, readdirSync, statfsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import { join } from 'node:path';
-import type { BackendName, FeatureReport } from './shim/types';
-import { WarrenError, notSupported } from './errors';
+import { BACKEND_NAMES, type BackendName, type FeatureReport } from './shim/types';
+import { notSupported } from './errors';
 
 export type FeatureName =
   | 'native-helper'
@@ -296,12 +296,13 @@ export function containerBackendStatus(): { available: boolean; reason?: string 
 
 function backendStatus(backend: BackendName): { available: boolean; reason?: string } {
   if (backend === 'container') return containerBackendStatus();
-  if (backend === 'fncall') {
-    const c = containerBackendStatus();
-    // FnCall runs in warm containers and is reached through /v1/functions, not POST /v1/sandboxes.
-    return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code' } : c;
-  }
   return { available: false, reason: `${backend} backend is not implemented in this build` };
+}
+
+/** FnCall pools run on the container backend and are reached through /v1/functions, not POST /v1/sandboxes. */
+export function functionsStatus(): { available: boolean; reason?: string } {
+  const c = containerBackendStatus();
+  return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code (container backend)' } : c;
 }
 
 export function featureReport(nodeId: string): FeatureReport {
@@ -314,13 +315,14 @@ export function featureReport(nodeId: string): FeatureReport {
       : readdirSync('/sys/fs/cgroup').filter((d) => !['unified', 'systemd'].includes(d) && !d.includes(','));
   const bpf = feature('cgroup2-bpf-hierarchy');
   const backends = {} as Record<BackendName, { available: boolean; reason?: string }>;
-  for (const b of ['container', 'fncall', 'microvm', 'vm'] as const) backends[b] = backendStatus(b);
+  for (const b of BACKEND_NAMES) backends[b] = backendStatus(b);
   return {
     node: nodeId,
     kernel: os.release(),
     cgroup: { version, controllers, bpfHierarchy: bpf.supported ? (bpf.action ?? null) : null },
     features,
     backends,
+    functions: functionsStatus(),
     enforcer: activeEnforcer().description,
   };
 }
@@ -339,11 +341,4 @@ export function activeEnforcer(): { lsm: 'apparmor' | 'landlock' | 'apparmor+lan
   const parts = [aa ? 'apparmor' : null, ll ? `landlock (ABI ${abi})` : null, sc ? 'seccomp' : null].filter((x) => x !== null);
   const description = `${parts.length ? parts.join(' + ') : 'none'}; namespaces+capabilities+no_new_privs`;
   return { lsm, seccomp: sc, landlockAbi: abi, description };
-}
-
-export function assertBackendAvailable(backend: BackendName): void {
-  const status = backendStatus(backend);
-  if (!status.available) {
-    throw new WarrenError('NOT_SUPPORTED', `backend "${backend}" is not available on this node: ${status.reason}`, { backend });
-  }
 }
