@@ -365,6 +365,8 @@ export interface ResolvedLayer {
   digest: string;
   /** Mounted EROFS directory, shared by all sandboxes on this node. */
   path: string;
+  /** The EROFS image file itself (attached read-only to microVMs). */
+  file?: string;
 }
 
 export interface ImageInfo {

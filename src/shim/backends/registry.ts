@@ -6,10 +6,11 @@
  */
 import { join } from 'node:path';
 import { WarrenError } from '../../errors';
-import { containerBackendStatus } from '../../features';
+import { containerBackendStatus, microvmBackendStatus } from '../../features';
 import type { NetworkManager } from '../network/manager';
 import { BACKEND_NAMES, type Backend, type BackendName, type BackendStatus, type HostProcessBackend } from '../types';
 import { ContainerBackend, DEFAULT_PATH } from './container';
+import { MicroVMBackend } from './microvm/backend';
 
 export { DEFAULT_PATH };
 
@@ -34,7 +35,8 @@ export class BackendRegistry {
       backend: container.available ? new ContainerBackend(join(opts.dataDir, 'sandboxes'), undefined, opts.network) : null,
       status: container,
     });
-    entries.set('microvm', { backend: null, status: { available: false, reason: 'microvm backend is not implemented in this build' } });
+    const microvm = microvmBackendStatus();
+    entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log }) : null, status: microvm });
     entries.set('vm', { backend: null, status: { available: false, reason: 'vm backend (full QEMU q35 guests) is not implemented in this build' } });
     for (const e of entries.values()) if (e.backend !== null) e.status = { ...e.status, facets: e.backend.facets };
     return new BackendRegistry(entries);
