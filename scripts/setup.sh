@@ -19,6 +19,11 @@ APT_PACKAGES=(
   python3-httpx python3-websockets              # the Python SDK (python/)
   python3-pytest                                # its tests (scripts/test.sh)
   python3-setuptools python3-mypy               # pip install ./python offline; lint type-checks it
+  # microvm backend: QEMU (microvm machine), and Debian's cloud kernel as the guest kernel. Installing
+  # the kernel also pulls initramfs-tools, kmod and linux-base, writes /boot/{vmlinuz,initrd.img,config,
+  # System.map}-*-cloud-amd64 and the /vmlinuz and /initrd.img links (no bootloader is installed or
+  # touched), and may upgrade the systemd packages (see docs/microvm.md).
+  qemu-system-x86 qemu-utils linux-image-cloud-amd64 kmod cpio e2fsprogs
 )
 
 missing=()

@@ -320,7 +320,10 @@ export class ShimNode implements Shim {
       throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
     })();
     spec = { ...spec };
-    if (services === null) delete spec.network;
+    if (services !== null && spec.network === undefined && !backend.facets.network.offered) {
+      // The account's default services do not apply to a backend without network: it runs loopback-only.
+      delete spec.network;
+    } else if (services === null) delete spec.network;
     else {
       requireOffered(backend, 'network');
       spec.network = services;

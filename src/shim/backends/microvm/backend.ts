@@ -620,6 +620,8 @@ export class MicroVMSandbox implements BackendSandbox {
     this.agent?.close();
     this.agent = null;
     await killAndWait(this.runtime.vmmPid);
+    // The snapshot's page cache was charged to the sandbox's cgroup (QEMU's `cat` wrote it): flush it to disk and drop it.
+    await run('dd', ['if=/dev/null', `of=${file}`, 'oflag=nocache', 'conv=notrunc,fdatasync', 'count=0'], { timeout: 120_000 }).catch(() => undefined);
     this.runtime.snapshot = file;
     const after = native.cgroupStats(this.id).memoryCurrentBytes;
     const written = statSync(file).size;
