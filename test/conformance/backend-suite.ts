@@ -219,7 +219,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
 
   facetBlock('freeze', 'pause gives memory back, resume keeps processes running', async (t) => {
     const freeze = facet(harness.backend, shared, 'freeze');
-    await shared.exec({ cmd: '(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid' });
+    await shared.exec({ cmd: '(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.tmp; mv /tmp/counter.tmp /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid' });
     t.true(await until(async () => (await shared.exec({ cmd: 'cat /tmp/counter' })).stdout.trim() !== '', 5000));
     const limit = harness.spec.memoryMb * 1024 * 1024;
     const report = await freeze.pause(limit);

@@ -105,7 +105,7 @@ it(title('a memory hog and a fork bomb stay inside the guest'), async (t) => {
 });
 
 it(title('pause saves the VM to disk and ends the VMM; any request resumes it with its processes running'), async (t) => {
-  await f.shim.exec(vm.id, { cmd: '(i=0; while :; do i=$((i+1)); echo $i > /root/count; sleep 0.1; done) >/dev/null 2>&1 &' });
+  await f.shim.exec(vm.id, { cmd: '(i=0; while :; do i=$((i+1)); echo $i > /root/count.tmp; mv /root/count.tmp /root/count; sleep 0.1; done) >/dev/null 2>&1 &' });
   t.true(await until(async () => Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout) > 1, 20_000));
   const before = Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout);
   const oldPid = f.shim.getSandbox(vm.id).pid!;
