@@ -26,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/reboot.h>
+#include <termios.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -36,7 +38,7 @@
 #include <unistd.h>
 
 enum {
-  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11,
+  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11, T_EXPORT = 12,
   T_HELLO = 0x81, T_OUT = 0x82, T_EXIT = 0x83, T_OK = 0x84, T_ERR = 0x85, T_STARTED = 0x87,
 };
 
@@ -160,6 +162,9 @@ static struct proc *proc_by_chan(uint32_t chan) {
   return NULL;
 }
 
+/* T_EXPORT runs one fixed command outside the sandbox root (the upper dir is not reachable from inside it). */
+static int exec_outside_root = 0;
+
 static void do_exec(uint32_t chan, const char *p, const char *end) {
   const char *cwd = next_str(&p, end), *uid_s = next_str(&p, end), *gid_s = next_str(&p, end), *nargs_s = next_str(&p, end);
   if (!cwd || !uid_s || !gid_s || !nargs_s) return send_err(chan, EINVAL, "malformed exec");
@@ -187,7 +192,7 @@ static void do_exec(uint32_t chan, const char *p, const char *end) {
     dup2(out[1], 1);
     dup2(er[1], 2);
     int e = 0;
-    if (fchdir(rootfd) || chroot(".")) e = errno;
+    if (!exec_outside_root && (fchdir(rootfd) || chroot("."))) e = errno;
     if (!e && chdir(cwd)) e = errno | 0x10000;
     gid_t gid = (gid_t)atol(gid_s);
     if (!e && (setgroups(0, NULL) || setgid(gid) || setuid((uid_t)atol(uid_s)))) e = errno;
@@ -320,6 +325,15 @@ static void handle(int type, uint32_t chan, const char *p, size_t n) {
     return;
   }
   case T_EXEC: return do_exec(chan, p, end);
+  case T_EXPORT: {
+    /* the writable layer as a tar stream (whiteouts are 0/0 character devices); fixed argv, nothing from the host */
+    static const char req[] = "/\0" "0\0" "0\0" "8\0" "/bin/busybox\0" "tar\0" "-c\0" "-f\0" "-\0" "-C\0" "/rw/upper\0" ".\0" "1\0" "PATH=/bin\0";
+    sync();
+    exec_outside_root = 1;
+    do_exec(chan, req, req + sizeof req - 1);
+    exec_outside_root = 0;
+    return;
+  }
   case T_STDIN:
     if ((pr = proc_by_chan(chan)) && pr->in >= 0) {
       while (n > 0) { ssize_t w = write(pr->in, p, n); if (w <= 0) { if (errno == EINTR) continue; break; } p += w; n -= (size_t)w; }
@@ -365,6 +379,266 @@ static void maybe_free(struct proc *pr) {
   if (pr->exited && pr->out < 0 && pr->err < 0) { close_fd(&pr->in); pr->pid = 0; }
 }
 
+/* ---------------------------------------------------------------- shell sessions
+ *
+ * Each virtio port named "warren.session.N" is served by its own child of the
+ * agent: it waits for START, runs the shell (pipes + status fd 3, or a pty),
+ * and relays until the shell exits. The host end is warren-vmshell, the child
+ * of a warren-session holder on the host, so the holder (output buffer,
+ * re-attach) works exactly as for containers. If the host end goes away (the
+ * VM was paused and restored, the bridge reconnects), the session waits up to
+ * SESSION_GRACE_MS for it before it is killed.
+ */
+enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
+#define SESSION_GRACE_MS 30000
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+/* Every process of the shell's session except the shell (the command mode's "foreground"). */
+static void kill_session_but(pid_t sid, pid_t except, int sig) {
+  DIR *d = opendir("/proc");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid <= 1 || pid == except) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    int ppid, pgrp, session;
+    char st;
+    if (!p || sscanf(p + 2, "%c %d %d %d", &st, &ppid, &pgrp, &session) != 4) continue;
+    if (session == sid) kill(pid, sig);
+  }
+  closedir(d);
+}
+
+static void session_server(const char *portpath) {
+  port = -1;
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  sigaddset(&mask, SIGPIPE);
+  int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  unsigned char *in = malloc(HDR + MAX_PAYLOAD);
+  for (;;) {
+    if (port < 0) port = open(portpath, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (port < 0) { sleep(1); continue; }
+    size_t have = 0;
+    pid_t shell = 0;
+    int mode = 0, fin = -1, fout = -1, ferr = -1, fstat_ = -1, master = -1;
+    int connected = 1, exited = 0, code = 0, sig = 0;
+    long long lost_at = 0;
+    unsigned char token[16] = {0};
+    int resumed = 1; /* whether the current connection belongs to the running shell */
+    for (;;) {
+      struct pollfd fds[7];
+      int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1;
+      fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
+      if (connected) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
+      if (fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
+      if (ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
+      if (fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
+      if (master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
+      poll(fds, (nfds_t)nf, connected ? 1000 : 100);
+      if (!connected) {
+        connected = 1;
+        resumed = 0;
+        if (shell == 0) { have = 0; }
+        else if (now_ms() - lost_at > SESSION_GRACE_MS) kill(-shell, SIGKILL), kill_session_but(shell, 0, SIGKILL);
+      }
+      if (fds[0].revents) {
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof si) == sizeof si) {}
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+          if (pid == shell) { exited = 1; code = WIFEXITED(st) ? WEXITSTATUS(st) : 0; sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0; }
+        }
+      }
+      static char buf[65536];
+      int streams[4] = {1, 2, 3, 4};
+      int *fdp[4] = {&fout, &ferr, &fstat_, &master};
+      int idx[4] = {io, ie, is, im};
+      for (int k = 0; k < 4; k++) {
+        if (idx[k] < 0 || !fds[idx[k]].revents) continue;
+        ssize_t r = read(*fdp[k], buf, sizeof buf);
+        if (r > 0) { if (connected && resumed) send_frame(S_OUT, 0, &(unsigned char){(unsigned char)streams[k]}, 1, buf, (size_t)r); }
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) close_fd(fdp[k]);
+      }
+      if (exited && fout < 0 && ferr < 0 && fstat_ < 0 && master < 0) {
+        unsigned char b[8];
+        put32(b, (uint32_t)code);
+        put32(b + 4, (uint32_t)sig);
+        if (resumed) send_frame(S_EXIT, 0, b, 8, NULL, 0);
+        close_fd(&fin);
+        kill_session_but(shell, 0, SIGKILL);
+        break;
+      }
+      if (exited && master >= 0) { /* pty: the slave side may linger in background jobs */ kill_session_but(shell, 0, SIGHUP); close_fd(&master); }
+      if (ip < 0 || !(fds[ip].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t got = read(port, in + have, HDR + MAX_PAYLOAD - have);
+      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+        connected = 0;
+        have = 0;
+        lost_at = now_ms();
+        if (shell == 0) continue;
+        continue;
+      }
+      if (got < 0) continue;
+      have += (size_t)got;
+      size_t off = 0;
+      while (have - off >= HDR) {
+        uint32_t len = get32(in + off + 5);
+        if (len > MAX_PAYLOAD) { off = have; break; }
+        if (have - off < HDR + len) break;
+        int type = in[off];
+        const char *p = (const char *)in + off + HDR, *end = p + len;
+        if (type == S_RESUME && len == 16) {
+          /* the same bridge, back after the VMM was restarted */
+          resumed = shell > 0 && memcmp(p, token, 16) == 0;
+          off += HDR + len;
+          continue;
+        }
+        if (type == S_START && shell > 0) {
+          /* a new session on this port: whatever ran here before is over */
+          kill(-shell, SIGKILL);
+          kill_session_but(shell, 0, SIGKILL);
+        }
+        if (!resumed && type != S_START) { off += HDR + len; continue; }
+        if (type == S_START && len >= 21) {
+          memcpy(token, p, 16);
+          p += 16;
+          len -= 16;
+          resumed = 1;
+          if (shell > 0) {
+            /* reap the old shell, drop its pipes */
+            waitpid(shell, NULL, 0);
+            close_fd(&fin); close_fd(&fout); close_fd(&ferr); close_fd(&fstat_); close_fd(&master);
+            shell = 0;
+            exited = 0;
+          }
+          mode = (unsigned char)p[0];
+          const unsigned char *u = (const unsigned char *)p;
+          struct winsize ws = {.ws_col = (unsigned short)(u[1] | (u[2] << 8)), .ws_row = (unsigned short)(u[3] | (u[4] << 8))};
+          const char *q = p + 5;
+          const char *cwd = next_str(&q, end), *uid_s = next_str(&q, end), *gid_s = next_str(&q, end), *na = next_str(&q, end);
+          int nargs = na ? atoi(na) : 0;
+          char *argv[64] = {0}, *envp[512] = {0};
+          int ok = cwd && uid_s && gid_s && nargs > 0 && nargs < 63;
+          for (int i = 0; ok && i < nargs; i++) ok = (argv[i] = (char *)next_str(&q, end)) != NULL;
+          const char *ne = ok ? next_str(&q, end) : NULL;
+          int nenv = ne ? atoi(ne) : -1;
+          ok = ok && nenv >= 0 && nenv < 511;
+          for (int i = 0; ok && i < nenv; i++) ok = (envp[i] = (char *)next_str(&q, end)) != NULL;
+          if (!ok) fprintf(stderr, "warren-agent: malformed session start\n");
+          if (ok) {
+            int pi[2] = {-1, -1}, po[2] = {-1, -1}, pe[2] = {-1, -1}, ps[2] = {-1, -1};
+            int slave = -1;
+            if (mode == 1) {
+              master = open("/newroot/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+              int unlock = 0, n = -1;
+              if (master >= 0 && ioctl(master, TIOCSPTLCK, &unlock) == 0 && ioctl(master, TIOCGPTN, &n) == 0) {
+                char sp[64];
+                snprintf(sp, sizeof sp, "/newroot/dev/pts/%d", n);
+                slave = open(sp, O_RDWR | O_NOCTTY | O_CLOEXEC);
+                if (ws.ws_col && ws.ws_row) ioctl(master, TIOCSWINSZ, &ws);
+              }
+            } else if (pipe2(pi, O_CLOEXEC) || pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC) || pipe2(ps, O_CLOEXEC)) ok = 0;
+            pid_t pid = ok && (mode != 1 || slave >= 0) ? fork() : -1;
+            if (pid == 0) {
+              sigset_t none;
+              sigemptyset(&none);
+              sigprocmask(SIG_SETMASK, &none, NULL);
+              setsid();
+              /* into the root first: rootfd may be one of the fds (3) the dup2s below replace */
+              int rooted = fchdir(rootfd) == 0 && chroot(".") == 0;
+              if (mode == 1) { ioctl(slave, TIOCSCTTY, 0); dup2(slave, 0); dup2(slave, 1); dup2(slave, 2); }
+              else { dup2(pi[0], 0); dup2(po[1], 1); dup2(pe[1], 2); dup2(ps[1], 3); }
+              if (!rooted || (chdir(cwd) && chdir("/"))) { fprintf(stderr, "warren-agent: session root: %m\n"); _exit(127); }
+              if (setgroups(0, NULL) || setgid((gid_t)atol(gid_s)) || setuid((uid_t)atol(uid_s))) { fprintf(stderr, "warren-agent: session ids: %m\n"); _exit(127); }
+              environ = envp;
+              execvpe(argv[0], argv, envp);
+              fprintf(stderr, "warren-agent: session exec %s: %m\n", argv[0]);
+              _exit(127);
+            }
+            if (slave >= 0) close(slave);
+            if (mode != 1) {
+              close(pi[0]); close(po[1]); close(pe[1]); close(ps[1]);
+              fin = pi[1]; fout = po[0]; ferr = pe[0]; fstat_ = ps[0];
+              fcntl(fout, F_SETFL, O_NONBLOCK); fcntl(ferr, F_SETFL, O_NONBLOCK); fcntl(fstat_, F_SETFL, O_NONBLOCK);
+            } else if (master >= 0) {
+              fcntl(master, F_SETFL, O_NONBLOCK);
+            }
+            if (pid > 0) {
+              shell = pid;
+              unsigned char b[4];
+              put32(b, (uint32_t)pid);
+              send_frame(S_STARTED, 0, b, 4, NULL, 0);
+            } else {
+              fprintf(stderr, "warren-agent: session start failed (ok=%d mode=%d)\n", ok, mode);
+              unsigned char b[8] = {127, 0, 0, 0, 0, 0, 0, 0};
+              send_frame(S_EXIT, 0, b, 8, NULL, 0);
+            }
+          }
+        } else if (type == S_INPUT && shell > 0) {
+          int fd = mode == 1 ? master : fin;
+          if (len == 0 && mode != 1) close_fd(&fin);
+          size_t n = len;
+          while (fd >= 0 && n > 0) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0) { if (errno == EINTR) continue; if (errno == EAGAIN) { struct pollfd pw = {fd, POLLOUT, 0}; poll(&pw, 1, 100); continue; } break; }
+            p += w; n -= (size_t)w;
+          }
+        } else if (type == S_RESIZE && len == 4 && master >= 0) {
+          const unsigned char *u = (const unsigned char *)p;
+          struct winsize ws = {.ws_col = (unsigned short)(u[0] | (u[1] << 8)), .ws_row = (unsigned short)(u[2] | (u[3] << 8))};
+          ioctl(master, TIOCSWINSZ, &ws);
+        } else if (type == S_SIGNAL && len == 2 && shell > 0) {
+          int signo = (unsigned char)p[0], target = (unsigned char)p[1];
+          if (target == 0 || target == 3) kill(shell, signo);
+          else if (target == 1) {
+            if (mode == 1) { pid_t fg = master >= 0 ? tcgetpgrp(master) : -1; if (fg > 0) kill(-fg, signo); }
+            else kill_session_but(shell, shell, signo);
+          } else kill_session_but(shell, 0, signo);
+        }
+        off += HDR + len;
+      }
+      if (off > 0) { memmove(in, in + off, have - off); have -= off; }
+    }
+  }
+}
+
+static void start_session_servers(void) {
+  DIR *d = opendir("/sys/class/virtio-ports");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], name[64] = {0};
+    snprintf(path, sizeof path, "/sys/class/virtio-ports/%s/name", e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t n = read(fd, name, sizeof name - 1);
+    close(fd);
+    if (n <= 0 || strncmp(name, "warren.session.", 15) != 0) continue;
+    char dev[300];
+    snprintf(dev, sizeof dev, "/dev/%s", e->d_name);
+    if (fork() == 0) { session_server(dev); _exit(0); }
+  }
+  closedir(d);
+}
+
 int main(void) {
   const char *portname = getenv("WARREN_AGENT_PORT");
   if (!portname) portname = "/dev/vport0p1";
@@ -384,6 +658,7 @@ int main(void) {
   unsigned char *in = malloc(cap);
   size_t have = 0;
   int connected = 1;
+  start_session_servers();
   fprintf(stderr, "warren-agent: ready\n");
   for (;;) {
     struct pollfd fds[2 + 2 * MAX_PROCS];

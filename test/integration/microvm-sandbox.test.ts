@@ -20,6 +20,7 @@ const title = (s: string) => (skip === null ? s : `${s} (skipped: ${skip})`);
 
 let f: ShimFixture;
 let vm: SandboxInfo;
+let sessionId = '';
 const vmSpec = () => spec({ backend: 'microvm', memoryMb: 192, diskMb: 64, cpu: 1 });
 
 async function until(fn: () => Promise<boolean>, ms: number): Promise<boolean> {
@@ -109,6 +110,10 @@ it(title('pause saves the VM to disk and ends the VMM; any request resumes it wi
   t.true(await until(async () => Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout) > 1, 20_000));
   const before = Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout);
   const oldPid = f.shim.getSandbox(vm.id).pid!;
+  const sess = await f.shim.openSession(vm.id, { mode: 'command' });
+  sessionId = sess.info.id;
+  t.is((await sess.run('c1', 'export KEPT=42; cd /root', 30_000)).exitCode, 0);
+  sess.detach();
   const p = await f.shim.pauseSandbox(vm.id);
   t.is(p.state, 'paused');
   t.is(p.reclaim, 'snapshot');
@@ -125,6 +130,12 @@ it(title('pause saves the VM to disk and ends the VMM; any request resumes it wi
   t.true(after >= before);
   t.true(await until(async () => Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout) > after, 20_000), 'the background counter goes on counting');
   t.false(existsSync(join(f.dataDir, 'microvm', vm.id, 'snapshot')), 'the snapshot is removed once resumed');
+  const again = await f.shim.attachSession(vm.id, sessionId, 0);
+  const out: Buffer[] = [];
+  again.onOutput((o) => out.push(o.data));
+  t.is((await again.run('c2', 'echo "$KEPT $(pwd)"', 30_000)).exitCode, 0);
+  t.true(await until(async () => Buffer.concat(out).toString().includes('42 /root'), 5000), 'the shell session survived the pause with its state');
+  again.detach();
 });
 
 it(title('a restarted node re-adopts the running microVM'), async (t) => {
@@ -135,6 +146,27 @@ it(title('a restarted node re-adopts the running microVM'), async (t) => {
   t.is(f.shim.getSandbox(vm.id).state, 'running');
   t.is((await f.shim.readFile(vm.id, '/root/kept', 100)).toString(), 'kept\n');
   t.is((await f.shim.exec(vm.id, { cmd: 'echo again' })).stdout, 'again\n');
+  const sessions = await f.shim.listSessions(vm.id);
+  t.deepEqual(sessions.map((x) => x.id), [sessionId]);
+  const att = await f.shim.attachSession(vm.id, sessionId, sessions[0]!.outputOffset);
+  const out: Buffer[] = [];
+  att.onOutput((o) => out.push(o.data));
+  t.is((await att.run('c3', 'echo "$KEPT"', 30_000)).exitCode, 0);
+  t.true(await until(async () => Buffer.concat(out).toString() === '42\n', 5000), 'the session is re-attached after the restart');
+  await att.close();
+});
+
+it(title('pack of a microVM produces a layer a container sandbox starts from'), async (t) => {
+  await f.shim.exec(vm.id, { cmd: 'mkdir -p /work/pkg && echo packed > /work/pkg/f && rm /bin/cpio' });
+  const packed = await f.shim.packSandbox(vm.id, { name: `vmpack-${process.pid}` }, 'test');
+  t.true(packed.diffEntries >= 2);
+  const box = await f.shim.createSandbox(spec({ image: packed.image.name }));
+  try {
+    const r = await f.shim.exec(box.id, { cmd: 'cat /work/pkg/f; test -e /bin/cpio && echo still-there; true' });
+    t.is(r.stdout, 'packed\n', 'the file is there and the deleted one is a whiteout');
+  } finally {
+    await f.shim.deleteSandbox(box.id);
+  }
 });
 
 it(title('delete leaves no VMM, socket, disk, snapshot or cgroup'), async (t) => {

@@ -21,6 +21,8 @@ export const AgentType = {
   KIND: 9,
   SHUTDOWN: 10,
   PING: 11,
+  /** The writable layer as a tar stream on the channel's stdout (a fixed command the guest runs outside the sandbox root). */
+  EXPORT: 12,
   // guest -> host
   HELLO: 0x81,
   OUT: 0x82,

@@ -24,6 +24,7 @@ import { native } from '../../../native';
 import { profile as policyProfile, profileForOwner } from '../../../security/confinement';
 import { BoundedCollector } from '../../output';
 import { parsePasswd, resolveUserWith, type SandboxUser } from '../../users';
+import { checkConfined, indexTarFile } from '../../layers/tar';
 import type {
   Backend,
   BackendSandbox,
@@ -41,10 +42,12 @@ import type {
   SandboxRecord,
   SandboxSpec,
   SandboxStats,
+  SessionsFacet,
+  ExportFacet,
 } from '../../types';
 import { AgentClient } from './agent-client';
 import { AgentType, MAX_AGENT_PAYLOAD, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
-import { findGuestKernel, guestInitramfs } from './guest';
+import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
 import { Qmp } from './qmp';
 import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
 
@@ -61,6 +64,8 @@ const VMM_OVERHEAD_MB = 160;
 const MAX_LAYERS = 20;
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 const STREAM_BUFFER_LIMIT = 16 * MIB;
+/** Shell sessions a microVM can have open at once (one virtio port each). */
+export const SESSION_SLOTS = 4;
 
 export interface MicroVMRuntime {
   [key: string]: unknown;
@@ -105,10 +110,10 @@ export class MicroVMBackend implements Backend {
   get facets(): Record<FacetName, FacetStatus> {
     return {
       files: { offered: true, how: 'through the guest agent, resolved inside the guest root (openat2 RESOLVE_IN_ROOT)' },
-      sessions: { offered: false, reason: 'shell sessions are not yet bridged into microVMs' },
+      sessions: { offered: true, how: `warren-session holder running warren-vmshell, bridged to one of ${SESSION_SLOTS} virtio session ports` },
       freeze: { offered: true, how: 'the VM (memory and devices) is saved to disk and the VMM ends; resume restores it' },
       snapshot: { offered: false, reason: 'pause already writes the whole VM to disk and ends the VMM; hibernate is pause here' },
-      export: { offered: false, reason: 'the writable layer is an ext4 disk inside the guest; pack of microVMs is not implemented yet' },
+      export: { offered: true, how: "tar of the guest's overlay upper dir (whiteouts kept, opaque-dir xattrs not), checked and unpacked on the host" },
       network: { offered: false, reason: 'microVM networking (tap on the node bridge with host-side egress policy) is not implemented yet' },
     };
   }
@@ -144,7 +149,7 @@ export class MicroVMBackend implements Backend {
       cgroup = true;
       pid = await this.launch(id, runtime, spec.priority === 'idle');
       const box = new MicroVMSandbox(id, spec, runtime, this);
-      await box.connect(this.opts.bootTimeoutMs ?? 90_000);
+      await box.connect(this.opts.bootTimeoutMs ?? 180_000);
       return box;
     } catch (err) {
       const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
@@ -177,8 +182,7 @@ export class MicroVMBackend implements Backend {
     const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`].join(' ');
     const agentSocket = join(runtime.runDir, 'agent.sock');
     const qmpSocket = join(runtime.runDir, 'qmp.sock');
-    await rm(agentSocket, { force: true });
-    await rm(qmpSocket, { force: true });
+    for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
     const launch: VmLaunch = {
       id,
       accel: runtime.accel,
@@ -189,6 +193,7 @@ export class MicroVMBackend implements Backend {
       memoryMb: runtime.guestMb,
       disks: [{ id: 'rw', file: join(runtime.dir, 'disk.img'), readOnly: false, serial: 'rw' }, ...runtime.layerFiles.map((f, i) => ({ id: `l${i}`, file: f, readOnly: true, serial: `l${i}` }))],
       agentSocket,
+      sessionSockets: Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`)),
       qmpSocket,
       logFile: join(runtime.dir, 'vmm.log'),
       ...(incoming !== undefined ? { incoming } : {}),
@@ -321,6 +326,8 @@ export class MicroVMSandbox implements BackendSandbox {
   private watchedPid = 0;
   readonly files: FilesFacet;
   readonly freeze: FreezeFacet;
+  readonly sessions: SessionsFacet;
+  readonly export: ExportFacet;
 
   constructor(
     readonly id: string,
@@ -337,6 +344,102 @@ export class MicroVMSandbox implements BackendSandbox {
       pause: () => this.suspend(),
       resume: () => this.restore(),
     };
+    this.sessions = {
+      shellCommand: async (o) => {
+        this.client();
+        const user = await this.user(o.user);
+        const hasBash = await this.files.kind('/bin/bash').then((k) => k === 'file', () => false);
+        const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
+        if (o.mode === 'pty') shell.push('-i');
+        const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, HOSTNAME: this.id, LANG: 'C.UTF-8', TERM: o.mode === 'pty' ? 'xterm-256color' : 'dumb', ...this.spec.env, ...o.env };
+        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid)];
+        for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
+        argv.push('--', ...shell);
+        return { argv };
+      },
+      // Holders and their bridges are counted with (and killed with) the VMM.
+      // (see exportUpper below for the export facet)
+      holderStarted: (pid) => native.cgroupAttach(this.id, pid),
+    };
+    this.export = { exportUpper: (dest) => this.exportUpper(dest) };
+  }
+
+  /**
+   * pack: the guest streams its upper dir as a tar (bounded by the disk size),
+   * the host checks every entry (no escapes; only files, dirs, links and 0/0
+   * whiteouts) and unpacks it into `dest`. The guest keeps running meanwhile.
+   */
+  private async exportUpper(dest: string): Promise<{ frozenMs: number }> {
+    const client = this.client();
+    const tarFile = `${dest}.tar`;
+    const limit = (this.spec.diskMb ?? 2048) * MIB + 64 * MIB;
+    const out = openSync(tarFile, 'wx', 0o600);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        let size = 0;
+        let failed: Error | null = null;
+        let eof = false;
+        let exit: { code: number | null; sig: number | null } | null = null;
+        const done = () => {
+          if (!eof || exit === null) return;
+          client.releaseChannel(chan);
+          clearTimeout(timer);
+          if (failed) reject(failed);
+          else if (exit.code !== 0) reject(new WarrenError('INTERNAL', `exporting the writable layer failed in the guest (exit ${exit.code ?? `signal ${exit.sig}`})`));
+          else resolve();
+        };
+        const chan = client.open({
+          frame: (f) => {
+            if (f.type === AgentType.ERR) {
+              client.releaseChannel(chan);
+              clearTimeout(timer);
+              return reject(new WarrenError('INTERNAL', 'the guest could not start the export'));
+            }
+            if (f.type === AgentType.OUT && f.payload.length >= 1 && f.payload[0] === 1) {
+              if (f.payload.length === 1) {
+                eof = true;
+                return done();
+              }
+              size += f.payload.length - 1;
+              if (size > limit) {
+                failed ??= new WarrenError('PAYLOAD_TOO_LARGE', `the guest's export is larger than its disk (${limit} bytes)`);
+                client.send(encodeFrame(AgentType.KILL, chan, Buffer.from([SIGKILL])));
+                return;
+              }
+              if (failed === null) require('node:fs').writeSync(out, f.payload, 1);
+            } else if (f.type === AgentType.EXIT && f.payload.length === 8) {
+              exit = { code: f.payload.readUInt32LE(4) ? null : f.payload.readUInt32LE(0), sig: f.payload.readUInt32LE(4) || null };
+              if (!eof) setTimeout(() => ((eof = true), done()), 200);
+              done();
+            }
+          },
+          fail: (err) => {
+            clearTimeout(timer);
+            reject(err);
+          },
+        });
+        const timer = setTimeout(() => {
+          client.releaseChannel(chan);
+          reject(new WarrenError('TIMEOUT', 'exporting the writable layer took longer than 600 s'));
+        }, 600_000);
+        client.send(encodeFrame(AgentType.EXPORT, chan));
+      });
+    } finally {
+      closeSync(out);
+    }
+    try {
+      const entries = indexTarFile(tarFile);
+      checkConfined(entries, 'confined');
+      for (const e of entries) {
+        const ok = e.type === 'file' || e.type === 'dir' || e.type === 'symlink' || e.type === 'hardlink' || (e.type === 'char' && e.devmajor === 0 && e.devminor === 0);
+        if (!ok) throw new WarrenError('INVALID_ARCHIVE', `the guest's writable layer has an entry the host will not unpack: ${JSON.stringify(e.path.slice(0, 200))} (${e.type})`);
+      }
+      mkdirSync(dest, { mode: 0o755 });
+      await run('tar', ['-x', '-p', '--same-owner', '--numeric-owner', '--no-overwrite-dir', '-f', tarFile, '-C', dest], { timeout: 600_000, maxBuffer: 1 << 20 });
+    } finally {
+      await rm(tarFile, { force: true });
+    }
+    return { frozenMs: 0 };
   }
 
   get pid(): number | undefined {

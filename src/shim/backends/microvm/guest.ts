@@ -55,6 +55,11 @@ export function agentBinary(): string {
   return join(dir, 'warren-agent');
 }
 
+/** The host end of microVM shell sessions (native/guest-agent/vmshell.c). */
+export function vmshellBinary(): string {
+  return join(dirname(agentBinary()), 'warren-vmshell');
+}
+
 function busyboxBinary(): string | null {
   for (const p of ['/bin/busybox', '/usr/bin/busybox']) if (existsSync(p)) return p;
   return null;
@@ -157,6 +162,10 @@ export function guestInitramfs(kernel: GuestKernel): string {
     const cpio = execFileSync('cpio', ['--quiet', '-o', '-H', 'newc', '--owner', '0:0'], { cwd: tmp, input: files, maxBuffer: 256 << 20 });
     writeFileSync(`${out}.tmp`, cpio);
     renameSync(`${out}.tmp`, out);
+    // Older builds (other inputs) are not used again; microVMs already running keep their open copy.
+    for (const name of readdirSync(GUEST_CACHE)) {
+      if (name.startsWith('initrd-') && join(GUEST_CACHE, name) !== out) rmSync(join(GUEST_CACHE, name), { force: true });
+    }
     return out;
   } finally {
     rmSync(tmp, { recursive: true, force: true });

@@ -26,6 +26,8 @@ export interface VmLaunch {
   memoryMb: number;
   disks: VmDisk[];
   agentSocket: string;
+  /** One virtio port per shell-session slot ("warren.session.N"), served at these sockets. */
+  sessionSockets: string[];
   qmpSocket: string;
   /** Restore from this snapshot file instead of booting. */
   incoming?: string;
@@ -57,6 +59,9 @@ export const qemuMicrovm: VmmDriver = {
       '-m', `${l.memoryMb}M`,
       '-smp', String(l.vcpus),
       '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+      // QEMU's own seccomp filter: no obsolete syscalls, no privilege changes, no resource-control
+      // syscalls; spawning stays allowed because pause saves the VM through `exec:cat`.
+      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=allow,resourcecontrol=deny',
       '-kernel', optPath(l.kernel),
       '-initrd', optPath(l.initrd),
       '-append', l.cmdline,
@@ -72,6 +77,7 @@ export const qemuMicrovm: VmmDriver = {
       '-device', 'virtio-serial-device,id=vser0',
       '-chardev', `socket,id=agent,path=${optPath(l.agentSocket)},server=on,wait=off`,
       '-device', 'virtserialport,bus=vser0.0,chardev=agent,name=warren.agent',
+      ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
       '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
     );
     if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
