@@ -37,6 +37,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The unprivileged user jailed microVM monitors drop to (src/shim/backends/microvm/vmm.ts).
+id warren-vmm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin warren-vmm
+
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "setup: npm ci" >&2
   npm ci --no-audit --no-fund --loglevel=error

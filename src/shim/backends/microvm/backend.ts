@@ -13,9 +13,9 @@
  *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
  */
 import { execFile } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
+import { chownSync, closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
 import { rm, truncate } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../../errors';
@@ -98,6 +98,8 @@ export class MicroVMBackend implements Backend {
   private readonly driver: VmmDriver;
   private readonly dir: string;
   private readonly runRoot: string;
+  /** Empty directory the jail mounts its scratch tmpfs on (outside the run root it hides). */
+  private readonly stash: string;
 
   constructor(private readonly opts: MicroVMOptions) {
     this.driver = opts.driver ?? qemuMicrovm;
@@ -105,6 +107,8 @@ export class MicroVMBackend implements Backend {
     this.runRoot = opts.runRoot ?? '/run/warren/vm';
     mkdirSync(this.dir, { recursive: true, mode: 0o700 });
     mkdirSync(this.runRoot, { recursive: true, mode: 0o700 });
+    this.stash = opts.runRoot === undefined ? '/run/warren-vm-jail' : `${this.runRoot}-jail`;
+    mkdirSync(this.stash, { recursive: true, mode: 0o700 });
   }
 
   get facets(): Record<FacetName, FacetStatus> {
@@ -140,11 +144,15 @@ export class MicroVMBackend implements Backend {
     try {
       mkdirSync(dir, { mode: 0o700 });
       mkdirSync(runDir, { mode: 0o700 });
+      // QEMU runs as the unprivileged VMM user after start-up: the snapshot it writes goes in `dir`.
+      const user = vmmUserIds();
+      if (user !== null) chownSync(dir, user.uid, user.gid);
       const disk = join(dir, 'disk.img');
       closeSync(openSync(disk, 'wx', 0o600));
       await truncate(disk, diskMb * MIB);
       // An empty filesystem made here (never mounted on the host): the guest owns what goes in it.
       await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0', disk], { timeout: 60_000 });
+      if (user !== null) chownSync(disk, user.uid, user.gid);
       native.cgroupCreate(id, this.limits(spec));
       cgroup = true;
       pid = await this.launch(id, runtime, spec.priority === 'idle');
@@ -153,12 +161,13 @@ export class MicroVMBackend implements Backend {
       return box;
     } catch (err) {
       const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const vmmLog = readTail(join(dir, 'vmm.log'));
       if (pid > 0) await killAndWait(pid);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
       await rm(runDir, { recursive: true, force: true }).catch(() => undefined);
       if (err instanceof WarrenError && (err.code === 'TIMEOUT' || err.code === 'UNAVAILABLE')) {
-        throw new WarrenError('SPAWN_ERROR', `microVM ${id} did not come up: ${err.message}${tail ? `; guest console: ${tail}` : ''}`, { console: tail });
+        throw new WarrenError('SPAWN_ERROR', `microVM ${id} did not come up: ${err.message}${tail ? `; guest console: ${tail}` : ''}${vmmLog ? `; VMM: ${vmmLog}` : ''}`, { console: tail, vmm: vmmLog });
       }
       throw err;
     }
@@ -191,12 +200,14 @@ export class MicroVMBackend implements Backend {
       cmdline,
       vcpus: runtime.vcpus,
       memoryMb: runtime.guestMb,
-      disks: [{ id: 'rw', file: join(runtime.dir, 'disk.img'), readOnly: false, serial: 'rw' }, ...runtime.layerFiles.map((f, i) => ({ id: `l${i}`, file: f, readOnly: true, serial: `l${i}` }))],
+      // the VMM re-opens its writable disk by path after dropping to the VMM user: give it the path it can traverse
+      disks: [{ id: 'rw', file: this.inJail(join(runtime.dir, 'disk.img')), readOnly: false, serial: 'rw' }, ...runtime.layerFiles.map((f, i) => ({ id: `l${i}`, file: f, readOnly: true, serial: `l${i}` }))],
       agentSocket,
       sessionSockets: Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`)),
       qmpSocket,
       logFile: join(runtime.dir, 'vmm.log'),
-      ...(incoming !== undefined ? { incoming } : {}),
+      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: this.runRoot, dataRoot: this.dir, stash: this.stash, user: vmmUser() },
+      ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
     };
     const log = openSync(launch.logFile, 'a', 0o600);
     let proc;
@@ -216,6 +227,11 @@ export class MicroVMBackend implements Backend {
     runtime.startTime = native.processStartTime(proc.pid);
     proc.release();
     return proc.pid;
+  }
+
+  /** A file of the sandbox's data dir as the (jailed, unprivileged) VMM sees it. */
+  inJail(file: string): string {
+    return vmmUser() === null ? file : join(this.stash, 'data', basename(file));
   }
 
   async adopt(record: SandboxRecord): Promise<MicroVMSandbox | null> {
@@ -246,6 +262,25 @@ export class MicroVMBackend implements Backend {
     await rm(join(this.runRoot, id), { recursive: true, force: true });
     if (r?.dir) await rm(r.dir, { recursive: true, force: true });
   }
+}
+
+/** The unprivileged user QEMU drops to (scripts/setup.sh creates it); null when absent. */
+export function vmmUser(): string | null {
+  return vmmUserIds() === null ? null : VMM_USER;
+}
+
+const VMM_USER = 'warren-vmm';
+let vmmIds: { uid: number; gid: number } | null | undefined;
+function vmmUserIds(): { uid: number; gid: number } | null {
+  if (vmmIds !== undefined) return vmmIds;
+  try {
+    const line = require('node:fs').readFileSync('/etc/passwd', 'utf8').split('\n').find((l: string) => l.startsWith(`${VMM_USER}:`)) as string | undefined;
+    const f = line?.split(':');
+    vmmIds = f && f.length >= 4 ? { uid: Number(f[2]), gid: Number(f[3]) } : null;
+  } catch {
+    vmmIds = null;
+  }
+  return vmmIds;
 }
 
 async function killAndWait(pid: number): Promise<void> {
@@ -294,6 +329,16 @@ async function destroyCgroup(id: string): Promise<void> {
       }
     } else if (Date.now() > deadline) throw new WarrenError('CGROUP_ERROR', `cgroup ${id} still has ${remaining} processes after SIGKILL`);
     await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** The last bytes of a host-written log (QEMU's stderr), printable only. */
+function readTail(path: string): string {
+  try {
+    const text = require('node:fs').readFileSync(path, 'utf8') as string;
+    return text.slice(-1000).replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-5).join(' | ');
+  } catch {
+    return '';
   }
 }
 
@@ -704,7 +749,7 @@ export class MicroVMSandbox implements BackendSandbox {
     const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'));
     try {
       await q.execute('stop');
-      await q.execute('migrate', { uri: `exec:cat > ${file}` });
+      await q.execute('migrate', { uri: `exec:cat > ${this.backend.inJail(file)}` });
       const deadline = Date.now() + 300_000;
       for (;;) {
         const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };

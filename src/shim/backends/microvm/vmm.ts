@@ -32,6 +32,29 @@ export interface VmLaunch {
   /** Restore from this snapshot file instead of booting. */
   incoming?: string;
   logFile: string;
+  /** Confine the VMM (see spawnVmm); absent: it runs as root in the host's namespaces. */
+  jail?: VmJail;
+}
+
+/**
+ * How the VMM is confined, like Firecracker's jailer: its own mount, pid,
+ * network, ipc and uts namespaces (a fresh /proc: no host processes), every
+ * other sandbox's run dir and data dir hidden under empty tmpfs (only its
+ * own are bound back), and QEMU drops to an unprivileged user once it has
+ * opened its disks (`-runas`), on top of its seccomp filter.
+ */
+export interface VmJail {
+  /** Its own run dir and data dir (bound back over the hidden parents). */
+  runDir: string;
+  dataDir: string;
+  /** Parents hidden by empty tmpfs: the run root (all sockets) and the microVM data root. */
+  runRoot: string;
+  dataRoot: string;
+  /** Mount point outside both, with traversable parents (created by the caller): the VMM reaches its
+   *  own data dir as <stash>/data once it runs unprivileged (the real parents may be root-only). */
+  stash: string;
+  /** Unprivileged user QEMU runs as after start-up (null: stays root). */
+  user: string | null;
 }
 
 export interface VmmDriver {
@@ -59,9 +82,11 @@ export const qemuMicrovm: VmmDriver = {
       '-m', `${l.memoryMb}M`,
       '-smp', String(l.vcpus),
       '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
-      // QEMU's own seccomp filter: no obsolete syscalls, no privilege changes, no resource-control
-      // syscalls; spawning stays allowed because pause saves the VM through `exec:cat`.
-      '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=allow,resourcecontrol=deny',
+      // QEMU's own seccomp filter: no obsolete syscalls, no resource-control syscalls; spawning stays
+      // allowed because pause saves the VM through `exec:cat`. QEMU 7.2 installs the filter before
+      // `-runas` drops to the VMM user, so set*id stays allowed when it drops (once unprivileged it
+      // cannot gain anything back); without the drop they are denied.
+      '-sandbox', `on,obsolete=deny,elevateprivileges=${l.jail?.user ? 'allow' : 'deny'},spawn=allow,resourcecontrol=deny`,
       '-kernel', optPath(l.kernel),
       '-initrd', optPath(l.initrd),
       '-append', l.cmdline,
@@ -70,7 +95,10 @@ export const qemuMicrovm: VmmDriver = {
       '-serial', 'chardev:con',
     ];
     for (const d of l.disks) {
-      args.push('-drive', `id=${d.id},file=${optPath(d.file)},format=raw,if=none${d.readOnly ? ',readonly=on' : ',discard=unmap'}`);
+      // No image locking: QEMU re-opens images by path to change lock modes (at the end of a migration),
+      // which the unprivileged, jailed VMM cannot do for the root-only layer store. Each VM has its own
+      // writable disk and the layers are read-only, so there is nothing for the locks to protect.
+      args.push('-drive', `id=${d.id},file=${optPath(d.file)},format=raw,if=none,file.locking=off${d.readOnly ? ',readonly=on' : ',discard=unmap'}`);
       args.push('-device', `virtio-blk-device,drive=${d.id},serial=${d.serial}`);
     }
     args.push(
@@ -81,6 +109,7 @@ export const qemuMicrovm: VmmDriver = {
       '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
     );
     if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
+    if (l.jail?.user) args.push('-runas', l.jail.user);
     return { bin: 'qemu-system-x86_64', args };
   },
 };
@@ -95,6 +124,25 @@ export const firecracker: VmmDriver = {
     throw new WarrenError('NOT_SUPPORTED', `firecracker: ${feature('firecracker').reason}`);
   },
 };
+
+/** Runs inside the new namespaces, before QEMU: hide everything but this VM's own dirs. */
+function jailScript(j: VmJail): string {
+  for (const p of [j.runDir, j.dataDir, j.runRoot, j.dataRoot, j.stash]) shellWord(p);
+  return [
+    'set -e',
+    'mount --make-rprivate /',
+    // the stash stays: its path (under /run, traversable) is how the unprivileged VMM reaches its own dir
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.stash}`,
+    `mkdir ${j.stash}/run ${j.stash}/data`,
+    `mount --bind ${j.runDir} ${j.stash}/run`,
+    `mount --bind ${j.dataDir} ${j.stash}/data`,
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.runRoot}`,
+    `mkdir -p ${j.runDir} && mount --bind ${j.stash}/run ${j.runDir}`,
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.dataRoot}`,
+    `mkdir -p ${j.dataDir} && mount --bind ${j.stash}/data ${j.dataDir}`,
+    'exec "$@"',
+  ].join('\n');
+}
 
 function shellWord(p: string): string {
   if (!/^[A-Za-z0-9_./-]+$/.test(p)) throw new WarrenError('INVALID_ARGUMENT', `snapshot path ${JSON.stringify(p)} has characters a shell would interpret`);
@@ -115,7 +163,8 @@ export interface VmmProcess {
  */
 export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProcess {
   const { bin, args } = driver.command(l);
-  const child = spawn('/bin/sh', ['-c', 'read -r _ || exit 1; exec "$@"', 'warren-vmm', bin, ...args], {
+  const argv = l.jail ? ['unshare', '--mount', '--ipc', '--uts', '--net', '--pid', '--fork', '--kill-child', '--mount-proc', '/bin/sh', '-c', jailScript(l.jail), 'warren-jail', bin, ...args] : [bin, ...args];
+  const child = spawn('/bin/sh', ['-c', 'read -r _ || exit 1; exec "$@"', 'warren-vmm', ...argv], {
     detached: true,
     stdio: ['pipe', 'ignore', logFd],
   });
