@@ -15,7 +15,7 @@
 import { execFile } from 'node:child_process';
 import { chownSync, closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
 import { rm, truncate } from 'node:fs/promises';
-import { basename, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../../errors';
@@ -206,7 +206,7 @@ export class MicroVMBackend implements Backend {
       sessionSockets: Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`)),
       qmpSocket,
       logFile: join(runtime.dir, 'vmm.log'),
-      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: this.runRoot, dataRoot: this.dir, stash: this.stash, user: vmmUser() },
+      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: runtime.layerFiles, stash: this.stash, user: vmmUser() },
       ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
     };
     const log = openSync(launch.logFile, 'a', 0o600);

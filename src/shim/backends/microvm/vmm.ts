@@ -5,6 +5,7 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { feature } from '../../../features';
 
@@ -47,9 +48,12 @@ export interface VmJail {
   /** Its own run dir and data dir (bound back over the hidden parents). */
   runDir: string;
   dataDir: string;
-  /** Parents hidden by empty tmpfs: the run root (all sockets) and the microVM data root. */
+  /** Hidden by empty tmpfs: the node's run dir (every sandbox's sockets, session holders) and its
+   *  data dir (registry, other sandboxes' disks); only its own dirs and its layer files come back. */
   runRoot: string;
   dataRoot: string;
+  /** Read-only files (the layers) bound back at their own paths. */
+  files: string[];
   /** Mount point outside both, with traversable parents (created by the caller): the VMM reaches its
    *  own data dir as <stash>/data once it runs unprivileged (the real parents may be root-only). */
   stash: string;
@@ -127,7 +131,7 @@ export const firecracker: VmmDriver = {
 
 /** Runs inside the new namespaces, before QEMU: hide everything but this VM's own dirs. */
 function jailScript(j: VmJail): string {
-  for (const p of [j.runDir, j.dataDir, j.runRoot, j.dataRoot, j.stash]) shellWord(p);
+  for (const p of [j.runDir, j.dataDir, j.runRoot, j.dataRoot, j.stash, ...j.files]) shellWord(p);
   return [
     'set -e',
     'mount --make-rprivate /',
@@ -136,10 +140,12 @@ function jailScript(j: VmJail): string {
     `mkdir ${j.stash}/run ${j.stash}/data`,
     `mount --bind ${j.runDir} ${j.stash}/run`,
     `mount --bind ${j.dataDir} ${j.stash}/data`,
+    ...j.files.flatMap((f, i) => [`touch ${j.stash}/f${i}`, `mount --bind ${f} ${j.stash}/f${i}`]),
     `mount -t tmpfs -o mode=0755 warren-jail ${j.runRoot}`,
     `mkdir -p ${j.runDir} && mount --bind ${j.stash}/run ${j.runDir}`,
     `mount -t tmpfs -o mode=0755 warren-jail ${j.dataRoot}`,
     `mkdir -p ${j.dataDir} && mount --bind ${j.stash}/data ${j.dataDir}`,
+    ...j.files.flatMap((f, i) => [`mkdir -p ${dirname(f)} && touch ${f} && mount --bind ${j.stash}/f${i} ${f}`]),
     'exec "$@"',
   ].join('\n');
 }
