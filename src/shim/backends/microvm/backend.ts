@@ -13,7 +13,7 @@
  *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
  */
 import { execFile } from 'node:child_process';
-import { chownSync, closeSync, existsSync, mkdirSync, openSync, statSync } from 'node:fs';
+import { chownSync, closeSync, existsSync, mkdirSync, openSync, readdirSync, statSync } from 'node:fs';
 import { rm, truncate } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { PassThrough } from 'node:stream';
@@ -255,6 +255,18 @@ export class MicroVMBackend implements Backend {
     return box;
   }
 
+  leftovers(known: ReadonlySet<string>, prefix: string): string[] {
+    const found = new Set<string>();
+    for (const dir of [this.dir, this.runRoot]) {
+      try {
+        for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
+      } catch {
+        /* not there yet */
+      }
+    }
+    return [...found].filter((id) => !known.has(id));
+  }
+
   async cleanup(id: string, record?: SandboxRecord): Promise<void> {
     const r = record?.runtime as Partial<MicroVMRuntime> | undefined;
     if (native.cgroupExists(id)) await destroyCgroup(id);
@@ -406,7 +418,14 @@ export class MicroVMSandbox implements BackendSandbox {
       // (see exportUpper below for the export facet)
       holderStarted: (pid) => native.cgroupAttach(this.id, pid),
     };
-    this.export = { exportUpper: (dest) => this.exportUpper(dest) };
+    this.export = {
+      // The guest's upper dir cannot be measured from the host: its disk bounds it (apparent size; allocated blocks of the image).
+      measureUpper: async () => {
+        const st = statSync(join(this.runtime.dir, 'disk.img'));
+        return { bytes: st.blocks * 512, allocated: st.blocks * 512 };
+      },
+      exportUpper: (dest) => this.exportUpper(dest),
+    };
   }
 
   /**
