@@ -4,6 +4,7 @@
  * NOT_SUPPORTED when a request names it). The node holds backends by name
  * through this registry and never constructs one itself.
  */
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { WarrenError } from '../../errors';
 import { containerBackendStatus, microvmBackendStatus } from '../../features';
@@ -31,6 +32,7 @@ export class BackendRegistry {
   static build(opts: BackendRegistryOptions): BackendRegistry {
     const entries = new Map<BackendName, Entry>();
     const container = containerBackendStatus();
+    if (container.available) mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
     entries.set('container', {
       backend: container.available ? new ContainerBackend(join(opts.dataDir, 'sandboxes'), undefined, opts.network) : null,
       status: container,
