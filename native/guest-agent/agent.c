@@ -619,6 +619,21 @@ static void session_server(const char *portpath) {
   }
 }
 
+/* Session servers by port; one killed (kill -9 -1 in the guest reaches them) is started again. */
+#define MAX_SESSION_PORTS 16
+static struct { pid_t pid; char dev[300]; } servers[MAX_SESSION_PORTS];
+static int nservers;
+
+static void spawn_server(int i) {
+  pid_t pid = fork();
+  if (pid == 0) { session_server(servers[i].dev); _exit(0); }
+  servers[i].pid = pid;
+}
+
+static void respawn_server(pid_t dead) {
+  for (int i = 0; i < nservers; i++) if (servers[i].pid == dead) spawn_server(i);
+}
+
 static void start_session_servers(void) {
   DIR *d = opendir("/sys/class/virtio-ports");
   if (!d) return;
@@ -632,9 +647,9 @@ static void start_session_servers(void) {
     ssize_t n = read(fd, name, sizeof name - 1);
     close(fd);
     if (n <= 0 || strncmp(name, "warren.session.", 15) != 0) continue;
-    char dev[300];
-    snprintf(dev, sizeof dev, "/dev/%s", e->d_name);
-    if (fork() == 0) { session_server(dev); _exit(0); }
+    if (nservers >= MAX_SESSION_PORTS) break;
+    snprintf(servers[nservers].dev, sizeof servers[nservers].dev, "/dev/%s", e->d_name);
+    spawn_server(nservers++);
   }
   closedir(d);
 }
@@ -681,6 +696,7 @@ int main(void) {
       int st;
       pid_t pid;
       while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        respawn_server(pid);
         for (int i = 0; i < MAX_PROCS; i++) {
           if (procs[i].pid != pid) continue;
           unsigned char b[8];
