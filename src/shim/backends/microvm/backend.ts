@@ -295,22 +295,53 @@ function vmmUserIds(): { uid: number; gid: number } | null {
   return vmmIds;
 }
 
+/** SIGKILL the VMM and everything under it (the jail's QEMU, its migration shell) and wait until all are gone. */
 async function killAndWait(pid: number): Promise<void> {
-  try {
-    process.kill(pid, SIGKILL);
-  } catch {
-    return;
+  const pids = [...descendants(pid), pid];
+  for (const p of pids) {
+    try {
+      process.kill(p, SIGKILL);
+    } catch {
+      /* gone */
+    }
   }
   const deadline = Date.now() + 5000;
-  while (Date.now() < deadline) {
+  const alive = (p: number) => {
     try {
-      process.kill(pid, 0);
+      process.kill(p, 0);
     } catch {
-      return;
+      return false;
     }
-    if (readState(pid) === 'Z') return;
-    await new Promise((r) => setTimeout(r, 10));
+    return readState(p) !== 'Z' && readState(p) !== null;
+  };
+  while (Date.now() < deadline && pids.some(alive)) await new Promise((r) => setTimeout(r, 10));
+}
+
+function descendants(pid: number, depth = 0): number[] {
+  if (depth > 8) return [];
+  try {
+    const kids = (require('node:fs').readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8') as string).trim().split(/\s+/).filter(Boolean).map(Number);
+    return kids.flatMap((k) => [...descendants(k, depth + 1), k]);
+  } catch {
+    return [];
   }
+}
+
+/** Resident bytes of a process and its descendants. */
+function treeRss(pid: number): number {
+  const fs = require('node:fs') as typeof import('node:fs');
+  let total = 0;
+  const visit = (p: number, depth: number): void => {
+    if (depth > 8) return;
+    try {
+      total += Number(/^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${p}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+      for (const c of fs.readFileSync(`/proc/${p}/task/${p}/children`, 'utf8').trim().split(/\s+/).filter(Boolean)) visit(Number(c), depth + 1);
+    } catch {
+      /* gone */
+    }
+  };
+  visit(pid, 0);
+  return total;
 }
 
 function readState(pid: number): string | null {
@@ -786,16 +817,20 @@ export class MicroVMSandbox implements BackendSandbox {
     this.suspended = true;
     this.agent?.close();
     this.agent = null;
+    // What ending the VMM gives back: the resident memory of its processes (guest RAM, TCG cache, QEMU).
+    const vmmRss = treeRss(this.runtime.vmmPid);
     await killAndWait(this.runtime.vmmPid);
     // The snapshot's page cache was charged to the sandbox's cgroup (QEMU's `cat` wrote it): flush it to disk and drop it.
-    await run('dd', ['if=/dev/null', `of=${file}`, 'oflag=nocache', 'conv=notrunc,fdatasync', 'count=0'], { timeout: 120_000 }).catch(() => undefined);
+    for (const f of [file, join(this.runtime.dir, 'disk.img')]) {
+      await run('dd', ['if=/dev/null', `of=${f}`, 'oflag=nocache', 'conv=notrunc,fdatasync', 'count=0'], { timeout: 120_000 }).catch(() => undefined);
+    }
     this.runtime.snapshot = file;
     const after = native.cgroupStats(this.id).memoryCurrentBytes;
     const written = statSync(file).size;
     return {
       memoryBeforeBytes: before,
       memoryAfterBytes: after,
-      releasedBytes: Math.max(0, before - after),
+      releasedBytes: Math.max(vmmRss, before - after),
       swapBytes: null,
       reclaim: 'snapshot',
       writtenBytes: written,
