@@ -524,7 +524,17 @@ export class MicroVMSandbox implements BackendSandbox {
     }
     try {
       const entries = indexTarFile(tarFile);
-      checkConfined(entries, 'confined');
+      // a root filesystem: symlinks are data (relative to the sandbox root), entries below them are refused
+      checkConfined(entries, 'in-root');
+      // ... and the host's tar would follow a link the archive made: nothing may lie below one
+      const norm = (p: string) => p.replace(/^(\.\/)+/, '').replace(/\/+$/, '');
+      const links = new Set(entries.filter((e) => e.type === 'symlink').map((e) => norm(e.path)));
+      for (const e of entries) {
+        const parts = norm(e.path).split('/');
+        for (let i = 1; i < parts.length; i++) {
+          if (links.has(parts.slice(0, i).join('/'))) throw new WarrenError('INVALID_ARCHIVE', `the guest's writable layer has an entry below a symbolic link: ${JSON.stringify(e.path.slice(0, 200))}`);
+        }
+      }
       for (const e of entries) {
         const ok = e.type === 'file' || e.type === 'dir' || e.type === 'symlink' || e.type === 'hardlink' || (e.type === 'char' && e.devmajor === 0 && e.devminor === 0);
         if (!ok) throw new WarrenError('INVALID_ARCHIVE', `the guest's writable layer has an entry the host will not unpack: ${JSON.stringify(e.path.slice(0, 200))} (${e.type})`);
