@@ -19,6 +19,11 @@ APT_PACKAGES=(
   python3-httpx python3-websockets              # the Python SDK (python/)
   python3-pytest                                # its tests (scripts/test.sh)
   python3-setuptools python3-mypy               # pip install ./python offline; lint type-checks it
+  # microvm backend: QEMU (microvm machine), and Debian's cloud kernel as the guest kernel. Installing
+  # the kernel also pulls initramfs-tools, kmod and linux-base, writes /boot/{vmlinuz,initrd.img,config,
+  # System.map}-*-cloud-amd64 and the /vmlinuz and /initrd.img links (no bootloader is installed or
+  # touched), and may upgrade the systemd packages (see docs/microvm.md).
+  qemu-system-x86 qemu-utils linux-image-cloud-amd64 kmod cpio e2fsprogs
 )
 
 missing=()
@@ -31,6 +36,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The unprivileged user jailed microVM monitors drop to (src/shim/backends/microvm/vmm.ts).
+id warren-vmm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin warren-vmm
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "setup: npm ci" >&2

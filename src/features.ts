@@ -8,8 +8,8 @@ import { existsSync, readFileSync, readdirSync, statfsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import os from 'node:os';
 import { join } from 'node:path';
-import type { BackendName, FeatureReport } from './shim/types';
-import { WarrenError, notSupported } from './errors';
+import { BACKEND_NAMES, type BackendName, type FeatureReport } from './shim/types';
+import { notSupported } from './errors';
 
 export type FeatureName =
   | 'native-helper'
@@ -33,7 +33,10 @@ export type FeatureName =
   | 'zram'
   | 'criu'
   | 'kvm'
+  | 'kvm-hardware'
   | 'qemu'
+  | 'microvm-guest'
+  | 'firecracker'
   | 'runc'
   | 'debootstrap'
   | 'mkfs-erofs'
@@ -215,6 +218,29 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
     }
   },
   kvm: () => (existsSync('/dev/kvm') ? yes() : no('/dev/kvm is absent', 'microVMs run under QEMU TCG (slow)')),
+  // /dev/kvm alone is not enough: a host that is itself a PVM guest has KVM without VT-x/AMD-V,
+  // which runs only PVM-enabled guest kernels and emulates any other (~50x slower than TCG).
+  'kvm-hardware': () => {
+    if (!existsSync('/dev/kvm')) return no('/dev/kvm is absent', 'microVMs run under QEMU TCG');
+    const flags = /^flags\s*:(.*)$/m.exec(readText('/proc/cpuinfo') ?? '')?.[1] ?? '';
+    const hw = /\b(vmx|svm)\b/.test(flags);
+    const vendor = existsSync('/sys/module/kvm_intel') || existsSync('/sys/module/kvm_amd');
+    if (hw && vendor) return yes('microVMs run under KVM');
+    const pvm = existsSync('/sys/module/kvm_pvm') ? ' (KVM here is PVM)' : '';
+    return no(`/dev/kvm has no VT-x/AMD-V behind it${pvm}: only PVM-enabled guest kernels run at speed, a stock kernel is emulated`, 'microVMs run under QEMU TCG');
+  },
+  'microvm-guest': () => {
+    const { findGuestKernel, agentBinary } = require('./shim/backends/microvm/guest') as typeof import('./shim/backends/microvm/guest');
+    const k = findGuestKernel();
+    if (k === null) return no('no guest kernel (/boot/vmlinuz-*-cloud-amd64 with its modules; scripts/setup.sh installs linux-image-cloud-amd64)', 'the microvm backend is unavailable');
+    if (!existsSync(agentBinary())) return no(`the guest agent is not built (${agentBinary()})`, 'the microvm backend is unavailable');
+    if (!hasBinary('modprobe') || !hasBinary('cpio') || !hasBinary('mkfs.ext4')) return no('modprobe, cpio or mkfs.ext4 missing (kmod, cpio, e2fsprogs)', 'the microvm backend is unavailable');
+    return yes(`kernel ${k.release}`);
+  },
+  firecracker: () =>
+    hasBinary('firecracker')
+      ? no('firecracker is installed, but it has no virtio-serial and the guest agent speaks only virtio-serial', 'microVMs use QEMU')
+      : no('firecracker is not installed (Debian 12 has no package)', 'microVMs use QEMU microvm'),
   qemu: () => (hasBinary('qemu-system-x86_64') ? yes() : no('qemu-system-x86 is not installed', 'microvm and vm backends are unavailable')),
   runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
   debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
@@ -294,14 +320,34 @@ export function containerBackendStatus(): { available: boolean; reason?: string 
   return { available: true };
 }
 
+/** The accelerator microVMs use here and why. */
+export function microvmAccelerator(): { accel: 'kvm' | 'tcg'; why: string } {
+  const forced = process.env.WARREN_MICROVM_ACCEL;
+  if (forced === 'tcg') return { accel: 'tcg', why: 'WARREN_MICROVM_ACCEL=tcg' };
+  const kvm = feature('kvm-hardware');
+  return kvm.supported ? { accel: 'kvm', why: 'hardware virtualization' } : { accel: 'tcg', why: kvm.reason ?? 'no KVM' };
+}
+
+export function microvmBackendStatus(): { available: boolean; reason?: string; accelerator?: string } {
+  for (const n of ['qemu', 'microvm-guest', 'native-helper'] as const) {
+    const s = feature(n);
+    if (!s.supported) return { available: false, reason: `${n}: ${s.reason}` };
+  }
+  const a = microvmAccelerator();
+  const fc = feature('firecracker');
+  return { available: true, reason: `QEMU microvm, ${feature('microvm-guest').action}; Firecracker: ${fc.reason}`, accelerator: `${a.accel} (${a.why})` };
+}
+
 function backendStatus(backend: BackendName): { available: boolean; reason?: string } {
   if (backend === 'container') return containerBackendStatus();
-  if (backend === 'fncall') {
-    const c = containerBackendStatus();
-    // FnCall runs in warm containers and is reached through /v1/functions, not POST /v1/sandboxes.
-    return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code' } : c;
-  }
+  if (backend === 'microvm') return microvmBackendStatus();
   return { available: false, reason: `${backend} backend is not implemented in this build` };
+}
+
+/** FnCall pools run on the container backend and are reached through /v1/functions, not POST /v1/sandboxes. */
+export function functionsStatus(): { available: boolean; reason?: string } {
+  const c = containerBackendStatus();
+  return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code (container backend)' } : c;
 }
 
 export function featureReport(nodeId: string): FeatureReport {
@@ -314,13 +360,14 @@ export function featureReport(nodeId: string): FeatureReport {
       : readdirSync('/sys/fs/cgroup').filter((d) => !['unified', 'systemd'].includes(d) && !d.includes(','));
   const bpf = feature('cgroup2-bpf-hierarchy');
   const backends = {} as Record<BackendName, { available: boolean; reason?: string }>;
-  for (const b of ['container', 'fncall', 'microvm', 'vm'] as const) backends[b] = backendStatus(b);
+  for (const b of BACKEND_NAMES) backends[b] = backendStatus(b);
   return {
     node: nodeId,
     kernel: os.release(),
     cgroup: { version, controllers, bpfHierarchy: bpf.supported ? (bpf.action ?? null) : null },
     features,
     backends,
+    functions: functionsStatus(),
     enforcer: activeEnforcer().description,
   };
 }
@@ -339,11 +386,4 @@ export function activeEnforcer(): { lsm: 'apparmor' | 'landlock' | 'apparmor+lan
   const parts = [aa ? 'apparmor' : null, ll ? `landlock (ABI ${abi})` : null, sc ? 'seccomp' : null].filter((x) => x !== null);
   const description = `${parts.length ? parts.join(' + ') : 'none'}; namespaces+capabilities+no_new_privs`;
   return { lsm, seccomp: sc, landlockAbi: abi, description };
-}
-
-export function assertBackendAvailable(backend: BackendName): void {
-  const status = backendStatus(backend);
-  if (!status.available) {
-    throw new WarrenError('NOT_SUPPORTED', `backend "${backend}" is not available on this node: ${status.reason}`, { backend });
-  }
 }

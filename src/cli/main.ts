@@ -577,8 +577,8 @@ async function cmdDoctor(args: string[], io: Io): Promise<number> {
       }));
       io.out(formatTable(rows, ['FEATURE', 'SUPPORTED', 'REASON', 'WHAT WARREN DOES']));
       io.out('\n');
-      const backends = Object.entries(report.backends).map(([name, b]) => ({ BACKEND: name, AVAILABLE: b.available ? 'yes' : 'no', REASON: b.reason ?? '' }));
-      io.out(formatTable(backends, ['BACKEND', 'AVAILABLE', 'REASON']));
+      const backends = Object.entries(report.backends).map(([name, b]) => ({ BACKEND: name, AVAILABLE: b.available ? 'yes' : 'no', ACCELERATOR: b.accelerator ?? '', REASON: b.reason ?? '' }));
+      io.out(formatTable(backends, ['BACKEND', 'AVAILABLE', 'ACCELERATOR', 'REASON']));
     }
     return report.backends.container?.available ? 0 : 1;
   } finally {

@@ -14,6 +14,7 @@
  * - NOT_SUPPORTED       backends this node does not offer
  */
 import { WarrenError } from '../errors';
+import { BACKEND_NAMES } from '../shim/types';
 import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from '../shim/types';
 
 // ---------------------------------------------------------------- limits
@@ -269,7 +270,7 @@ export const CREATE_FIELDS = [
   'onIdle', 'network', 'priority', 'user', 'env', 'labels',
 ] as const;
 
-const BACKENDS: readonly BackendName[] = ['container', 'fncall', 'microvm', 'vm'];
+const BACKENDS: readonly BackendName[] = BACKEND_NAMES;
 
 export interface CreateContext {
   owner: string;
@@ -286,6 +287,9 @@ export function validateCreateRequest(body: unknown, ctx: CreateContext): Sandbo
   let backend: BackendName = 'container';
   if (b.backend !== undefined) {
     const v = expectString(b.backend, 'backend');
+    if (v === 'fncall') {
+      throw new WarrenError('NOT_SUPPORTED', 'fncall is not a sandbox backend: invoke a function pool through /v1/functions/:pool/invoke (or POST /run_code)', { field: 'backend', backend: v });
+    }
     if (!BACKENDS.includes(v as BackendName)) throw invalid('backend', `must be one of ${BACKENDS.join(', ')} (got ${describe(v)})`);
     backend = v as BackendName;
   }

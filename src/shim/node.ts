@@ -3,30 +3,32 @@
  * the Shim contract the gateway calls.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { closeSync, fstatSync, readSync, writeSync, mkdirSync, readdirSync, lstatSync, readFileSync, existsSync } from 'node:fs';
+import { mkdirSync, readFileSync, existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join, posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
 import { WarrenError } from '../errors';
-import { assertBackendAvailable, featureReport } from '../features';
-import { confineForSandbox, nsexecConfineArgs, onPolicyApplied, policyStore } from '../security/confinement';
-import { native, helperBinary, bpfObject } from '../native';
+import { featureReport } from '../features';
+import { onPolicyApplied, policyStore } from '../security/confinement';
+import { native, bpfObject } from '../native';
 import { inSpan, instruments } from '../telemetry';
-import { ContainerBackend, ContainerSandbox, DEFAULT_PATH } from './backends/container';
 import { ContentAccess, type Principal } from './access';
+import { facet, requireOffered } from './backends/facets';
+import { BackendRegistry } from './backends/registry';
 import { LayerStore } from './layers/store';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
-import { resolveUser } from './users';
 // FnCall warm pools (issue 3): a separate addition, see docs/fncall.md.
 import { FnCallManager } from './fncall/manager';
 import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
 import type {
+  Backend,
+  BackendSandbox,
   EnvironmentInfo,
   ExecRequest,
   ExecResult,
@@ -103,7 +105,8 @@ export class ShimNode implements Shim {
   readonly functions: FnCallManager;
   /** The one check of who may use which image, environment or layer (access.ts). */
   readonly access: ContentAccess;
-  private readonly container: ContainerBackend;
+  /** Every backend by name (src/shim/backends/registry.ts); disabled ones answer NOT_SUPPORTED. */
+  readonly backends: BackendRegistry;
   private readonly sandboxes = new Map<string, LiveSandbox>();
   private readonly sessionsDir: string;
   private readonly log: (line: string) => void;
@@ -132,7 +135,7 @@ export class ShimNode implements Shim {
           ...opts.network,
         })
       : null;
-    this.container = new ContainerBackend(join(opts.dataDir, 'sandboxes'), undefined, this.network);
+    this.backends = BackendRegistry.build({ dataDir: opts.dataDir, network: this.network, log: this.log });
     // Unix socket paths are limited to 108 bytes: keep session sockets under a short, data-dir specific run dir.
     this.sessionsDir = join('/run/warren', createHash('sha256').update(opts.dataDir).digest('hex').slice(0, 10));
     mkdirSync(this.sessionsDir, { recursive: true, mode: 0o700 });
@@ -154,9 +157,12 @@ export class ShimNode implements Shim {
       saveLifecycle: (id, lifecycle) => this.registry.setLifecycle(id, lifecycle),
       stop: (id, reason) => this.stopSandbox(id, reason),
       delete: (id) => this.deleteSandbox(id),
-      adopt: async (live) => {
-        const box = await this.container.adopt(live.record);
-        if (box) this.watchEnd(live, box);
+      backend: (live) => this.backendOf(live.record),
+      restore: async (live, checkpoint) => {
+        const backend = this.backendOf(live.record);
+        if (backend.restore === undefined) throw new WarrenError('NOT_SUPPORTED', `the ${backend.name} backend cannot restore checkpoints`);
+        const box = await backend.restore(live.record, checkpoint, live.record.layers.map((d) => this.layers.mountPath(d)));
+        this.watchEnd(live, box);
         return box;
       },
       openSessions: async (id) => {
@@ -191,7 +197,7 @@ export class ShimNode implements Shim {
       if (record.state === 'creating') {
         // the client never got an answer for it: nothing of it is kept
         this.log(`sandbox ${record.id}: its create was interrupted; removing what it made`);
-        await this.container.cleanup(record.id, record);
+        if (this.backends.has(record.spec.backend)) await this.backendOf(record).cleanup(record.id, record);
         this.registry.remove(record.id);
         continue;
       }
@@ -207,10 +213,11 @@ export class ShimNode implements Shim {
         this.lifecycle.adopted(record);
         continue;
       }
-      const box = await this.container.adopt(record);
+      const backend = this.backends.has(record.spec.backend) ? this.backendOf(record) : null;
+      const box = backend === null ? null : await backend.adopt(record);
       if (box === null) {
-        this.log(`sandbox ${record.id}: gone while the gateway was down; cleaning up`);
-        await this.container.cleanup(record.id, record);
+        this.log(`sandbox ${record.id}: gone while the gateway was down${backend === null ? ` (backend ${record.spec.backend} is not available here)` : ''}; cleaning up`);
+        if (backend !== null) await backend.cleanup(record.id, record);
         this.registry.update(record.id, 'stopped', record.runtime);
         this.sandboxes.set(record.id, { record: { ...record, state: 'stopped' }, box: null, state: 'stopped' });
         this.lifecycle.adopted({ ...record, state: 'stopped' });
@@ -223,19 +230,26 @@ export class ShimNode implements Shim {
       this.sandboxes.set(record.id, live);
       this.lifecycle.adopted(record);
       this.watchEnd(live, box);
-      this.log(`sandbox ${record.id}: re-adopted (pid ${box.pid})`);
+      this.log(`sandbox ${record.id}: re-adopted (${record.spec.backend}, pid ${box.pid ?? '-'})`);
     }
     // A sandbox of this node's that has no record (a crash between making a resource and
     // recording it) is removed with its cgroups, mounts and links, so no kill -9 leaks them.
     const known = new Set(this.sandboxes.keys());
     const prefix = `${this.nodeId}-`;
-    for (const id of this.container.leftovers(known, prefix)) {
-      this.log(`sandbox ${id}: left on the host without a record; removing it`);
-      await this.container.cleanup(id).catch((err: Error) => this.log(`sandbox ${id}: cleanup failed: ${err.message}`));
+    for (const backend of this.backends.all()) {
+      for (const id of backend.leftovers?.(known, prefix) ?? []) {
+        this.log(`sandbox ${id}: left on the host without a record; removing it (${backend.name})`);
+        await backend.cleanup(id).catch((err: Error) => this.log(`sandbox ${id}: cleanup failed: ${err.message}`));
+      }
     }
   }
 
-  private watchEnd(live: LiveSandbox, box: ContainerSandbox): void {
+  /** The backend a sandbox record runs on (NOT_SUPPORTED when it is disabled on this node). */
+  private backendOf(record: SandboxRecord): Backend {
+    return this.backends.get(record.spec.backend);
+  }
+
+  private watchEnd(live: LiveSandbox, box: BackendSandbox): void {
     void box.ended.then(async () => {
       if (live.state === 'deleting' || live.state === 'stopped' || live.state === 'hibernated' || live.box !== box || !this.sandboxes.has(live.record.id)) return;
       this.log(`sandbox ${live.record.id}: pid 1 ended unexpectedly`);
@@ -249,7 +263,7 @@ export class ShimNode implements Shim {
   }
 
   features(): FeatureReport {
-    return featureReport(this.nodeId);
+    return { ...featureReport(this.nodeId), backends: this.backends.status() };
   }
 
   private info(live: LiveSandbox): SandboxInfo {
@@ -267,7 +281,7 @@ export class ShimNode implements Shim {
       priority: record.spec.priority,
       labels: record.spec.labels,
     };
-    if (live.box) info.pid = live.box.pid;
+    if (live.box && live.box.pid !== undefined) info.pid = live.box.pid;
     const lifecycle = this.lifecycle.info(record.id);
     if (lifecycle) info.lifecycle = lifecycle;
     const net = record.runtime.network as SandboxNetworkRuntime | undefined;
@@ -282,13 +296,13 @@ export class ShimNode implements Shim {
   }
 
   /** For requests: resume a paused or hibernated sandbox first (transparently), note the activity, and return it. */
-  private async awake(id: string): Promise<ContainerSandbox> {
+  private async awake(id: string): Promise<BackendSandbox> {
     await this.lifecycle.ensureAwake(id);
     this.lifecycle.touch(id);
     return this.running(id);
   }
 
-  private running(id: string): ContainerSandbox {
+  private running(id: string): BackendSandbox {
     const live = this.live(id);
     if (live.state !== 'running' || live.box === null) {
       throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${live.state}`);
@@ -297,10 +311,7 @@ export class ShimNode implements Shim {
   }
 
   async createSandbox(spec: SandboxSpec, principal: Principal = { account: spec.owner, unpublished: 'all' }): Promise<SandboxInfo> {
-    assertBackendAvailable(spec.backend);
-    if (spec.backend !== 'container') {
-      throw new WarrenError('NOT_SUPPORTED', `"${spec.backend}" sandboxes are not created through /v1/sandboxes${spec.backend === 'fncall' ? '; invoke a pool through /v1/functions/:pool/invoke' : ''}`, { backend: spec.backend });
-    }
+    const backend = this.backends.get(spec.backend);
     const started = performance.now();
     const id = newSandboxId(this.nodeId);
     // issue 4: the request's services, or the account's default; none at all = loopback only
@@ -308,8 +319,14 @@ export class ShimNode implements Shim {
       throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
     })();
     spec = { ...spec };
-    if (services === null) delete spec.network;
-    else spec.network = services;
+    if (services !== null && spec.network === undefined && !backend.facets.network.offered) {
+      // The account's default services do not apply to a backend without network: it runs loopback-only.
+      delete spec.network;
+    } else if (services === null) delete spec.network;
+    else {
+      requireOffered(backend, 'network');
+      spec.network = services;
+    }
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
       // and every reference goes through the one authorisation check.
@@ -325,9 +342,9 @@ export class ShimNode implements Shim {
       // Written before anything exists in the kernel: a node killed in the middle of this create
       // finds the record when it starts again and removes what was made (adoptSurvivors).
       this.registry.insert(record);
-      let box: ContainerSandbox;
+      let box: BackendSandbox;
       try {
-        box = await inSpan('warren.sandbox.create.spawn', {}, () => this.container.create(id, spec, layers));
+        box = await inSpan('warren.sandbox.create.spawn', { 'warren.backend': backend.name }, () => backend.create(id, spec, layers));
       } catch (err) {
         this.layers.release(digests);
         this.registry.remove(id);
@@ -341,7 +358,7 @@ export class ShimNode implements Shim {
       this.sandboxes.set(id, live);
       this.lifecycle.track(id);
       this.watchEnd(live, box);
-      span.setAttribute('warren.sandbox.pid', box.pid);
+      if (box.pid !== undefined) span.setAttribute('warren.sandbox.pid', box.pid);
       this.metrics.createLatency.record(performance.now() - started, { backend: spec.backend });
       return this.info(live);
     });
@@ -383,7 +400,7 @@ export class ShimNode implements Shim {
       if (live.box) {
         await live.box.destroy();
       } else {
-        await this.container.cleanup(id, live.record);
+        await this.backendOf(live.record).cleanup(id, live.record);
       }
       if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
       this.registry.remove(id);
@@ -403,7 +420,7 @@ export class ShimNode implements Shim {
     this.registry.update(id, 'stopped', live.record.runtime);
     await this.closeSessions(id).catch(() => undefined);
     if (live.box) await live.box.destroy();
-    else await this.container.cleanup(id, live.record);
+    else await this.backendOf(live.record).cleanup(id, live.record);
     live.box = null;
     if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
   }
@@ -436,65 +453,32 @@ export class ShimNode implements Shim {
     }
   }
 
-  // ---- files: every path is resolved inside the sandbox's root (native openInRoot), with the
-  // sandbox user's uid/gid: the API can read and write what an exec as that user could, no more ----
+  // ---- files: the backend's files facet (confined to the sandbox's root; for containers with the
+  // sandbox user's uid/gid: the API can read and write what an exec as that user could, no more) ----
+
+  private async filesOf(id: string) {
+    const box = await this.awake(id);
+    return facet(this.backendOf(this.live(id).record), box, 'files');
+  }
 
   async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
-    const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds());
-    try {
-      const st = fstatSync(fd);
-      if (!st.isFile()) throw new WarrenError('INVALID_ARGUMENT', `${path} is not a regular file`);
-      if (st.size > maxBytes) throw new WarrenError('PAYLOAD_TOO_LARGE', `${path} is ${st.size} bytes; the limit is ${maxBytes}`);
-      const buf = Buffer.alloc(Math.min(st.size, maxBytes) + 1);
-      let size = 0;
-      while (size < buf.length) {
-        const n = readSync(fd, buf, size, buf.length - size, null);
-        if (n === 0) break;
-        size += n;
-      }
-      if (size > maxBytes) throw new WarrenError('PAYLOAD_TOO_LARGE', `${path} grew past the limit of ${maxBytes} bytes`);
-      return buf.subarray(0, size);
-    } finally {
-      closeSync(fd);
-    }
+    return (await this.filesOf(id)).readFile(path, maxBytes);
   }
 
   async writeFile(id: string, path: string, data: Buffer, mode = 0o644): Promise<void> {
-    const box = await this.awake(id);
-    const parent = posix.dirname(path);
-    const creds = box.fileCreds();
-    if (parent !== '/') native.mkdirInRoot(box.rootPath(), parent, 0o755, true, creds);
-    const fd = native.openInRoot(box.rootPath(), path, 'w', mode, creds);
-    try {
-      let off = 0;
-      while (off < data.length) off += writeSync(fd, data, off, data.length - off);
-    } finally {
-      closeSync(fd);
-    }
+    return (await this.filesOf(id)).writeFile(path, data, mode);
   }
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
-    const box = await this.awake(id);
-    const fd = native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds());
-    try {
-      // /proc/self/fd/N is the directory we already opened safely; entries are lstat'ed one component deep.
-      const base = `/proc/self/fd/${fd}`;
-      return readdirSync(base).map((name) => {
-        const st = lstatSync(`${base}/${name}`);
-        const type: FileEntry['type'] = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
-        return { name, type, size: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString() };
-      });
-    } finally {
-      closeSync(fd);
-    }
+    return (await this.filesOf(id)).listDir(path);
   }
 
   async uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
-    const box = await this.awake(id);
+    const files = await this.filesOf(id);
+    const box = this.running(id);
     assertTarConfined(tar);
     const entries = scanTar(tar).length;
-    native.mkdirInRoot(box.rootPath(), dir, 0o755, true, box.fileCreds());
+    await files.mkdirs(dir, 0o755);
     // Extraction runs inside the sandbox: its own root bounds what tar can touch.
     const proc = await box.execStream({ cmd: ['tar', '-x', '-f', '-', '-C', dir], timeoutMs: 300_000 });
     const stderr: Buffer[] = [];
@@ -510,14 +494,10 @@ export class ShimNode implements Shim {
   }
 
   async downloadTar(id: string, path: string): Promise<Readable> {
-    const box = await this.awake(id);
+    const files = await this.filesOf(id);
+    const box = this.running(id);
     // Fail early with a proper 404 (or PATH_ESCAPE) instead of an empty archive.
-    try {
-      closeSync(native.openInRoot(box.rootPath(), path, 'dir', 0, box.fileCreds()));
-    } catch (err) {
-      if (err instanceof WarrenError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PATH_ESCAPE' || err.code === 'FORBIDDEN')) throw err;
-      closeSync(native.openInRoot(box.rootPath(), path, 'r', 0, box.fileCreds()));
-    }
+    await files.kind(path);
     const proc = await box.execStream({ cmd: ['tar', '-c', '-f', '-', '-C', posix.dirname(path), posix.basename(path) || '.'], timeoutMs: 300_000 });
     proc.stdin.end();
     proc.stderr.resume();
@@ -532,29 +512,11 @@ export class ShimNode implements Shim {
 
   async openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment> {
     const box = await this.awake(id);
-    const root = box.rootPath();
-    const user = resolveUser(root, opts.user ?? this.live(id).record.spec.user);
-    const hasBash = existsSync(`${root}/bin/bash`) || existsSync(`${root}/usr/bin/bash`);
-    const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
-    if (opts.mode === 'pty') shell.push('-i');
-    const env: Record<string, string> = {
-      PATH: DEFAULT_PATH,
-      HOME: user.home,
-      USER: user.name,
-      HOSTNAME: id,
-      LANG: 'C.UTF-8',
-      TERM: opts.mode === 'pty' ? 'xterm-256color' : 'dumb',
-      ...this.live(id).record.spec.env,
-      ...opts.env,
-    };
-    const argv = [helperBinary('warren-nsexec'), '--pid', String(box.pid), '--cgroup', id, '--uid', String(user.uid), '--gid', String(user.gid), '--cwd', opts.cwd ?? user.home];
-    if (this.live(id).record.spec.priority === 'idle') argv.push('--sched-idle');
-    argv.push(...nsexecConfineArgs(confineForSandbox(id))); // issue 5: the shell is confined like every exec
-    for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
-    argv.push('--', ...shell);
+    const sessions = facet(this.backendOf(this.live(id).record), box, 'sessions');
+    const sessionId = `s-${randomBytes(10).toString('hex')}`;
+    const { argv, ptmxPath } = await sessions.shellCommand({ mode: opts.mode, user: opts.user, cwd: opts.cwd, env: opts.env ?? {}, sessionId });
     const dir = this.sandboxSessionsDir(id);
     mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const sessionId = `s-${randomBytes(10).toString('hex')}`;
     const socketPath = join(dir, `${sessionId}.sock`);
     const holder = await spawnHolder({
       socketPath,
@@ -563,14 +525,13 @@ export class ShimNode implements Shim {
       bufferBytes: this.opts.sessionBufferBytes ?? SESSION_BUFFER_BYTES,
       cols: opts.cols,
       rows: opts.rows,
-      ptmxPath: opts.mode === 'pty' ? `${root}/dev/pts/ptmx` : undefined,
+      ptmxPath,
       info: { sandboxId: id, sessionId },
     });
-    // The holder joins the sandbox's cgroup: deleting the sandbox kills it with everything else.
     try {
-      native.cgroupAttach(id, holder.pid);
+      sessions.holderStarted(holder.pid);
     } catch (err) {
-      this.log(`session ${sessionId}: could not move holder ${holder.pid} into the sandbox cgroup: ${(err as Error).message}`);
+      this.log(`session ${sessionId}: could not count holder ${holder.pid} with the sandbox: ${(err as Error).message}`);
     }
     return this.tracked(id, await attachHolder(socketPath, 0));
   }

@@ -7,7 +7,13 @@ import type { Principal } from './access';
 
 export type { Principal } from './access';
 
-export type BackendName = 'container' | 'fncall' | 'microvm' | 'vm';
+/**
+ * Kinds of sandbox a client can create. FnCall pools are not one of them: they
+ * are a consumer of the container backend (src/shim/fncall), reached through
+ * /v1/functions, and reported as `functions` in the feature report.
+ */
+export type BackendName = 'container' | 'microvm' | 'vm';
+export const BACKEND_NAMES: readonly BackendName[] = ['container', 'microvm', 'vm'];
 export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopped' | 'failed' | 'deleting';
 export type Priority = 'normal' | 'idle';
 
@@ -68,7 +74,9 @@ export interface PauseResult {
   memoryAfterBytes: number;
   releasedBytes: number;
   swapBytes: number | null;
-  reclaim: 'memory.reclaim' | 'limit' | 'none' | 'criu';
+  reclaim: 'memory.reclaim' | 'limit' | 'none' | 'criu' | 'snapshot';
+  /** Bytes written to disk (snapshot-style pause of a microVM). */
+  writtenBytes?: number;
   note?: string;
   durationMs: number;
 }
@@ -179,27 +187,141 @@ export interface FileEntry {
   mtime: string;
 }
 
-/** Every backend implements this; test/conformance runs one suite against each. */
+/**
+ * What can differ between backends is a facet: each backend offers it or
+ * refuses it with a reason (answered as NOT_SUPPORTED). Lifecycle, files,
+ * sessions, pack and network go through these, never through cgroups, CRIU or
+ * nsexec directly.
+ *
+ * - files:    confined file access to the sandbox's root
+ * - sessions: the command a session holder runs to reach a shell in the sandbox
+ * - freeze:   pause that keeps the sandbox's processes and gives memory back
+ *             (container: freezer + reclaim; microVM: snapshot to disk + end the VMM)
+ * - snapshot: checkpoint the whole sandbox to disk and restore it later (hibernate)
+ * - export:   copy of the writable layer as an overlay upper dir (pack)
+ * - network:  attach to the node network with per-service egress
+ */
+export type FacetName = 'files' | 'sessions' | 'freeze' | 'snapshot' | 'export' | 'network';
+export const FACET_NAMES: readonly FacetName[] = ['files', 'sessions', 'freeze', 'snapshot', 'export', 'network'];
+
+export type FacetStatus = { offered: true; how: string } | { offered: false; reason: string };
+
+/** Every backend implements this; test/conformance runs one suite (a block per facet) against each. */
 export interface Backend {
   readonly name: BackendName;
+  /** Which facets this backend offers; sandboxes carry the implementations of the offered ones. */
+  readonly facets: Record<FacetName, FacetStatus>;
   create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<BackendSandbox>;
   /** Re-attach to a sandbox that survived a gateway restart; null when it is gone. */
   adopt(record: SandboxRecord): Promise<BackendSandbox | null>;
+  /** Remove whatever a dead or half-created sandbox left behind (idempotent). */
+  cleanup(id: string, record?: SandboxRecord): Promise<void>;
+  /** Ids with this node's `prefix` that the backend finds on the host but that are not in `known` (a crash between making and recording). */
+  leftovers?(known: ReadonlySet<string>, prefix: string): string[];
+  /** snapshot facet: bring a checkpointed sandbox back (its record's runtime is updated). */
+  restore?(record: SandboxRecord, checkpoint: CheckpointRef, lowerPaths: string[]): Promise<BackendSandbox>;
+}
+
+export interface SandboxStats {
+  memoryCurrentBytes: number;
+  memoryPeakBytes: number;
+  oomKills: number;
+  cpuUsageUs: number;
+  pidsCurrent: number;
 }
 
 export interface BackendSandbox {
   readonly id: string;
   /** What must be persisted to adopt this sandbox after a restart. */
   readonly runtime: Record<string, unknown>;
+  /** A host pid standing for the sandbox (container pid 1, the VMM), shown to admins only; absent while it has none. */
+  readonly pid: number | undefined;
   exec(req: ExecRequest): Promise<ExecResult>;
   execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
-  /** Host path through which the sandbox's root can be reached (for confined file access). */
-  rootPath(): string;
   stats(): Promise<SandboxStats>;
   /** Kill everything and release every resource. Idempotent. */
   destroy(): Promise<void>;
-  /** Resolves when the sandbox's pid 1 is gone (crash, kill -9 1, ...). */
+  /** Resolves when the sandbox ended by itself (pid 1 gone, VMM gone). */
   readonly ended: Promise<void>;
+  // facets: present exactly when the backend's `facets` table offers them
+  readonly files?: FilesFacet;
+  readonly sessions?: SessionsFacet;
+  readonly freeze?: FreezeFacet;
+  readonly snapshot?: SnapshotFacet;
+  readonly export?: ExportFacet;
+}
+
+/** Confined file access: every path is resolved inside the sandbox's root; escapes are PATH_ESCAPE. */
+export interface FilesFacet {
+  readFile(path: string, maxBytes: number): Promise<Buffer>;
+  writeFile(path: string, data: Buffer, mode: number): Promise<void>;
+  listDir(path: string): Promise<FileEntry[]>;
+  /** mkdir -p inside the root. */
+  mkdirs(path: string, mode: number): Promise<void>;
+  /** What `path` is (FILE_NOT_FOUND / PATH_ESCAPE when it does not resolve inside the root). */
+  kind(path: string): Promise<'file' | 'dir' | 'other'>;
+}
+
+/** How a session holder (src/shim/sessions) reaches a shell in the sandbox. */
+export interface SessionsFacet {
+  shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<{ argv: string[]; ptmxPath?: string }>;
+  /** The holder runs (pid on the host): count it with the sandbox (container: join its cgroup). */
+  holderStarted(pid: number): void;
+}
+
+export interface PauseReportCore {
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  releasedBytes: number;
+  swapBytes: number | null;
+  reclaim: PauseResult['reclaim'];
+  note?: string;
+  durationMs: number;
+  /** Bytes written to disk by the pause (snapshot-style pause), when any. */
+  writtenBytes?: number;
+  /** Backend state to keep until resume (persisted with the sandbox's lifecycle). */
+  keep?: Record<string, unknown>;
+}
+
+/** Pause keeping the sandbox's processes (and sessions) and giving memory back. */
+export interface FreezeFacet {
+  pause(limitBytes: number): Promise<PauseReportCore>;
+  resume(limitBytes: number, kept: Record<string, unknown> | undefined): Promise<void>;
+}
+
+export interface CheckpointRef {
+  dir: string;
+}
+
+/** Checkpoint the whole sandbox to disk (the sandbox object is over after it; Backend.restore brings it back). */
+export interface SnapshotFacet {
+  checkpoint(): Promise<CheckpointRef>;
+}
+
+/**
+ * Sandboxes that are host process trees (pid 1 on the host, a cgroup named by
+ * the sandbox id, the root reachable through /proc). FnCall's verified reset
+ * between invocations works on exactly these, so pools take a backend of this
+ * kind rather than any Backend.
+ */
+export interface HostProcessSandbox extends BackendSandbox {
+  readonly pid: number;
+  /** Host path through which the sandbox's root can be reached. */
+  rootPath(): string;
+  /** Host path of the overlay upper dir (the writable layer). */
+  upperDir(): string;
+}
+
+export interface HostProcessBackend extends Backend {
+  create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<HostProcessSandbox>;
+}
+
+/** The writable layer as an overlay upper dir (whiteouts, opaque dirs), for pack. */
+export interface ExportFacet {
+  /** Apparent and allocated bytes of the writable layer (for the pack budget, before any copy). */
+  measureUpper(): Promise<{ bytes: number; allocated: number }>;
+  /** Copy the upper dir into `dest` (which must not exist); `frozen`: the sandbox is already paused. */
+  exportUpper(dest: string, frozen: boolean): Promise<{ frozenMs: number }>;
 }
 
 /** Counters of a sandbox's cgroup. */
@@ -243,6 +365,8 @@ export interface ResolvedLayer {
   digest: string;
   /** Mounted EROFS directory, shared by all sandboxes on this node. */
   path: string;
+  /** The EROFS image file itself (attached read-only to microVMs). */
+  file?: string;
 }
 
 export interface ImageInfo {
@@ -319,12 +443,22 @@ export interface ImportProgress {
   fraction?: number;
 }
 
+export interface BackendStatus {
+  available: boolean;
+  reason?: string;
+  /** microvm/vm: the accelerator in use ("kvm" or "tcg") and why. */
+  accelerator?: string;
+  facets?: Record<FacetName, FacetStatus>;
+}
+
 export interface FeatureReport {
   node: string;
   kernel: string;
   cgroup: { version: 1 | 2; controllers: string[]; bpfHierarchy: string | null };
   features: Record<string, { supported: boolean; reason?: string; action?: string }>;
-  backends: Record<BackendName, { available: boolean; reason?: string }>;
+  backends: Record<BackendName, BackendStatus>;
+  /** FnCall pools (/v1/functions): run on the container backend. */
+  functions: { available: boolean; reason?: string };
   enforcer: string;
 }
 

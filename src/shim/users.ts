@@ -17,16 +17,21 @@ const MAX_PASSWD_BYTES = 1024 * 1024;
  * /etc/passwd (read through the confined path walk, never the host's).
  */
 export function resolveUser(rootPath: string, user: string | undefined): SandboxUser {
+  return resolveUserWith(user, () => passwdEntries(rootPath));
+}
+
+/** The same resolution over a passwd list obtained some other way (a microVM's, through its agent). */
+export function resolveUserWith(user: string | undefined, entries: () => SandboxUser[]): SandboxUser {
   if (user === undefined || user === '' || user === 'root' || user === '0') return ROOT;
   const numeric = /^(\d{1,10})(?::(\d{1,10}))?$/.exec(user);
   if (numeric) {
     const uid = Number(numeric[1]);
-    const entry = passwdEntries(rootPath).find((e) => e.uid === uid);
+    const entry = entries().find((e) => e.uid === uid);
     const gid = numeric[2] !== undefined ? Number(numeric[2]) : (entry?.gid ?? uid);
     if (uid > 0xfffffffe || gid > 0xfffffffe) throw new WarrenError('INVALID_ARGUMENT', `user id out of range: ${user}`);
     return { name: entry?.name ?? String(uid), uid, gid, home: entry?.home ?? '/' };
   }
-  const entry = passwdEntries(rootPath).find((e) => e.name === user);
+  const entry = entries().find((e) => e.name === user);
   if (entry === undefined) throw new WarrenError('INVALID_ARGUMENT', `no user "${user}" in the sandbox's /etc/passwd`);
   return entry;
 }
@@ -50,14 +55,16 @@ function passwdEntries(rootPath: string): SandboxUser[] {
       }
       size += n;
     }
-    return buf
-      .subarray(0, size)
-      .toString('utf8')
-      .split('\n')
-      .map((line) => line.split(':'))
-      .filter((f) => f.length >= 7 && /^\d+$/.test(f[2]!) && /^\d+$/.test(f[3]!))
-      .map((f) => ({ name: f[0]!, uid: Number(f[2]), gid: Number(f[3]), home: f[5] || '/' }));
+    return parsePasswd(buf.subarray(0, size).toString('utf8'));
   } finally {
     closeSync(fd);
   }
+}
+
+export function parsePasswd(text: string): SandboxUser[] {
+  return text
+    .split('\n')
+    .map((line) => line.split(':'))
+    .filter((f) => f.length >= 7 && /^\d+$/.test(f[2]!) && /^\d+$/.test(f[3]!))
+    .map((f) => ({ name: f[0]!, uid: Number(f[2]), gid: Number(f[3]), home: f[5] || '/' }));
 }

@@ -4,7 +4,7 @@ import { mkdtempSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ContainerBackend } from '../../src/shim/backends/container';
+import { BackendRegistry } from '../../src/shim/backends/registry';
 import { skipReason } from '../../src/features';
 import { backendConformance } from './backend-suite';
 import { openTestShim, spec } from '../helpers/warren';
@@ -19,7 +19,7 @@ backendConformance(
     const image = fixture.shim.layers.resolveImage('busybox');
     const layers = await fixture.shim.layers.acquire(image.layers);
     const dir = mkdtempSync(join(tmpdir(), 'warren-conf-'));
-    const backend = new ContainerBackend(dir);
+    const backend = BackendRegistry.build({ dataDir: dir, network: null, log: () => undefined }).get('container');
     const prefix = `c${process.pid.toString(36)}`;
     return {
       backend,

@@ -7,23 +7,36 @@ import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
 import { native, helperBinary } from '../../native';
+import { feature } from '../../features';
 import type { ExecProcess } from '../../native/types';
 import { WarrenError } from '../../errors';
 import type {
-  Backend,
-  BackendSandbox,
+  CheckpointRef,
   ExecRequest,
   ExecResult,
   ExecStatus,
   ExecStream,
+  ExportFacet,
+  FacetName,
+  FacetStatus,
+  FreezeFacet,
+  HostProcessBackend,
+  HostProcessSandbox,
+  PauseReportCore,
   ResolvedLayer,
   SandboxRecord,
   SandboxSpec,
+  SessionsFacet,
+  SnapshotFacet,
 } from '../types';
+import { RootFiles } from './container-files';
+import { pauseCgroup, resumeCgroup } from '../lifecycle/memory';
+import { dumpSandbox, restoreSandbox } from '../lifecycle/criu';
+import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
 import { BoundedCollector, pumpInto } from '../output';
 import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
-import { assertConfinable, confineFor, forgetSandbox, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
+import { assertConfinable, confineFor, confineForSandbox, forgetSandbox, nsexecConfineArgs, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
 const CPU_PERIOD_US = 100_000;
 const MIB = 1024 * 1024;
@@ -39,8 +52,20 @@ export interface ContainerRuntime {
   [key: string]: unknown;
 }
 
-export class ContainerBackend implements Backend {
+export class ContainerBackend implements HostProcessBackend {
   readonly name = 'container' as const;
+
+  get facets(): Record<FacetName, FacetStatus> {
+    const criu = feature('criu');
+    return {
+      files: { offered: true, how: 'host-side, resolved inside /proc/<pid 1>/root' },
+      sessions: { offered: true, how: 'warren-session holder running warren-nsexec into the sandbox' },
+      freeze: { offered: true, how: 'cgroup freezer, then memory reclaim into swap' },
+      snapshot: criu.supported ? { offered: true, how: 'CRIU checkpoint of the process tree' } : { offered: false, reason: `CRIU: ${criu.reason ?? 'criu check failed'}` },
+      export: { offered: true, how: 'copy of the overlay upper dir while frozen' },
+      network: this.network !== null ? { offered: true, how: 'pooled netns + veth on the node bridge, cgroup egress programs' } : { offered: false, reason: 'networking is disabled on this node (sandboxes are loopback-only)' },
+    };
+  }
 
   /** `profile`: the confinement profile of every sandbox of this backend (default: per account, accounts.yaml). */
   constructor(
@@ -139,6 +164,28 @@ export class ContainerBackend implements Backend {
     return readdirSync(this.sandboxesDir).filter((id) => id.startsWith(prefix) && !known.has(id));
   }
 
+  /**
+   * Restore a CRIU checkpoint: the overlay (same lower layers + the kept upper
+   * dir) is mounted on the sandbox's rootfs dir for the restore, then the new
+   * pid 1 is adopted.
+   */
+  async restore(record: SandboxRecord, checkpoint: CheckpointRef, lowerPaths: string[]): Promise<ContainerSandbox> {
+    const runtime = record.runtime as unknown as ContainerRuntime;
+    const rootfs = join(runtime.dir, 'rootfs');
+    // nodev like the spawn's root overlay; CRIU restores the tree's own mounts on top.
+    native.mount('overlay', rootfs, 'overlay', ['nodev'], `lowerdir=${lowerPaths.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
+    try {
+      const layout = native.cgroupLayout();
+      const { pid } = await restoreSandbox({ dir: checkpoint.dir, rootfs, cgroupRoot: join(layout.roots.memory ?? layout.roots.unified ?? '', record.id), logDir: runtime.dir });
+      record.runtime = { ...record.runtime, pid, startTime: native.processStartTime(pid) };
+    } finally {
+      native.umount(rootfs, true);
+    }
+    const box = await this.adopt(record);
+    if (box === null) throw new WarrenError('INTERNAL', `sandbox ${record.id}: restored tree could not be adopted`);
+    return box;
+  }
+
   /** Remove whatever a dead or half-created sandbox left behind. */
   async cleanup(id: string, record?: SandboxRecord): Promise<void> {
     if (native.cgroupExists(id)) await destroyCgroup(id);
@@ -227,8 +274,16 @@ async function destroyCgroup(id: string): Promise<void> {
   }
 }
 
-export class ContainerSandbox implements BackendSandbox {
+export class ContainerSandbox implements HostProcessSandbox {
   readonly ended: Promise<void>;
+  readonly files = new RootFiles(
+    () => this.rootPath(),
+    () => this.fileCreds(),
+  );
+  readonly sessions: SessionsFacet;
+  readonly freeze: FreezeFacet;
+  readonly snapshot: SnapshotFacet | undefined;
+  readonly export: ExportFacet;
   private alive = true;
   private destroyed: Promise<void> | null = null;
 
@@ -245,6 +300,79 @@ export class ContainerSandbox implements BackendSandbox {
         resolve();
       });
     });
+    this.sessions = {
+      shellCommand: async (opts) => this.shellCommand(opts),
+      // The holder joins the sandbox's cgroup: deleting the sandbox kills it with everything else.
+      holderStarted: (pid) => native.cgroupAttach(this.id, pid),
+    };
+    this.freeze = {
+      pause: async (limitBytes): Promise<PauseReportCore> => {
+        const r = await pauseCgroup(this.id, limitBytes);
+        const out: PauseReportCore = { memoryBeforeBytes: r.memoryBeforeBytes, memoryAfterBytes: r.memoryAfterBytes, releasedBytes: r.releasedBytes, swapBytes: r.swapBytes, reclaim: r.reclaim, durationMs: r.durationMs };
+        if (r.note !== undefined) out.note = r.note;
+        if (r.pausedLimitBytes !== undefined) out.keep = { pausedLimitBytes: r.pausedLimitBytes };
+        return out;
+      },
+      resume: async (limitBytes, kept) => {
+        const paused = typeof kept?.pausedLimitBytes === 'number' ? kept.pausedLimitBytes : undefined;
+        await resumeCgroup(this.id, limitBytes, paused);
+      },
+    };
+    this.snapshot = feature('criu').supported
+      ? {
+          checkpoint: async () => {
+            const dir = join(this.runtime.dir, 'checkpoint');
+            await dumpSandbox({ pid: this.runtime.pid, dir, logDir: this.runtime.dir });
+            // The dump killed the tree: drop our handle on the old pid 1 without removing the upper dir.
+            this.alive = false;
+            native.close(this.pidfd);
+            return { dir };
+          },
+        }
+      : undefined;
+    this.export = {
+      measureUpper: async () => treeBytes(this.upperDir()),
+      exportUpper: async (dest, frozen) => {
+        const t0 = performance.now();
+        if (!frozen) native.cgroupFreeze(this.id, true);
+        try {
+          await copyTree(this.upperDir(), dest);
+        } finally {
+          if (!frozen) native.cgroupFreeze(this.id, false);
+        }
+        return { frozenMs: frozen ? 0 : Math.round((performance.now() - t0) * 1000) / 1000 };
+      },
+    };
+  }
+
+  upperDir(): string {
+    return join(this.runtime.dir, 'upper');
+  }
+
+  /** The holder's child: warren-nsexec into the sandbox's namespaces and cgroup, confined like every exec. */
+  private shellCommand(opts: Parameters<SessionsFacet['shellCommand']>[0]): { argv: string[]; ptmxPath?: string } {
+    this.assertAlive();
+    const root = this.rootPath();
+    const user = resolveUser(root, opts.user ?? this.spec.user);
+    const hasBash = existsSync(`${root}/bin/bash`) || existsSync(`${root}/usr/bin/bash`);
+    const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
+    if (opts.mode === 'pty') shell.push('-i');
+    const env: Record<string, string> = {
+      PATH: DEFAULT_PATH,
+      HOME: user.home,
+      USER: user.name,
+      HOSTNAME: this.id,
+      LANG: 'C.UTF-8',
+      TERM: opts.mode === 'pty' ? 'xterm-256color' : 'dumb',
+      ...this.spec.env,
+      ...opts.env,
+    };
+    const argv = [helperBinary('warren-nsexec'), '--pid', String(this.runtime.pid), '--cgroup', this.id, '--uid', String(user.uid), '--gid', String(user.gid), '--cwd', opts.cwd ?? user.home];
+    if (this.spec.priority === 'idle') argv.push('--sched-idle');
+    argv.push(...nsexecConfineArgs(confineForSandbox(this.id)));
+    for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
+    argv.push('--', ...shell);
+    return opts.mode === 'pty' ? { argv, ptmxPath: `${root}/dev/pts/ptmx` } : { argv };
   }
 
   get pid(): number {

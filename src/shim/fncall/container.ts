@@ -25,8 +25,8 @@ import { Socket } from 'node:net';
 import { WarrenError } from '../../errors';
 import { native } from '../../native';
 import type { ExecProcess, ExitStatus } from '../../native/types';
-import { ContainerBackend, type ContainerSandbox, DEFAULT_PATH } from '../backends/container';
-import type { ResolvedLayer, SandboxSpec } from '../types';
+import { DEFAULT_PATH } from '../backends/registry';
+import type { HostProcessBackend, HostProcessSandbox, ResolvedLayer, SandboxSpec } from '../types';
 import type { InputFile, LimitHit, StepResult, InvokeStatus } from './types';
 
 export const WORK_DIR = '/work';
@@ -116,7 +116,7 @@ export class PoolContainer {
   uses = 0;
 
   private constructor(
-    readonly box: ContainerSandbox,
+    readonly box: HostProcessSandbox,
     memoryMb: number,
   ) {
     this.memoryMb = memoryMb;
@@ -142,14 +142,14 @@ export class PoolContainer {
   }
 
   private get root(): string {
-    return `/proc/${this.box.pid}/root`;
+    return this.box.rootPath();
   }
 
   private get upperDir(): string {
-    return join(this.box.runtime.dir, 'upper');
+    return this.box.upperDir();
   }
 
-  static async create(backend: ContainerBackend, id: string, spec: SandboxSpec, layers: ResolvedLayer[], workBytes: number): Promise<PoolContainer> {
+  static async create(backend: HostProcessBackend, id: string, spec: SandboxSpec, layers: ResolvedLayer[], workBytes: number): Promise<PoolContainer> {
     const box = await backend.create(id, spec, layers);
     const c = new PoolContainer(box, spec.memoryMb);
     try {

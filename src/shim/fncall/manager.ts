@@ -13,7 +13,8 @@ import { join } from 'node:path';
 import os from 'node:os';
 import { WarrenError, asWarrenError } from '../../errors';
 import { inSpan } from '../../telemetry';
-import { ContainerBackend } from '../backends/container';
+import { fnCallBackend } from '../backends/registry';
+import type { HostProcessBackend } from '../types';
 import type { LayerStore } from '../layers/store';
 import { check, verdictOf } from './checkers';
 import { type PoolContainer, type StepOptions, internalError } from './container';
@@ -38,7 +39,7 @@ export interface FnCallOptions {
 
 export class FnCallManager {
   private readonly pools = new Map<string, Pool>();
-  private readonly backend: ContainerBackend;
+  private readonly backend: HostProcessBackend;
   private readonly dir: string;
   private readonly inflight = new Map<string, number>();
   private config: FnCallConfig = {};
@@ -48,7 +49,7 @@ export class FnCallManager {
   constructor(private readonly opts: FnCallOptions) {
     this.dir = join(opts.dataDir, 'fncall');
     mkdirSync(this.dir, { recursive: true, mode: 0o700 });
-    this.backend = new ContainerBackend(this.dir, 'warren-fncall');
+    this.backend = fnCallBackend(this.dir);
   }
 
   /** Change node-level settings at run time (accountConcurrency, runCodePool, runCodeAnonymous). */

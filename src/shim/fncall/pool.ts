@@ -8,7 +8,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { WarrenError } from '../../errors';
-import type { ContainerBackend } from '../backends/container';
+import type { HostProcessBackend } from '../types';
 import type { ResolvedLayer, SandboxSpec } from '../types';
 import { PoolContainer, type WarmSpec } from './container';
 import type { PoolSpec, PoolStats } from './types';
@@ -20,7 +20,7 @@ interface Waiter {
 }
 
 export interface PoolDeps {
-  backend: ContainerBackend;
+  backend: HostProcessBackend;
   nodeId: string;
   log: (line: string) => void;
   /** Resolve and acquire the pool's layers (may build the image); called once. */

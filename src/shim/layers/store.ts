@@ -471,7 +471,7 @@ export class LayerStore {
       for (const st of taken) st.refs--;
       throw err;
     }
-    return taken.map((st) => ({ digest: st.digest, path: st.path }));
+    return taken.map((st) => ({ digest: st.digest, path: st.path, file: this.blobPath(st.digest) }));
   }
 
   /** Drop one reference per digest. Layers stay mounted (node-level cache) until unmountUnused(). */

@@ -1,8 +1,10 @@
 /**
  * The node's lifecycle: lifetime policies (scheduler.ts), pause/resume
- * (memory.ts), hibernate (criu.ts), pack_diff and environments (pack.ts), and
- * the optional zram swap device (swap.ts). ShimNode owns the sandboxes; this
- * class changes their state through the small `LifecycleHost` view of it.
+ * (the backend's freeze facet), hibernate (its snapshot facet), pack_diff and
+ * environments (pack.ts over its export facet), and the optional zram swap
+ * device (swap.ts). ShimNode owns the sandboxes; this class changes their
+ * state through the small `LifecycleHost` view of it and never touches
+ * cgroups or CRIU itself.
  *
  * Every state change of one sandbox (pause, resume, hibernate, pack, stop)
  * runs under that sandbox's lock, so concurrent requests that all find it
@@ -13,15 +15,15 @@ import { mkdirSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Database } from 'better-sqlite3';
 import { WarrenError } from '../../errors';
-import { feature, requireFeature } from '../../features';
-import { native } from '../../native';
-import type { ContainerSandbox } from '../backends/container';
+import { facet, offers, refusal } from '../backends/facets';
 import type { LayerStore } from '../layers/store';
 import { imageDigest } from '../layers/store';
 import { mkfsErofs } from '../layers/erofs';
 import { removeTree } from '../layers/sys';
 import { instruments } from '../../telemetry';
 import type {
+  Backend,
+  BackendSandbox,
   EnvironmentInfo,
   ImageInfo,
   PackRequest,
@@ -32,8 +34,6 @@ import type {
   SandboxRecord,
   SandboxState,
 } from '../types';
-import { dumpSandbox, restoreSandbox } from './criu';
-import { pauseCgroup, resumeCgroup } from './memory';
 import { DEFAULT_SCRUB, EnvironmentRegistry, type EnvironmentRecord, type PackBudget, packUpper, squashLayers, validateScrubPattern, withDeadline } from './pack';
 import { DEFAULT_PROFILE, profile as confinementProfile } from '../../security/confinement';
 import { type DueAction, type LifecycleClock, clockFor, clockJson, extendClock } from './policy';
@@ -44,7 +44,7 @@ const MIB = 1024 * 1024;
 
 export interface LiveSandbox {
   record: SandboxRecord;
-  box: ContainerSandbox | null;
+  box: BackendSandbox | null;
   state: SandboxState;
 }
 
@@ -59,8 +59,10 @@ export interface LifecycleHost {
   /** Kill the processes, release everything, keep the record as `stopped`. */
   stop(id: string, reason: string): Promise<void>;
   delete(id: string): Promise<void>;
-  /** Re-attach to a restored process tree (hibernate). */
-  adopt(live: LiveSandbox): Promise<ContainerSandbox | null>;
+  /** The backend a sandbox runs on (its facets are what pause, hibernate and pack use). */
+  backend(live: LiveSandbox): Backend;
+  /** Bring a checkpointed sandbox back through its backend and watch it again (hibernate). */
+  restore(live: LiveSandbox, checkpoint: { dir: string }): Promise<BackendSandbox>;
   openSessions(id: string): Promise<number>;
 }
 
@@ -79,7 +81,8 @@ export interface LifecycleOptions {
 
 interface Persisted {
   clock: LifecycleClock;
-  paused?: { at: number; limitBytes: number; pausedLimitBytes?: number };
+  /** `kept`: what the backend's freeze facet asked to keep until resume; pausedLimitBytes: the same, in records written before `kept` existed. */
+  paused?: { at: number; limitBytes: number; kept?: Record<string, unknown>; pausedLimitBytes?: number };
   hibernated?: { at: number; dir: string };
   stopReason?: string;
 }
@@ -248,8 +251,8 @@ export class LifecycleManager {
         await this.pause(id);
         return;
       case 'hibernate':
-        if (!feature('criu').supported) {
-          // Hibernate where CRIU works; pause (freeze + reclaim) everywhere else.
+        if (!offers(this.host.backend(live), 'snapshot')) {
+          // Hibernate where the backend can checkpoint; pause (freeze facet) everywhere else.
           if (live.state === 'running') await this.pause(id);
           return;
         }
@@ -284,11 +287,11 @@ export class LifecycleManager {
       }
       if (live.state !== 'running' || live.box === null) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${live.state}`);
       const limitBytes = live.record.spec.memoryMb * MIB;
-      const report = await pauseCgroup(id, limitBytes);
+      const report = await facet(this.host.backend(live), live.box, 'freeze').pause(limitBytes);
       live.state = 'paused';
       this.host.saveState(live);
       const paused: Persisted['paused'] = { at: Date.now(), limitBytes };
-      if (report.pausedLimitBytes !== undefined) paused.pausedLimitBytes = report.pausedLimitBytes;
+      if (report.keep !== undefined) paused.kept = report.keep;
       this.persist(id, { paused });
       const result: PauseResult = {
         id,
@@ -303,6 +306,7 @@ export class LifecycleManager {
       };
       if (report.note !== undefined) result.note = report.note;
       this.metrics.pauseReleased.record(report.releasedBytes, { reclaim: report.reclaim });
+      if (report.writtenBytes !== undefined) result.writtenBytes = report.writtenBytes;
       return result;
     });
   }
@@ -315,8 +319,7 @@ export class LifecycleManager {
       if (live.state === 'hibernated') {
         await this.restore(live);
       } else if (live.state === 'paused') {
-        const p = this.state.get(id)?.paused;
-        await resumeCgroup(id, p?.limitBytes ?? live.record.spec.memoryMb * MIB, p?.pausedLimitBytes);
+        await this.unfreeze(live);
         live.state = 'running';
         this.host.saveState(live);
       } else {
@@ -334,6 +337,14 @@ export class LifecycleManager {
     });
   }
 
+  /** Resume a paused sandbox through its backend's freeze facet, with what the pause kept. */
+  private async unfreeze(live: LiveSandbox): Promise<void> {
+    if (live.box === null) throw new WarrenError('INTERNAL', `sandbox ${live.record.id} is paused without a backend sandbox`);
+    const p = this.state.get(live.record.id)?.paused;
+    const kept = p?.kept ?? (p?.pausedLimitBytes !== undefined ? { pausedLimitBytes: p.pausedLimitBytes } : undefined);
+    await facet(this.host.backend(live), live.box, 'freeze').resume(p?.limitBytes ?? live.record.spec.memoryMb * MIB, kept);
+  }
+
   /** Before any request: a paused or hibernated sandbox is resumed first, transparently. */
   async ensureAwake(id: string): Promise<void> {
     const live = this.host.get(id);
@@ -343,10 +354,7 @@ export class LifecycleManager {
   /** Before stop/delete: thaw (and restore the limit) so that sessions can be closed and processes killed. */
   async beforeDestroy(id: string): Promise<void> {
     const live = this.host.get(id);
-    if (live?.state === 'paused') {
-      const p = this.state.get(id)?.paused;
-      await resumeCgroup(id, p?.limitBytes ?? live.record.spec.memoryMb * MIB, p?.pausedLimitBytes).catch(() => undefined);
-    }
+    if (live?.state === 'paused' && live.box !== null) await this.unfreeze(live).catch(() => undefined);
   }
 
   async pauseMany(ids: string[]): Promise<PauseResult[]> {
@@ -360,13 +368,13 @@ export class LifecycleManager {
   // ---------------------------------------------------------------- hibernate (CRIU)
 
   async hibernate(id: string): Promise<PauseResult> {
-    requireFeature('criu');
+    const backend = this.host.backend(this.live(id));
+    if (!offers(backend, 'snapshot')) throw refusal(backend, 'snapshot');
     return this.withLock(id, async () => {
       const live = this.live(id);
       if (live.state === 'hibernated') return { id, state: live.state, changed: false, memoryBeforeBytes: 0, memoryAfterBytes: 0, releasedBytes: 0, swapBytes: null, reclaim: 'criu', durationMs: 0 };
       if (live.state === 'paused') {
-        const p = this.state.get(id)?.paused;
-        await resumeCgroup(id, p?.limitBytes ?? live.record.spec.memoryMb * MIB, p?.pausedLimitBytes);
+        await this.unfreeze(live);
         live.state = 'running';
       }
       if (live.state !== 'running' || live.box === null) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${live.state}`);
@@ -374,17 +382,14 @@ export class LifecycleManager {
         throw new WarrenError('SESSION_BUSY', 'hibernate needs the sandbox to have no open shell sessions (their holders live outside the checkpointed tree); close them or use pause');
       }
       const started = performance.now();
-      const before = native.cgroupStats(id).memoryCurrentBytes;
       const box = live.box;
-      const dir = join(String(box.runtime.dir), 'checkpoint');
-      await dumpSandbox({ pid: box.pid, dir, logDir: String(box.runtime.dir) });
-      // The dump killed the tree: drop our handle on the old pid 1 without removing the upper dir.
+      const before = (await box.stats()).memoryCurrentBytes;
+      const { dir } = await facet(backend, box, 'snapshot').checkpoint();
       live.state = 'hibernated';
       live.box = null;
-      native.close((box as unknown as { pidfd: number }).pidfd);
       this.host.saveState(live);
       this.persist(id, { hibernated: { at: Date.now(), dir } });
-      const after = native.cgroupExists(id) ? native.cgroupStats(id).memoryCurrentBytes : 0;
+      const after = await box.stats().then((s) => s.memoryCurrentBytes, () => 0);
       this.metrics.pauseReleased.record(Math.max(0, before - after), { reclaim: 'criu' });
       return { id, state: 'hibernated', changed: true, memoryBeforeBytes: before, memoryAfterBytes: after, releasedBytes: Math.max(0, before - after), swapBytes: 0, reclaim: 'criu', durationMs: Math.round(performance.now() - started) };
     });
@@ -393,21 +398,7 @@ export class LifecycleManager {
   private async restore(live: LiveSandbox): Promise<void> {
     const p = this.state.get(live.record.id)?.hibernated;
     if (!p) throw new WarrenError('INTERNAL', `sandbox ${live.record.id} is hibernated without a checkpoint`);
-    const runtime = live.record.runtime as { dir: string };
-    const rootfs = join(runtime.dir, 'rootfs');
-    const lower = live.record.layers.map((d) => this.deps.layers.mountPath(d));
-    // nodev like the spawn's root overlay; CRIU restores the tree's own mounts on top.
-    native.mount('overlay', rootfs, 'overlay', ['nodev'], `lowerdir=${lower.join(':')},upperdir=${join(runtime.dir, 'upper')},workdir=${join(runtime.dir, 'work')}`);
-    try {
-      const layout = native.cgroupLayout();
-      const { pid } = await restoreSandbox({ dir: p.dir, rootfs, cgroupRoot: join(layout.roots.memory ?? layout.roots.unified ?? '', live.record.id), logDir: runtime.dir });
-      live.record.runtime = { ...live.record.runtime, pid, startTime: native.processStartTime(pid) };
-    } finally {
-      native.umount(rootfs, true);
-    }
-    const box = await this.host.adopt(live);
-    if (box === null) throw new WarrenError('INTERNAL', `sandbox ${live.record.id}: restored tree could not be adopted`);
-    live.box = box;
+    live.box = await this.host.restore(live, { dir: p.dir });
     live.state = 'running';
     this.host.saveState(live);
   }
@@ -431,7 +422,11 @@ export class LifecycleManager {
       } catch (err) {
         if (!(err instanceof WarrenError) || err.code !== 'IMAGE_NOT_FOUND') throw err;
       }
-      const runtime = live.record.runtime as { dir: string; profile?: string };
+      // A hibernated sandbox's writable layer is reached through its restored sandbox.
+      if (live.state === 'hibernated') await this.restore(live);
+      if (live.box === null) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${live.state}`);
+      const exporter = facet(this.host.backend(live), live.box, 'export');
+      const runtime = live.record.runtime as { profile?: string };
       const limits = (() => {
         try {
           return confinementProfile(runtime.profile ?? DEFAULT_PROFILE).limits;
@@ -447,11 +442,11 @@ export class LifecycleManager {
       try {
         const packed = await packUpper({
           sandboxId: id,
-          upperDir: join(runtime.dir, 'upper'),
+          measureUpper: () => exporter.measureUpper(),
           lowerPaths: live.record.layers.map((d) => layers.mountPath(d)),
           scrub,
           compression: req.compression ?? 'lz4',
-          freeze: live.state === 'running',
+          exportUpper: (dest) => exporter.exportUpper(dest, live.state !== 'running'),
           scratch,
           budget,
           log: (l) => this.deps.log(`mkfs.erofs: ${l}`),

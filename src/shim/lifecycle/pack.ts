@@ -155,7 +155,8 @@ async function withMount<T>(target: string, data: string, fn: () => Promise<T>):
   }
 }
 
-async function cpA(from: string, to: string): Promise<void> {
+/** `cp -a` of a tree (whiteouts and xattrs included): how a host-side writable layer is exported. */
+export async function copyTree(from: string, to: string): Promise<void> {
   try {
     // --sparse=always: holes stay holes (and zero runs become holes) on the host disk.
     await run('cp', ['-a', '--sparse=always', '--no-target-directory', from, to], { maxBuffer: 1 << 20 });
@@ -166,7 +167,7 @@ async function cpA(from: string, to: string): Promise<void> {
 }
 
 /** Apparent bytes (holes included), allocated bytes and entries of a tree (symlinks not followed). */
-function treeBytes(dir: string): { bytes: number; allocated: number; entries: number } {
+export function treeBytes(dir: string): { bytes: number; allocated: number; entries: number } {
   let bytes = 0;
   let allocated = 0;
   let entries = 0;
@@ -195,13 +196,14 @@ const MiB = 1024 * 1024;
 
 export interface PackInput {
   sandboxId: string;
-  upperDir: string;
+  /** The backend's export facet: how big the upper dir is (apparent and allocated bytes), before anything is copied. */
+  measureUpper(): Promise<{ bytes: number; allocated: number }>;
   /** Mount paths of the sandbox's lower layers, top-most first. */
   lowerPaths: string[];
   scrub: readonly string[];
   compression: ErofsCompression;
-  /** Freeze/thaw the sandbox around the copy (skipped when already paused). */
-  freeze: boolean;
+  /** The backend's export facet: writes the sandbox's upper dir to `dest` (the only time the sandbox is stopped). */
+  exportUpper(dest: string): Promise<{ frozenMs: number }>;
   scratch: string;
   budget: PackBudget;
   log?: (line: string) => void;
@@ -230,7 +232,7 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   const deadline = t0 + input.budget.seconds * 1000;
   // Refuse before anything is copied: the budget counts apparent sizes (a 4 GiB sparse
   // file is 4 GiB of image work), the host disk must hold what the copy allocates.
-  const before = treeBytes(input.upperDir);
+  const before = await input.measureUpper();
   if (before.bytes > input.budget.maxBytes) {
     throw new WarrenError('PAYLOAD_TOO_LARGE', `the diff of sandbox ${input.sandboxId} holds ${before.bytes} bytes (file sizes, holes included); this sandbox's pack budget is ${input.budget.maxBytes} bytes (limits.packMb of its profile)`, {
       diffBytes: before.bytes,
@@ -242,12 +244,7 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
   if (before.allocated * 2 + 64 * MiB > free) {
     throw new WarrenError('RESOURCE_EXHAUSTED', `packing sandbox ${input.sandboxId} needs about ${before.allocated * 2 + 64 * MiB} bytes on the node's disk; ${free} are free`, { neededBytes: before.allocated * 2 + 64 * MiB, freeBytes: free });
   }
-  if (input.freeze) native.cgroupFreeze(input.sandboxId, true);
-  try {
-    await cpA(input.upperDir, upper);
-  } finally {
-    if (input.freeze) native.cgroupFreeze(input.sandboxId, false);
-  }
+  const { frozenMs } = await input.exportUpper(upper);
   const t1 = performance.now();
   let scrubbed: string[] = [];
   await withMount(merged, overlayOptions(input.lowerPaths, upper, work), async () => {
@@ -266,7 +263,7 @@ export async function packUpper(input: PackInput): Promise<PackedLayer> {
     diffBytes: size.bytes,
     diffEntries: size.entries,
     scrubbed,
-    frozenMs: input.freeze ? round(t1 - t0) : 0,
+    frozenMs,
     copyMs: round(t1 - t0),
     scrubMs: round(t2 - t1),
     mkfsMs: round(t3 - t2),

@@ -1,0 +1,977 @@
+/**
+ * The microVM backend: every sandbox is its own virtual machine (QEMU's
+ * `microvm` machine; KVM where the host has hardware virtualization, TCG
+ * elsewhere) with its own kernel. The image's EROFS layers are attached as
+ * read-only virtio-blk disks, the writable layer is a per-sandbox ext4 disk of
+ * `diskMb`, and the guest's /init composes them with overlayfs before handing
+ * over to warren-agent (pid 1), which the shim talks to over virtio-serial.
+ *
+ * Host side, per sandbox:
+ *   <dataDir>/microvm/<id>/disk.img   writable disk (sparse)
+ *   <dataDir>/microvm/<id>/snapshot   paused VM (memory + devices), while paused
+ *   /run/warren/vm/<id>/{agent,qmp}.sock
+ *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
+ */
+import { execFile } from 'node:child_process';
+import { chownSync, closeSync, existsSync, mkdirSync, openSync, readdirSync, statSync } from 'node:fs';
+import { rm, truncate } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { PassThrough } from 'node:stream';
+import { promisify } from 'node:util';
+import { WarrenError } from '../../../errors';
+import { feature, microvmAccelerator } from '../../../features';
+import { native } from '../../../native';
+import { profile as policyProfile, profileForOwner } from '../../../security/confinement';
+import { BoundedCollector } from '../../output';
+import { parsePasswd, resolveUserWith, type SandboxUser } from '../../users';
+import { checkConfined, indexTarFile } from '../../layers/tar';
+import type {
+  Backend,
+  BackendSandbox,
+  ExecRequest,
+  ExecResult,
+  ExecStatus,
+  ExecStream,
+  FacetName,
+  FacetStatus,
+  FileEntry,
+  FilesFacet,
+  FreezeFacet,
+  PauseReportCore,
+  ResolvedLayer,
+  SandboxRecord,
+  SandboxSpec,
+  SandboxStats,
+  SessionsFacet,
+  ExportFacet,
+} from '../../types';
+import { AgentClient } from './agent-client';
+import { AgentType, MAX_AGENT_PAYLOAD, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
+import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
+import { Qmp } from './qmp';
+import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
+
+const run = promisify(execFile);
+const MIB = 1024 * 1024;
+const CPU_PERIOD_US = 100_000;
+const DEFAULT_MAX_OUTPUT = MIB;
+const SIGKILL = 9;
+/** Smallest guest the Debian kernel boots in (64 MiB does not; 80 MiB does). */
+export const MIN_GUEST_MB = 128;
+/** QEMU's own memory on top of guest RAM (TCG translation cache, binary, heap, I/O buffers). */
+const VMM_OVERHEAD_MB = 160;
+/** Layers + writable disk: microvm has 24 virtio-mmio slots and the agent port takes one. */
+const MAX_LAYERS = 20;
+const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+const STREAM_BUFFER_LIMIT = 16 * MIB;
+/** Shell sessions a microVM can have open at once (one virtio port each). */
+export const SESSION_SLOTS = 4;
+
+export interface MicroVMRuntime {
+  [key: string]: unknown;
+  vmmPid: number;
+  /** Start time of the VMM process (with the pid, what tells it from a recycled pid). */
+  startTime: number;
+  initrd: string;
+  dir: string;
+  runDir: string;
+  accel: 'kvm' | 'tcg';
+  kernel: string;
+  vcpus: number;
+  guestMb: number;
+  layerFiles: string[];
+  /** Set while paused: the snapshot file the next resume restores. */
+  snapshot?: string;
+}
+
+export interface MicroVMOptions {
+  dataDir: string;
+  /** Where sockets live (short: unix socket paths are limited to 108 bytes). */
+  runRoot?: string;
+  driver?: VmmDriver;
+  bootTimeoutMs?: number;
+  log?: (line: string) => void;
+}
+
+export class MicroVMBackend implements Backend {
+  readonly name = 'microvm' as const;
+  private readonly driver: VmmDriver;
+  private readonly dir: string;
+  private readonly runRoot: string;
+  /** Empty directory the jail mounts its scratch tmpfs on (outside the run root it hides). */
+  private readonly stash: string;
+
+  constructor(private readonly opts: MicroVMOptions) {
+    this.driver = opts.driver ?? qemuMicrovm;
+    this.dir = join(opts.dataDir, 'microvm');
+    this.runRoot = opts.runRoot ?? '/run/warren/vm';
+    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
+    mkdirSync(this.runRoot, { recursive: true, mode: 0o700 });
+    this.stash = opts.runRoot === undefined ? '/run/warren-vm-jail' : `${this.runRoot}-jail`;
+    mkdirSync(this.stash, { recursive: true, mode: 0o700 });
+  }
+
+  get facets(): Record<FacetName, FacetStatus> {
+    return {
+      files: { offered: true, how: 'through the guest agent, resolved inside the guest root (openat2 RESOLVE_IN_ROOT)' },
+      sessions: { offered: true, how: `warren-session holder running warren-vmshell, bridged to one of ${SESSION_SLOTS} virtio session ports` },
+      freeze: { offered: true, how: 'the VM (memory and devices) is saved to disk and the VMM ends; resume restores it' },
+      snapshot: { offered: false, reason: 'pause already writes the whole VM to disk and ends the VMM; hibernate is pause here' },
+      export: { offered: true, how: "tar of the guest's overlay upper dir (whiteouts kept, opaque-dir xattrs not), checked and unpacked on the host" },
+      network: { offered: false, reason: 'microVM networking (tap on the node bridge with host-side egress policy) is not implemented yet' },
+    };
+  }
+
+  async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<MicroVMSandbox> {
+    if (spec.network !== undefined) throw new WarrenError('NOT_SUPPORTED', `the microvm backend does not offer network: ${(this.facets.network as { reason: string }).reason}`, { field: 'network', facet: 'network' });
+    if (spec.memoryMb < MIN_GUEST_MB) throw new WarrenError('LIMIT_OUT_OF_RANGE', `microVMs need memoryMb >= ${MIN_GUEST_MB} (the guest kernel does not boot in less)`, { field: 'memoryMb', min: MIN_GUEST_MB });
+    if (layers.length > MAX_LAYERS) throw new WarrenError('LIMIT_OUT_OF_RANGE', `microVMs take at most ${MAX_LAYERS} layers (got ${layers.length})`, { field: 'layers', max: MAX_LAYERS });
+    const files = layers.map((l) => {
+      if (l.file === undefined) throw new WarrenError('INTERNAL', `layer ${l.digest} has no image file`);
+      return l.file;
+    });
+    const kernel = findGuestKernel();
+    if (kernel === null) throw new WarrenError('NOT_SUPPORTED', `microvm: ${feature('microvm-guest').reason}`);
+    const initrd = guestInitramfs(kernel);
+    const diskMb = spec.diskMb ?? policyProfile(profileForOwner(spec.owner)).limits.diskMb ?? 2048;
+    const dir = join(this.dir, id);
+    const runDir = join(this.runRoot, id);
+    const accel = microvmAccelerator().accel;
+    const vcpus = Math.max(1, Math.min(Math.ceil(spec.cpu), 16));
+    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: kernel.image, vcpus, guestMb: spec.memoryMb, layerFiles: files, initrd };
+    let cgroup = false;
+    let pid = 0;
+    try {
+      mkdirSync(dir, { mode: 0o700 });
+      mkdirSync(runDir, { mode: 0o700 });
+      // QEMU runs as the unprivileged VMM user after start-up: the snapshot it writes goes in `dir`.
+      const user = vmmUserIds();
+      if (user !== null) chownSync(dir, user.uid, user.gid);
+      const disk = join(dir, 'disk.img');
+      closeSync(openSync(disk, 'wx', 0o600));
+      await truncate(disk, diskMb * MIB);
+      // An empty filesystem made here (never mounted on the host): the guest owns what goes in it.
+      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0', disk], { timeout: 60_000 });
+      if (user !== null) chownSync(disk, user.uid, user.gid);
+      native.cgroupCreate(id, this.limits(spec));
+      cgroup = true;
+      pid = await this.launch(id, runtime, spec.priority === 'idle');
+      const box = new MicroVMSandbox(id, spec, runtime, this);
+      await box.connect(this.opts.bootTimeoutMs ?? 180_000);
+      return box;
+    } catch (err) {
+      const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const vmmLog = readTail(join(dir, 'vmm.log'));
+      if (pid > 0) await killAndWait(pid);
+      if (cgroup) await destroyCgroup(id).catch(() => undefined);
+      await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+      await rm(runDir, { recursive: true, force: true }).catch(() => undefined);
+      if (err instanceof WarrenError && (err.code === 'TIMEOUT' || err.code === 'UNAVAILABLE')) {
+        throw new WarrenError('SPAWN_ERROR', `microVM ${id} did not come up: ${err.message}${tail ? `; guest console: ${tail}` : ''}${vmmLog ? `; VMM: ${vmmLog}` : ''}`, { console: tail, vmm: vmmLog });
+      }
+      throw err;
+    }
+  }
+
+  private limits(spec: SandboxSpec) {
+    const bytes = (spec.memoryMb + VMM_OVERHEAD_MB) * MIB;
+    return {
+      cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)),
+      cpuPeriodUs: CPU_PERIOD_US,
+      memoryBytes: bytes,
+      memorySwapBytes: bytes,
+      // QEMU's threads (vCPUs, I/O workers, RCU, the migration shell): not the guest's processes.
+      pidsMax: 128,
+    };
+  }
+
+  /** Start the VMM (booting, or restoring `runtime.snapshot`); returns its pid. */
+  async launch(id: string, runtime: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
+    const khz = hostTscKhz();
+    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`].join(' ');
+    const agentSocket = join(runtime.runDir, 'agent.sock');
+    const qmpSocket = join(runtime.runDir, 'qmp.sock');
+    for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
+    const launch: VmLaunch = {
+      id,
+      accel: runtime.accel,
+      kernel: runtime.kernel,
+      initrd: runtime.initrd,
+      cmdline,
+      vcpus: runtime.vcpus,
+      memoryMb: runtime.guestMb,
+      // the VMM re-opens its writable disk by path after dropping to the VMM user: give it the path it can traverse
+      disks: [{ id: 'rw', file: this.inJail(join(runtime.dir, 'disk.img')), readOnly: false, serial: 'rw' }, ...runtime.layerFiles.map((f, i) => ({ id: `l${i}`, file: f, readOnly: true, serial: `l${i}` }))],
+      agentSocket,
+      sessionSockets: Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`)),
+      qmpSocket,
+      logFile: join(runtime.dir, 'vmm.log'),
+      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: runtime.layerFiles, stash: this.stash, user: vmmUser() },
+      ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
+    };
+    const log = openSync(launch.logFile, 'a', 0o600);
+    let proc;
+    try {
+      proc = spawnVmm(this.driver, launch, log);
+    } finally {
+      closeSync(log);
+    }
+    try {
+      native.cgroupAttach(id, proc.pid);
+      if (idle) native.setSchedIdle(proc.pid);
+    } catch (err) {
+      await killAndWait(proc.pid);
+      throw err;
+    }
+    runtime.vmmPid = proc.pid;
+    runtime.startTime = native.processStartTime(proc.pid);
+    proc.release();
+    return proc.pid;
+  }
+
+  /** A file of the sandbox's data dir as the (jailed, unprivileged) VMM sees it. */
+  inJail(file: string): string {
+    return vmmUser() === null ? file : join(this.stash, 'data', basename(file));
+  }
+
+  async adopt(record: SandboxRecord): Promise<MicroVMSandbox | null> {
+    const r = record.runtime as Partial<MicroVMRuntime>;
+    if (typeof r.dir !== 'string' || typeof r.runDir !== 'string' || typeof r.vmmPid !== 'number') return null;
+    if (!native.cgroupExists(record.id)) return null;
+    if (typeof r.snapshot === 'string') {
+      // Paused: no VMM, only its snapshot; the next resume restores it.
+      if (!existsSync(r.snapshot)) return null;
+      return new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this, true);
+    }
+    if (native.processStartTime(r.vmmPid) !== r.startTime || !native.cgroupProcs(record.id).includes(r.vmmPid)) return null;
+    const box = new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this);
+    // The VM's agent port takes one connection: a handle this process still holds gives it up.
+    live.get(record.id)?.detachAgent();
+    try {
+      await box.connect(10_000);
+    } catch {
+      return null;
+    }
+    return box;
+  }
+
+  leftovers(known: ReadonlySet<string>, prefix: string): string[] {
+    const found = new Set<string>();
+    for (const dir of [this.dir, this.runRoot]) {
+      try {
+        for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
+      } catch {
+        /* not there yet */
+      }
+    }
+    return [...found].filter((id) => !known.has(id));
+  }
+
+  async cleanup(id: string, record?: SandboxRecord): Promise<void> {
+    const r = record?.runtime as Partial<MicroVMRuntime> | undefined;
+    if (native.cgroupExists(id)) await destroyCgroup(id);
+    await rm(join(this.dir, id), { recursive: true, force: true });
+    await rm(join(this.runRoot, id), { recursive: true, force: true });
+    if (r?.dir) await rm(r.dir, { recursive: true, force: true });
+  }
+}
+
+/** The unprivileged user QEMU drops to (scripts/setup.sh creates it); null when absent. */
+export function vmmUser(): string | null {
+  return vmmUserIds() === null ? null : VMM_USER;
+}
+
+const VMM_USER = 'warren-vmm';
+let vmmIds: { uid: number; gid: number } | null | undefined;
+function vmmUserIds(): { uid: number; gid: number } | null {
+  if (vmmIds !== undefined) return vmmIds;
+  try {
+    const line = require('node:fs').readFileSync('/etc/passwd', 'utf8').split('\n').find((l: string) => l.startsWith(`${VMM_USER}:`)) as string | undefined;
+    const f = line?.split(':');
+    vmmIds = f && f.length >= 4 ? { uid: Number(f[2]), gid: Number(f[3]) } : null;
+  } catch {
+    vmmIds = null;
+  }
+  return vmmIds;
+}
+
+/** SIGKILL the VMM and everything under it (the jail's QEMU, its migration shell) and wait until all are gone. */
+async function killAndWait(pid: number): Promise<void> {
+  const pids = [...descendants(pid), pid];
+  for (const p of pids) {
+    try {
+      process.kill(p, SIGKILL);
+    } catch {
+      /* gone */
+    }
+  }
+  const deadline = Date.now() + 5000;
+  const alive = (p: number) => {
+    try {
+      process.kill(p, 0);
+    } catch {
+      return false;
+    }
+    return readState(p) !== 'Z' && readState(p) !== null;
+  };
+  while (Date.now() < deadline && pids.some(alive)) await new Promise((r) => setTimeout(r, 10));
+}
+
+function descendants(pid: number, depth = 0): number[] {
+  if (depth > 8) return [];
+  try {
+    const kids = (require('node:fs').readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8') as string).trim().split(/\s+/).filter(Boolean).map(Number);
+    return kids.flatMap((k) => [...descendants(k, depth + 1), k]);
+  } catch {
+    return [];
+  }
+}
+
+/** Resident bytes of a process and its descendants. */
+function treeRss(pid: number): number {
+  const fs = require('node:fs') as typeof import('node:fs');
+  let total = 0;
+  const visit = (p: number, depth: number): void => {
+    if (depth > 8) return;
+    try {
+      total += Number(/^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${p}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+      for (const c of fs.readFileSync(`/proc/${p}/task/${p}/children`, 'utf8').trim().split(/\s+/).filter(Boolean)) visit(Number(c), depth + 1);
+    } catch {
+      /* gone */
+    }
+  };
+  visit(pid, 0);
+  return total;
+}
+
+function readState(pid: number): string | null {
+  try {
+    const s = require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8') as string;
+    return s.slice(s.lastIndexOf(')') + 2, s.lastIndexOf(')') + 3);
+  } catch {
+    return null;
+  }
+}
+
+async function destroyCgroup(id: string): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    let remaining = 0;
+    try {
+      native.cgroupKill(id);
+      remaining = native.cgroupProcs(id).length;
+    } catch (err) {
+      if (!(err instanceof WarrenError && err.errno === 2)) throw err;
+    }
+    if (remaining === 0) {
+      try {
+        native.cgroupDestroy(id);
+        return;
+      } catch (err) {
+        if (!(err instanceof WarrenError && err.errno === 16) || Date.now() > deadline) throw err;
+      }
+    } else if (Date.now() > deadline) throw new WarrenError('CGROUP_ERROR', `cgroup ${id} still has ${remaining} processes after SIGKILL`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** The last bytes of a host-written log (QEMU's stderr), printable only. */
+function readTail(path: string): string {
+  try {
+    const text = require('node:fs').readFileSync(path, 'utf8') as string;
+    return text.slice(-1000).replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-5).join(' | ');
+  } catch {
+    return '';
+  }
+}
+
+/** The last lines of the guest console (QEMU's ring buffer), for a failed boot. */
+async function consoleTail(qmpSocket: string): Promise<string> {
+  try {
+    const q = await Qmp.connect(qmpSocket, 2000);
+    try {
+      const text = String(await q.execute('ringbuf-read', { device: 'con', size: 65536, format: 'utf8' }, 2000));
+      return text.replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-8).join(' | ').slice(-1500);
+    } finally {
+      q.close();
+    }
+  } catch {
+    return '';
+  }
+}
+
+/** Sandboxes this process holds a connection for, by id (see adopt). */
+const live = new Map<string, MicroVMSandbox>();
+
+export class MicroVMSandbox implements BackendSandbox {
+  readonly ended: Promise<void>;
+  private endedResolve!: () => void;
+  private agent: AgentClient | null = null;
+  private destroyed: Promise<void> | null = null;
+  private alive = true;
+  /** True while the VM is saved to disk and no VMM runs. */
+  private suspended: boolean;
+  private watchedPid = 0;
+  readonly files: FilesFacet;
+  readonly freeze: FreezeFacet;
+  readonly sessions: SessionsFacet;
+  readonly export: ExportFacet;
+
+  constructor(
+    readonly id: string,
+    private readonly spec: SandboxSpec,
+    readonly runtime: MicroVMRuntime,
+    private readonly backend: MicroVMBackend,
+    suspended = false,
+  ) {
+    this.suspended = suspended;
+    this.ended = new Promise((r) => (this.endedResolve = r));
+    if (!suspended) this.watch(runtime.vmmPid);
+    this.files = new AgentFiles(() => this.client());
+    this.freeze = {
+      pause: () => this.suspend(),
+      resume: () => this.restore(),
+    };
+    this.sessions = {
+      shellCommand: async (o) => {
+        this.client();
+        const user = await this.user(o.user);
+        const hasBash = await this.files.kind('/bin/bash').then((k) => k === 'file', () => false);
+        const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
+        if (o.mode === 'pty') shell.push('-i');
+        const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, HOSTNAME: this.id, LANG: 'C.UTF-8', TERM: o.mode === 'pty' ? 'xterm-256color' : 'dumb', ...this.spec.env, ...o.env };
+        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid)];
+        for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
+        argv.push('--', ...shell);
+        return { argv };
+      },
+      // Holders and their bridges are counted with (and killed with) the VMM.
+      // (see exportUpper below for the export facet)
+      holderStarted: (pid) => native.cgroupAttach(this.id, pid),
+    };
+    this.export = {
+      // The guest's upper dir cannot be measured from the host: its disk bounds it (apparent size; allocated blocks of the image).
+      measureUpper: async () => {
+        const st = statSync(join(this.runtime.dir, 'disk.img'));
+        return { bytes: st.blocks * 512, allocated: st.blocks * 512 };
+      },
+      exportUpper: (dest) => this.exportUpper(dest),
+    };
+  }
+
+  /**
+   * pack: the guest streams its upper dir as a tar (bounded by the disk size),
+   * the host checks every entry (no escapes; only files, dirs, links and 0/0
+   * whiteouts) and unpacks it into `dest`. The guest keeps running meanwhile.
+   */
+  private async exportUpper(dest: string): Promise<{ frozenMs: number }> {
+    const client = this.client();
+    const tarFile = `${dest}.tar`;
+    const limit = (this.spec.diskMb ?? 2048) * MIB + 64 * MIB;
+    const out = openSync(tarFile, 'wx', 0o600);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        let size = 0;
+        let failed: Error | null = null;
+        let eof = false;
+        let exit: { code: number | null; sig: number | null } | null = null;
+        const done = () => {
+          if (!eof || exit === null) return;
+          client.releaseChannel(chan);
+          clearTimeout(timer);
+          if (failed) reject(failed);
+          else if (exit.code !== 0) reject(new WarrenError('INTERNAL', `exporting the writable layer failed in the guest (exit ${exit.code ?? `signal ${exit.sig}`})`));
+          else resolve();
+        };
+        const chan = client.open({
+          frame: (f) => {
+            if (f.type === AgentType.ERR) {
+              client.releaseChannel(chan);
+              clearTimeout(timer);
+              return reject(new WarrenError('INTERNAL', 'the guest could not start the export'));
+            }
+            if (f.type === AgentType.OUT && f.payload.length >= 1 && f.payload[0] === 1) {
+              if (f.payload.length === 1) {
+                eof = true;
+                return done();
+              }
+              size += f.payload.length - 1;
+              if (size > limit) {
+                failed ??= new WarrenError('PAYLOAD_TOO_LARGE', `the guest's export is larger than its disk (${limit} bytes)`);
+                client.send(encodeFrame(AgentType.KILL, chan, Buffer.from([SIGKILL])));
+                return;
+              }
+              if (failed === null) require('node:fs').writeSync(out, f.payload, 1);
+            } else if (f.type === AgentType.EXIT && f.payload.length === 8) {
+              exit = { code: f.payload.readUInt32LE(4) ? null : f.payload.readUInt32LE(0), sig: f.payload.readUInt32LE(4) || null };
+              if (!eof) setTimeout(() => ((eof = true), done()), 200);
+              done();
+            }
+          },
+          fail: (err) => {
+            clearTimeout(timer);
+            reject(err);
+          },
+        });
+        const timer = setTimeout(() => {
+          client.releaseChannel(chan);
+          reject(new WarrenError('TIMEOUT', 'exporting the writable layer took longer than 600 s'));
+        }, 600_000);
+        client.send(encodeFrame(AgentType.EXPORT, chan));
+      });
+    } finally {
+      closeSync(out);
+    }
+    try {
+      const entries = indexTarFile(tarFile);
+      // a root filesystem: symlinks are data (relative to the sandbox root), entries below them are refused
+      checkConfined(entries, 'in-root');
+      // ... and the host's tar would follow a link the archive made: nothing may lie below one
+      const norm = (p: string) => p.replace(/^(\.\/)+/, '').replace(/\/+$/, '');
+      const links = new Set(entries.filter((e) => e.type === 'symlink').map((e) => norm(e.path)));
+      for (const e of entries) {
+        const parts = norm(e.path).split('/');
+        for (let i = 1; i < parts.length; i++) {
+          if (links.has(parts.slice(0, i).join('/'))) throw new WarrenError('INVALID_ARCHIVE', `the guest's writable layer has an entry below a symbolic link: ${JSON.stringify(e.path.slice(0, 200))}`);
+        }
+      }
+      for (const e of entries) {
+        const ok = e.type === 'file' || e.type === 'dir' || e.type === 'symlink' || e.type === 'hardlink' || (e.type === 'char' && e.devmajor === 0 && e.devminor === 0);
+        if (!ok) throw new WarrenError('INVALID_ARCHIVE', `the guest's writable layer has an entry the host will not unpack: ${JSON.stringify(e.path.slice(0, 200))} (${e.type})`);
+      }
+      mkdirSync(dest, { mode: 0o755 });
+      await run('tar', ['-x', '-p', '--same-owner', '--numeric-owner', '--no-overwrite-dir', '-f', tarFile, '-C', dest], { timeout: 600_000, maxBuffer: 1 << 20 });
+    } finally {
+      await rm(tarFile, { force: true });
+    }
+    return { frozenMs: 0 };
+  }
+
+  get pid(): number | undefined {
+    return this.suspended ? undefined : this.runtime.vmmPid;
+  }
+
+  /** Guest kernel release (from the agent's HELLO). */
+  get guestRelease(): string {
+    return this.agent?.release ?? '';
+  }
+
+  private watch(pid: number): void {
+    this.watchedPid = pid;
+    let fd: number;
+    try {
+      fd = native.pidfdOpen(pid);
+    } catch {
+      this.alive = false;
+      this.endedResolve();
+      return;
+    }
+    native.watchExit(fd, () => {
+      native.close(fd);
+      // A VMM that ends because we paused (or destroyed) the VM is not the sandbox ending.
+      if (this.watchedPid !== pid || this.suspended) return;
+      this.alive = false;
+      this.agent?.close();
+      this.endedResolve();
+    });
+  }
+
+  async connect(timeoutMs: number): Promise<void> {
+    const pid = this.runtime.vmmPid;
+    const alive = () => {
+      try {
+        process.kill(pid, 0);
+        return readState(pid) !== 'Z';
+      } catch {
+        return false;
+      }
+    };
+    const client = await AgentClient.connect(join(this.runtime.runDir, 'agent.sock'), timeoutMs, alive);
+    this.agent = client;
+    live.set(this.id, this);
+    client.onEnd(() => {
+      if (this.agent === client) this.agent = null;
+    });
+  }
+
+  /** Give the agent connection up (another handle adopted this VM). */
+  detachAgent(): void {
+    this.agent?.close();
+    this.agent = null;
+  }
+
+  private client(): AgentClient {
+    if (!this.alive || this.destroyed !== null) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is not running`);
+    if (this.suspended) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is paused`);
+    if (this.agent === null || this.agent.isClosed) throw new WarrenError('UNAVAILABLE', `the guest agent of ${this.id} is not connected`);
+    return this.agent;
+  }
+
+  private async user(name: string | undefined): Promise<SandboxUser> {
+    const want = name ?? this.spec.user;
+    if (want === undefined || want === '' || want === 'root' || want === '0') return { name: 'root', uid: 0, gid: 0, home: '/root' };
+    let text = '';
+    try {
+      text = (await this.files.readFile('/etc/passwd', MIB)).toString('utf8');
+    } catch (err) {
+      if (!(err instanceof WarrenError && err.code === 'FILE_NOT_FOUND')) throw err;
+    }
+    return resolveUserWith(want, () => parsePasswd(text));
+  }
+
+  private environment(extra: Record<string, string> | undefined, user: SandboxUser): string[] {
+    const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, HOSTNAME: this.id, LANG: 'C.UTF-8', ...this.spec.env, ...extra };
+    return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+  }
+
+  /** Start a process in the guest; events arrive on the returned handle. */
+  private async start(req: Pick<ExecRequest, 'cmd' | 'env' | 'cwd' | 'user'>, sink: ProcSink): Promise<GuestProc> {
+    const client = this.client();
+    const user = await this.user(req.user);
+    const argv = typeof req.cmd === 'string' ? ['/bin/sh', '-c', req.cmd] : req.cmd;
+    if (!Array.isArray(argv) || argv.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'cmd must be a string or a non-empty array');
+    const frame = (chan: number) => encodeExec(chan, { argv, env: this.environment(req.env, user), cwd: req.cwd ?? user.home, uid: user.uid, gid: user.gid });
+    return new Promise((resolve, reject) => {
+      let started = false;
+      const proc: GuestProc = {
+        chan: 0,
+        stdin: (data) => {
+          for (let i = 0; i < data.length; i += MAX_AGENT_PAYLOAD) client.send(encodeFrame(AgentType.STDIN, proc.chan, data.subarray(i, i + MAX_AGENT_PAYLOAD)));
+        },
+        stdinEnd: () => {
+          if (!client.isClosed) client.send(encodeFrame(AgentType.STDIN_EOF, proc.chan));
+        },
+        kill: (sig) => {
+          if (!client.isClosed) client.send(encodeFrame(AgentType.KILL, proc.chan, Buffer.from([sig & 0xff])));
+        },
+        done: () => client.releaseChannel(proc.chan),
+      };
+      proc.chan = client.open({
+        frame: (f) => {
+          if (!started) {
+            if (f.type === AgentType.STARTED && f.payload.length === 4) {
+              started = true;
+              resolve(proc);
+            } else if (f.type === AgentType.ERR) {
+              client.releaseChannel(proc.chan);
+              const errno = f.payload.length >= 4 ? f.payload.readUInt32LE(0) : 0;
+              const what = f.payload.subarray(4, 40).toString('latin1');
+              if (errno === 2 && what.startsWith('chdir')) reject(new WarrenError('FILE_NOT_FOUND', `working directory does not exist in the sandbox: ${req.cwd ?? user.home}`));
+              else if (errno === 2 || errno === 13) reject(new GuestNotFound(Array.isArray(req.cmd) ? req.cmd[0]! : '/bin/sh'));
+              else if (errno === 11) reject(new WarrenError('RESOURCE_EXHAUSTED', `sandbox ${this.id} cannot start more processes`, { limit: 'pids' }, 11));
+              else reject(new WarrenError('SPAWN_ERROR', `guest could not start the command (errno ${errno})`, { errno }, errno));
+            }
+            return;
+          }
+          if (f.type === AgentType.OUT && f.payload.length >= 1) {
+            const stream = f.payload[0];
+            if (stream === 1 || stream === 2) sink.out(stream, f.payload.subarray(1));
+          } else if (f.type === AgentType.EXIT && f.payload.length === 8) {
+            const code = f.payload.readUInt32LE(0);
+            const sig = f.payload.readUInt32LE(4);
+            sink.exit(sig ? null : code & 0xff, sig ? sig & 0x7f : null);
+          }
+        },
+        fail: (err) => {
+          if (!started) reject(err);
+          else sink.broken(err);
+        },
+      });
+      try {
+        client.send(frame(proc.chan));
+      } catch (err) {
+        client.releaseChannel(proc.chan);
+        reject(err);
+      }
+    });
+  }
+
+  async exec(req: ExecRequest): Promise<ExecResult> {
+    const started = performance.now();
+    const maxOutput = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
+    const stdout = new BoundedCollector(maxOutput);
+    const stderr = new BoundedCollector(maxOutput);
+    let eof = 0;
+    let onEof: (() => void) | null = null;
+    let status: { exitCode: number | null; signal: number | null } | null = null;
+    let onExit: ((s: { exitCode: number | null; signal: number | null }) => void) | null = null;
+    let broken: Error | null = null;
+    const sink: ProcSink = {
+      out: (stream, data) => {
+        if (data.length === 0) {
+          eof++;
+          if (eof === 2) onEof?.();
+          return;
+        }
+        (stream === 1 ? stdout : stderr).push(data);
+      },
+      exit: (exitCode, signal) => {
+        status = { exitCode, signal };
+        onExit?.(status);
+      },
+      broken: (err) => {
+        broken = err;
+        onExit?.({ exitCode: null, signal: SIGKILL });
+      },
+    };
+    let proc: GuestProc;
+    try {
+      proc = await this.start(req, sink);
+    } catch (err) {
+      if (err instanceof GuestNotFound) return { exitCode: 127, signal: null, stdout: '', stderr: `warren: ${err.name_}: command not found\n`, status: 'error', durationMs: performance.now() - started, truncated: false };
+      throw err;
+    }
+    if (req.stdin !== undefined && req.stdin.length > 0) proc.stdin(typeof req.stdin === 'string' ? Buffer.from(req.stdin) : req.stdin);
+    proc.stdinEnd();
+    let timedOut = false;
+    const timer = req.timeoutMs !== undefined ? setTimeout(() => ((timedOut = true), proc.kill(SIGKILL)), req.timeoutMs) : null;
+    const st = await new Promise<{ exitCode: number | null; signal: number | null }>((resolve) => {
+      if (status) resolve(status);
+      else onExit = resolve;
+    });
+    if (timer) clearTimeout(timer);
+    // Output may still be in flight behind the exit, or held open by background children: wait a little.
+    if (eof < 2) await new Promise<void>((r) => ((onEof = r), setTimeout(r, 50)));
+    proc.done();
+    stdout.stop();
+    stderr.stop();
+    if (broken) throw new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${this.id}: the guest went away during the command (${(broken as Error).message})`);
+    let execStatus: ExecStatus = st.exitCode === 0 ? 'ok' : 'error';
+    if (timedOut) execStatus = 'timeout';
+    else if (st.signal !== null) execStatus = st.signal === SIGKILL && (await this.guestOomKills()) > 0 ? 'oom' : 'killed';
+    return { exitCode: st.exitCode, signal: st.signal, stdout: stdout.text(), stderr: stderr.text(), status: execStatus, durationMs: Math.round((performance.now() - started) * 1000) / 1000, truncated: stdout.truncated || stderr.truncated };
+  }
+
+  /** OOM kills inside the guest so far (its /proc/vmstat). */
+  private async guestOomKills(): Promise<number> {
+    try {
+      const text = (await this.files.readFile('/proc/vmstat', 64 * 1024)).toString();
+      return Number(/^oom_kill (\d+)$/m.exec(text)?.[1] ?? 0);
+    } catch {
+      return 0;
+    }
+  }
+
+  async execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    const stdin = new PassThrough();
+    let resolveExit!: (s: { exitCode: number | null; signal: number | null }) => void;
+    const exited = new Promise<{ exitCode: number | null; signal: number | null }>((r) => (resolveExit = r));
+    let proc: GuestProc | null = null;
+    const sink: ProcSink = {
+      out: (stream, data) => {
+        const s = stream === 1 ? stdout : stderr;
+        if (data.length === 0) return void s.end();
+        // A consumer that does not read cannot make the shim buffer a guest's output without bound.
+        if (s.readableLength > STREAM_BUFFER_LIMIT) {
+          proc?.kill(SIGKILL);
+          s.destroy(new WarrenError('RESOURCE_EXHAUSTED', 'stream output not consumed; the command was killed'));
+          return;
+        }
+        if (!s.destroyed) s.write(Buffer.from(data));
+      },
+      exit: (exitCode, signal) => {
+        setTimeout(() => {
+          stdout.end();
+          stderr.end();
+          proc?.done();
+        }, 50);
+        resolveExit({ exitCode, signal });
+      },
+      broken: () => {
+        stdout.end();
+        stderr.end();
+        resolveExit({ exitCode: null, signal: SIGKILL });
+      },
+    };
+    proc = await this.start(req, sink);
+    const p = proc;
+    stdin.on('data', (c: Buffer) => p.stdin(c));
+    stdin.on('end', () => p.stdinEnd());
+    const timer = req.timeoutMs !== undefined ? setTimeout(() => p.kill(SIGKILL), req.timeoutMs) : null;
+    void exited.then(() => timer && clearTimeout(timer));
+    return { pid: 0, stdin, stdout, stderr, exited, kill: (signal = SIGKILL) => p.kill(signal) };
+  }
+
+  async stats(): Promise<SandboxStats> {
+    const s = native.cgroupStats(this.id);
+    return { memoryCurrentBytes: s.memoryCurrentBytes, memoryPeakBytes: s.memoryPeakBytes, oomKills: s.oomKills, cpuUsageUs: s.cpuUsageUs, pidsCurrent: s.pidsCurrent };
+  }
+
+  // ---------------------------------------------------------------- pause = snapshot to disk + end the VMM
+
+  private async suspend(): Promise<PauseReportCore> {
+    this.client();
+    const started = performance.now();
+    const before = native.cgroupStats(this.id).memoryCurrentBytes;
+    const file = join(this.runtime.dir, 'snapshot');
+    const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'));
+    try {
+      await q.execute('stop');
+      await q.execute('migrate', { uri: `exec:cat > ${this.backend.inJail(file)}` });
+      const deadline = Date.now() + 300_000;
+      for (;;) {
+        const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
+        if (st.status === 'completed') break;
+        if (st.status === 'failed' || st.status === 'cancelled') {
+          await q.execute('cont').catch(() => undefined);
+          throw new WarrenError('INTERNAL', `saving the VM failed: ${String(st['error-desc'] ?? st.status).slice(0, 300)}`);
+        }
+        if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'saving the VM took longer than 300 s');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    } finally {
+      q.close();
+    }
+    this.suspended = true;
+    this.agent?.close();
+    this.agent = null;
+    // What ending the VMM gives back: the resident memory of its processes (guest RAM, TCG cache, QEMU).
+    const vmmRss = treeRss(this.runtime.vmmPid);
+    await killAndWait(this.runtime.vmmPid);
+    // The snapshot's page cache was charged to the sandbox's cgroup (QEMU's `cat` wrote it): flush it to disk and drop it.
+    for (const f of [file, join(this.runtime.dir, 'disk.img')]) {
+      await run('dd', ['if=/dev/null', `of=${f}`, 'oflag=nocache', 'conv=notrunc,fdatasync', 'count=0'], { timeout: 120_000 }).catch(() => undefined);
+    }
+    this.runtime.snapshot = file;
+    const after = native.cgroupStats(this.id).memoryCurrentBytes;
+    const written = statSync(file).size;
+    return {
+      memoryBeforeBytes: before,
+      memoryAfterBytes: after,
+      releasedBytes: Math.max(vmmRss, before - after),
+      swapBytes: null,
+      reclaim: 'snapshot',
+      writtenBytes: written,
+      durationMs: Math.round(performance.now() - started),
+      keep: { snapshot: file },
+    };
+  }
+
+  private async restore(): Promise<void> {
+    if (!this.suspended) return;
+    const file = this.runtime.snapshot;
+    if (file === undefined || !existsSync(file)) throw new WarrenError('INTERNAL', `sandbox ${this.id} is paused without a snapshot`);
+    const pid = await this.backend.launch(this.id, this.runtime, this.spec.priority === 'idle', file);
+    try {
+      const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'), 30_000);
+      try {
+        const deadline = Date.now() + 120_000;
+        for (;;) {
+          const st = (await q.execute('query-status')) as { status?: string };
+          if (st.status === 'paused' || st.status === 'postmigrate' || st.status === 'prelaunch') {
+            const mig = (await q.execute('query-migrate')) as { status?: string };
+            if (mig.status === 'completed' || mig.status === undefined) break;
+          }
+          if (st.status === 'running') break;
+          if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'restoring the VM took longer than 120 s');
+          await new Promise((r) => setTimeout(r, 20));
+        }
+        await q.execute('cont');
+      } finally {
+        q.close();
+      }
+      this.suspended = false;
+      this.watch(pid);
+      await this.connect(30_000);
+    } catch (err) {
+      this.suspended = true;
+      await killAndWait(pid);
+      throw err;
+    }
+    delete this.runtime.snapshot;
+    await rm(file, { force: true });
+  }
+
+  destroy(): Promise<void> {
+    if (this.destroyed === null) this.destroyed = this.doDestroy();
+    return this.destroyed;
+  }
+
+  private async doDestroy(): Promise<void> {
+    this.alive = false;
+    if (live.get(this.id) === this) live.delete(this.id);
+    this.agent?.close();
+    this.watchedPid = 0;
+    if (!this.suspended) await killAndWait(this.runtime.vmmPid);
+    await destroyCgroup(this.id).catch((err) => {
+      if (native.cgroupExists(this.id)) throw err;
+    });
+    await rm(this.runtime.dir, { recursive: true, force: true });
+    await rm(this.runtime.runDir, { recursive: true, force: true });
+    this.endedResolve();
+  }
+}
+
+class GuestNotFound extends Error {
+  constructor(readonly name_: string) {
+    super(`${name_}: not found`);
+  }
+}
+
+interface ProcSink {
+  out(stream: 1 | 2, data: Buffer): void;
+  exit(exitCode: number | null, signal: number | null): void;
+  broken(err: Error): void;
+}
+
+interface GuestProc {
+  chan: number;
+  stdin(data: Buffer): void;
+  stdinEnd(): void;
+  kill(signal: number): void;
+  done(): void;
+}
+
+/** The files facet over the agent: paths are resolved by the guest inside its root; what comes back is bounded. */
+class AgentFiles implements FilesFacet {
+  constructor(private readonly client: () => AgentClient) {}
+
+  async readFile(path: string, maxBytes: number): Promise<Buffer> {
+    checkPath(path);
+    const { data } = await this.client().request((c) => encodeRead(c, path, maxBytes), `read ${path}`, { timeoutMs: 60_000, maxData: maxBytes });
+    return data;
+  }
+
+  async writeFile(path: string, data: Buffer, mode: number): Promise<void> {
+    checkPath(path);
+    const client = this.client();
+    const chunk = MAX_AGENT_PAYLOAD - 8 - Buffer.byteLength(path) - 1;
+    let off = 0;
+    do {
+      const part = data.subarray(off, off + chunk);
+      await client.request((c) => encodeWrite(c, path, mode, off === 0, part), `write ${path}`, { timeoutMs: 60_000 });
+      off += part.length;
+    } while (off < data.length);
+  }
+
+  async listDir(path: string): Promise<FileEntry[]> {
+    checkPath(path);
+    const { ok } = await this.client().request((c) => encodeFrame(AgentType.LIST, c, cstrings([path])), `list ${path}`, { timeoutMs: 60_000 });
+    const out: FileEntry[] = [];
+    for (const line of ok.toString('utf8').split('\n')) {
+      const m = /^([fdlo])\t([0-7]{1,5})\t(\d{1,20})\t(-?\d{1,20})\t([^\n/]{1,255})$/.exec(line);
+      if (!m) continue;
+      const type = ({ f: 'file', d: 'dir', l: 'symlink', o: 'other' } as const)[m[1] as 'f' | 'd' | 'l' | 'o'];
+      out.push({ name: m[5]!, type, size: Number(m[3]), mode: parseInt(m[2]!, 8), mtime: new Date(Number(m[4]) * 1000).toISOString() });
+    }
+    return out;
+  }
+
+  async mkdirs(path: string, mode: number): Promise<void> {
+    checkPath(path);
+    await this.client().request((c) => encodeMkdirs(c, path, mode), `mkdir ${path}`, { timeoutMs: 60_000 });
+  }
+
+  async kind(path: string): Promise<'file' | 'dir' | 'other'> {
+    checkPath(path);
+    const { ok } = await this.client().request((c) => encodeFrame(AgentType.KIND, c, cstrings([path])), `stat ${path}`, { timeoutMs: 60_000 });
+    const k = ok.toString('latin1');
+    return k === 'd' ? 'dir' : k === 'f' ? 'file' : 'other';
+  }
+}
+
+function checkPath(path: string): void {
+  if (typeof path !== 'string' || path.length === 0 || Buffer.byteLength(path) > 4000 || path.includes('\0')) throw new WarrenError('INVALID_ARGUMENT', 'paths are non-empty strings of at most 4000 bytes without NUL');
+}

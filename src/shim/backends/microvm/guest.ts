@@ -1,0 +1,177 @@
+/**
+ * The guest side of a microVM that lives on the host: the kernel (Debian's
+ * cloud kernel, installed by scripts/setup.sh) and an initramfs made of
+ * busybox-static, the kernel modules the guest needs (every virtio driver is a
+ * module in that kernel, so there is no boot without them) and warren-agent.
+ *
+ * The initramfs is built once per set of inputs and cached under
+ * /var/cache/warren/microvm/, keyed by the sha256 of everything that goes into
+ * it (kernel release, module files, busybox, agent, /init).
+ */
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { WarrenError } from '../../../errors';
+
+export const GUEST_CACHE = process.env.WARREN_MICROVM_CACHE ?? '/var/cache/warren/microvm';
+
+/** Modules the guest loads, in this order after their dependencies (modprobe --show-depends). */
+export const GUEST_MODULES = ['virtio_mmio', 'virtio_blk', 'virtio_console', 'erofs', 'overlay', 'virtio_net'];
+
+export interface GuestKernel {
+  release: string;
+  image: string;
+  modulesDir: string;
+}
+
+/** The newest installed cloud kernel with its modules, or null. */
+export function findGuestKernel(): GuestKernel | null {
+  const override = process.env.WARREN_MICROVM_KERNEL;
+  let names: string[];
+  try {
+    names = readdirSync('/boot');
+  } catch {
+    return null;
+  }
+  const releases = names
+    .map((n) => /^vmlinuz-(.+-cloud-amd64)$/.exec(n)?.[1])
+    .filter((r): r is string => r !== undefined && existsSync(join('/lib/modules', r)))
+    .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+  const release = releases.at(-1);
+  if (override !== undefined) {
+    const r = /vmlinuz-(.+)$/.exec(override)?.[1];
+    if (r === undefined || !existsSync(override)) return null;
+    return { release: r, image: override, modulesDir: join('/lib/modules', r) };
+  }
+  if (release === undefined) return null;
+  return { release, image: join('/boot', `vmlinuz-${release}`), modulesDir: join('/lib/modules', release) };
+}
+
+export function agentBinary(): string {
+  const dir = process.env.WARREN_GUEST_AGENT_DIR ?? join(__dirname, '..', '..', '..', '..', '..', 'native', 'guest-agent', 'out');
+  const alt = join(__dirname, '..', '..', '..', '..', 'native', 'guest-agent', 'out');
+  for (const d of [dir, alt]) if (existsSync(join(d, 'warren-agent'))) return join(d, 'warren-agent');
+  return join(dir, 'warren-agent');
+}
+
+/** The host end of microVM shell sessions (native/guest-agent/vmshell.c). */
+export function vmshellBinary(): string {
+  return join(dirname(agentBinary()), 'warren-vmshell');
+}
+
+function busyboxBinary(): string | null {
+  for (const p of ['/bin/busybox', '/usr/bin/busybox']) if (existsSync(p)) return p;
+  return null;
+}
+
+/** Module files for GUEST_MODULES, dependencies first, each once. */
+export function moduleFiles(kernel: GuestKernel): string[] {
+  const out: string[] = [];
+  for (const m of GUEST_MODULES) {
+    const text = execFileSync('modprobe', ['-S', kernel.release, '--show-depends', m], { encoding: 'utf8', timeout: 10_000 });
+    for (const line of text.split('\n')) {
+      const f = /^insmod (\S+)/.exec(line.trim())?.[1];
+      // crc32c-intel needs SSE4.2, which TCG's default CPU lacks; crc32c_generic is built in.
+      if (f !== undefined && !out.includes(f) && !f.endsWith('/crc32c-intel.ko')) out.push(f);
+    }
+  }
+  return out;
+}
+
+/**
+ * /init: mount the sandbox root and hand over to the agent.
+ *   - disks are found by their virtio serial: "rw" is the writable disk
+ *     (ext4, made on the host), "l0".."lN" the EROFS layers, top-most first;
+ *   - overlay(lower = layers, upper = rw/upper) on /newroot, with /proc, /sys,
+ *     /dev and /dev/pts inside it;
+ *   - the agent's port is the virtio port named "warren.agent".
+ * Anything that fails prints WARREN_BOOT_FAILED and powers off, so the host
+ * sees a quick, explained failure instead of a timeout.
+ */
+export const INIT_SCRIPT = `#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
+mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
+for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
+id=; layers=0
+for a in $(cat /proc/cmdline); do
+  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; esac
+done
+disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
+i=0
+while [ "$i" -lt 50 ] && ! disk rw >/dev/null; do sleep 0.02; i=$((i+1)); done
+rw=$(disk rw) || fail "no writable disk"
+mkdir -p /rw /newroot && mount -t ext4 -o nosuid,nodev "$rw" /rw || fail "mount $rw"
+mkdir -p /rw/upper /rw/work
+lower=; n=0
+while [ "$n" -lt "$layers" ]; do
+  d=$(disk "l$n") || fail "no layer disk l$n"
+  mkdir -p "/layers/$n" && mount -t erofs -o ro "$d" "/layers/$n" || fail "mount layer $n"
+  lower="\${lower:+$lower:}/layers/$n"; n=$((n+1))
+done
+mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work" /newroot || fail "overlay"
+mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/work 2>/dev/null
+mount -t proc proc /newroot/proc && mount -t sysfs sys /newroot/sys && mount -t devtmpfs dev /newroot/dev || fail "mounts in root"
+mkdir -p /newroot/dev/pts /newroot/dev/shm && mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts && mount -t tmpfs -o nosuid,nodev shm /newroot/dev/shm
+[ -n "$id" ] && hostname "$id" && { [ -L /newroot/etc/hostname ] || echo "$id" > /newroot/etc/hostname 2>/dev/null; }
+port=
+for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
+[ -n "$port" ] || fail "no agent port"
+export WARREN_AGENT_PORT="$port" WARREN_ROOT=/newroot
+echo "WARREN_BOOT_OK"
+exec /sbin/warren-agent
+`;
+
+function sha256File(h: ReturnType<typeof createHash>, path: string): void {
+  h.update(path).update('\0').update(readFileSync(path)).update('\0');
+}
+
+/** Build (or take from the cache) the initramfs; returns its path. */
+export function guestInitramfs(kernel: GuestKernel): string {
+  const busybox = busyboxBinary();
+  if (busybox === null) throw new WarrenError('NOT_SUPPORTED', 'busybox-static is not installed (the microVM initramfs needs it)');
+  const agent = agentBinary();
+  if (!existsSync(agent)) throw new WarrenError('NOT_SUPPORTED', `the guest agent is not built (${agent}; npm run build:native)`);
+  const modules = moduleFiles(kernel);
+  const h = createHash('sha256').update(kernel.release).update('\0').update(INIT_SCRIPT);
+  for (const f of [busybox, agent, ...modules]) sha256File(h, f);
+  const key = h.digest('hex').slice(0, 16);
+  const out = join(GUEST_CACHE, `initrd-${kernel.release}-${key}.cpio`);
+  if (existsSync(out)) return out;
+  mkdirSync(GUEST_CACHE, { recursive: true, mode: 0o755 });
+  const tmp = join(GUEST_CACHE, `.build-${process.pid}-${key}`);
+  rmSync(tmp, { recursive: true, force: true });
+  try {
+    for (const d of ['bin', 'sbin', 'etc', 'proc', 'sys', 'dev', 'lib/modules', 'newroot', 'rw', 'layers']) mkdirSync(join(tmp, d), { recursive: true });
+    copyFileSync(busybox, join(tmp, 'bin/busybox'));
+    copyFileSync(agent, join(tmp, 'sbin/warren-agent'));
+    chmodSync(join(tmp, 'bin/busybox'), 0o755);
+    chmodSync(join(tmp, 'sbin/warren-agent'), 0o755);
+    const list: string[] = [];
+    for (const f of modules) {
+      const rel = f.slice(kernel.modulesDir.length + 1);
+      mkdirSync(dirname(join(tmp, 'lib/modules', rel)), { recursive: true });
+      copyFileSync(f, join(tmp, 'lib/modules', rel));
+      list.push(rel);
+    }
+    writeFileSync(join(tmp, 'etc/modules.list'), list.join('\n') + '\n');
+    writeFileSync(join(tmp, 'init'), INIT_SCRIPT, { mode: 0o755 });
+    const files = execFileSync('find', ['.', '-mindepth', '1'], { cwd: tmp, encoding: 'utf8' });
+    const cpio = execFileSync('cpio', ['--quiet', '-o', '-H', 'newc', '--owner', '0:0'], { cwd: tmp, input: files, maxBuffer: 256 << 20 });
+    writeFileSync(`${out}.tmp`, cpio);
+    renameSync(`${out}.tmp`, out);
+    // Older builds (other inputs) are not used again; microVMs already running keep their open copy.
+    for (const name of readdirSync(GUEST_CACHE)) {
+      if (name.startsWith('initrd-') && join(GUEST_CACHE, name) !== out) rmSync(join(GUEST_CACHE, name), { force: true });
+    }
+    return out;
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+}
+
+export function initramfsBytes(path: string): number {
+  return statSync(path).size;
+}

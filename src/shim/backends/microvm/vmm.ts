@@ -1,0 +1,197 @@
+/**
+ * VMM drivers: how a microVM's virtual machine monitor is started. QEMU's
+ * `microvm` machine is the one driven here; Firecracker sits behind the same
+ * interface, detected and refused with its reason (features.ts `firecracker`).
+ */
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { WarrenError } from '../../../errors';
+import { feature } from '../../../features';
+
+export interface VmDisk {
+  id: string;
+  file: string;
+  readOnly: boolean;
+  /** What the guest's /init finds the disk by (virtio-blk serial). */
+  serial: string;
+}
+
+export interface VmLaunch {
+  id: string;
+  accel: 'kvm' | 'tcg';
+  kernel: string;
+  initrd: string;
+  cmdline: string;
+  vcpus: number;
+  memoryMb: number;
+  disks: VmDisk[];
+  agentSocket: string;
+  /** One virtio port per shell-session slot ("warren.session.N"), served at these sockets. */
+  sessionSockets: string[];
+  qmpSocket: string;
+  /** Restore from this snapshot file instead of booting. */
+  incoming?: string;
+  logFile: string;
+  /** Confine the VMM (see spawnVmm); absent: it runs as root in the host's namespaces. */
+  jail?: VmJail;
+}
+
+/**
+ * How the VMM is confined, like Firecracker's jailer: its own mount, pid,
+ * network, ipc and uts namespaces (a fresh /proc: no host processes), every
+ * other sandbox's run dir and data dir hidden under empty tmpfs (only its
+ * own are bound back), and QEMU drops to an unprivileged user once it has
+ * opened its disks (`-runas`), on top of its seccomp filter.
+ */
+export interface VmJail {
+  /** Its own run dir and data dir (bound back over the hidden parents). */
+  runDir: string;
+  dataDir: string;
+  /** Hidden by empty tmpfs: the node's run dir (every sandbox's sockets, session holders) and its
+   *  data dir (registry, other sandboxes' disks); only its own dirs and its layer files come back. */
+  runRoot: string;
+  dataRoot: string;
+  /** Read-only files (the layers) bound back at their own paths. */
+  files: string[];
+  /** Mount point outside both, with traversable parents (created by the caller): the VMM reaches its
+   *  own data dir as <stash>/data once it runs unprivileged (the real parents may be root-only). */
+  stash: string;
+  /** Unprivileged user QEMU runs as after start-up (null: stays root). */
+  user: string | null;
+}
+
+export interface VmmDriver {
+  readonly name: 'qemu-microvm' | 'firecracker';
+  status(): { available: boolean; reason?: string };
+  command(l: VmLaunch): { bin: string; args: string[] };
+}
+
+/** QEMU option values are comma-separated: a comma in a path would be parsed as an option. */
+function optPath(p: string): string {
+  if (/[,\n]/.test(p)) throw new WarrenError('INVALID_ARGUMENT', `path ${JSON.stringify(p)} contains a comma or newline (not passable to QEMU)`);
+  return p;
+}
+
+export const qemuMicrovm: VmmDriver = {
+  name: 'qemu-microvm',
+  status: () => (feature('qemu').supported ? { available: true } : { available: false, reason: feature('qemu').reason ?? 'no qemu' }),
+  command(l) {
+    const args = [
+      '-name', `warren-${l.id}`,
+      // ACPI stays on: this kernel has no VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI is how it finds the virtio-mmio devices.
+      '-M', 'microvm',
+      '-accel', l.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=32',
+      ...(l.accel === 'kvm' ? ['-cpu', 'host'] : []),
+      '-m', `${l.memoryMb}M`,
+      '-smp', String(l.vcpus),
+      '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+      // QEMU's own seccomp filter: no obsolete syscalls, no resource-control syscalls; spawning stays
+      // allowed because pause saves the VM through `exec:cat`. QEMU 7.2 installs the filter before
+      // `-runas` drops to the VMM user, so set*id stays allowed when it drops (once unprivileged it
+      // cannot gain anything back); without the drop they are denied.
+      '-sandbox', `on,obsolete=deny,elevateprivileges=${l.jail?.user ? 'allow' : 'deny'},spawn=allow,resourcecontrol=deny`,
+      '-kernel', optPath(l.kernel),
+      '-initrd', optPath(l.initrd),
+      '-append', l.cmdline,
+      // The console is a bounded ring inside QEMU (read over QMP when a boot fails): a guest writing to it forever costs 64 KiB.
+      '-chardev', 'ringbuf,id=con,size=65536',
+      '-serial', 'chardev:con',
+    ];
+    for (const d of l.disks) {
+      // No image locking: QEMU re-opens images by path to change lock modes (at the end of a migration),
+      // which the unprivileged, jailed VMM cannot do for the root-only layer store. Each VM has its own
+      // writable disk and the layers are read-only, so there is nothing for the locks to protect.
+      args.push('-drive', `id=${d.id},file=${optPath(d.file)},format=raw,if=none,file.locking=off${d.readOnly ? ',readonly=on' : ',discard=unmap'}`);
+      args.push('-device', `virtio-blk-device,drive=${d.id},serial=${d.serial}`);
+    }
+    args.push(
+      '-device', 'virtio-serial-device,id=vser0',
+      '-chardev', `socket,id=agent,path=${optPath(l.agentSocket)},server=on,wait=off`,
+      '-device', 'virtserialport,bus=vser0.0,chardev=agent,name=warren.agent',
+      ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
+      '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
+    );
+    if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
+    if (l.jail?.user) args.push('-runas', l.jail.user);
+    return { bin: 'qemu-system-x86_64', args };
+  },
+};
+
+export const firecracker: VmmDriver = {
+  name: 'firecracker',
+  status: () => {
+    const f = feature('firecracker');
+    return f.supported ? { available: true } : { available: false, reason: f.reason ?? 'unavailable' };
+  },
+  command() {
+    throw new WarrenError('NOT_SUPPORTED', `firecracker: ${feature('firecracker').reason}`);
+  },
+};
+
+/** Runs inside the new namespaces, before QEMU: hide everything but this VM's own dirs. */
+function jailScript(j: VmJail): string {
+  for (const p of [j.runDir, j.dataDir, j.runRoot, j.dataRoot, j.stash, ...j.files]) shellWord(p);
+  return [
+    'set -e',
+    'mount --make-rprivate /',
+    // the stash stays: its path (under /run, traversable) is how the unprivileged VMM reaches its own dir
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.stash}`,
+    `mkdir ${j.stash}/run ${j.stash}/data`,
+    `mount --bind ${j.runDir} ${j.stash}/run`,
+    `mount --bind ${j.dataDir} ${j.stash}/data`,
+    ...j.files.flatMap((f, i) => [`touch ${j.stash}/f${i}`, `mount --bind ${f} ${j.stash}/f${i}`]),
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.runRoot}`,
+    `mkdir -p ${j.runDir} && mount --bind ${j.stash}/run ${j.runDir}`,
+    `mount -t tmpfs -o mode=0755 warren-jail ${j.dataRoot}`,
+    `mkdir -p ${j.dataDir} && mount --bind ${j.stash}/data ${j.dataDir}`,
+    ...j.files.flatMap((f, i) => [`mkdir -p ${dirname(f)} && touch ${f} && mount --bind ${j.stash}/f${i} ${f}`]),
+    'exec "$@"',
+  ].join('\n');
+}
+
+function shellWord(p: string): string {
+  if (!/^[A-Za-z0-9_./-]+$/.test(p)) throw new WarrenError('INVALID_ARGUMENT', `snapshot path ${JSON.stringify(p)} has characters a shell would interpret`);
+  return p;
+}
+
+export interface VmmProcess {
+  pid: number;
+  /** Let the VMM run (it waits until it is in its cgroup and has its scheduling policy). */
+  release(): void;
+}
+
+/**
+ * Start the VMM held at a gate: a shell that waits for one line on its stdin
+ * and then execs the VMM. In between, the caller moves it into the sandbox's
+ * cgroup and sets its scheduling policy, so every byte and thread the VMM ever
+ * has is counted there.
+ */
+export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProcess {
+  const { bin, args } = driver.command(l);
+  const argv = l.jail ? ['unshare', '--mount', '--ipc', '--uts', '--net', '--pid', '--fork', '--kill-child', '--mount-proc', '/bin/sh', '-c', jailScript(l.jail), 'warren-jail', bin, ...args] : [bin, ...args];
+  const child = spawn('/bin/sh', ['-c', 'read -r _ || exit 1; exec "$@"', 'warren-vmm', ...argv], {
+    detached: true,
+    stdio: ['pipe', 'ignore', logFd],
+  });
+  if (child.pid === undefined) throw new WarrenError('SPAWN_ERROR', `cannot start ${bin}`);
+  child.unref();
+  child.on('error', () => undefined);
+  child.stdin!.on('error', () => undefined);
+  return {
+    pid: child.pid,
+    release: () => {
+      child.stdin!.end('go\n');
+    },
+  };
+}
+
+/** The host TSC frequency, for the guest's tsc_early_khz (TCG guests otherwise sometimes hang calibrating against a PIT they do not have). */
+export function hostTscKhz(): number | null {
+  try {
+    const mhz = /^cpu MHz\s*:\s*([\d.]+)/m.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1];
+    return mhz === undefined ? null : Math.round(Number(mhz) * 1000);
+  } catch {
+    return null;
+  }
+}
