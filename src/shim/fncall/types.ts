@@ -43,7 +43,8 @@ export interface PoolSpec {
   limits: PoolLimits;
 }
 
-export type Language = 'python3' | 'bash' | 'c' | 'cpp';
+/** A name of LANGUAGES (languages.ts). */
+export type Language = string;
 
 export interface InputFile {
   /** Normalised path relative to the work dir (/work). */
@@ -168,6 +169,8 @@ export interface PoolStats {
   p99Ms: number | null;
   limits: PoolLimits;
   layers: string[];
+  /** The languages the pool's image and toolkit layers carry. */
+  languages: string[];
   idleSeconds: number;
 }
 
