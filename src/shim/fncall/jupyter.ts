@@ -23,10 +23,8 @@ import ast, io, json, os, signal, sys, traceback
 _req = json.loads(sys.stdin.read())
 _ns = {'__name__': '__main__', '__builtins__': __builtins__}
 _results = []
-class _CellTimeout(Exception):
-    pass
 def _alarm(signum, frame):
-    raise _CellTimeout('cell exceeded its time limit')
+    raise TimeoutError('the cell ran longer than cell_timeout (%ss)' % _limit)
 signal.signal(signal.SIGALRM, _alarm)
 _limit = _req.get('cell_timeout') or 0
 _real_out, _real_err = sys.stdout, sys.stderr

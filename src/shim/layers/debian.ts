@@ -187,16 +187,16 @@ export function debianLayerCachePath(name: string, o: DebianLayerOptions & { cac
  * is started (policy-rc.d). The upper directory is the layer; scrubLayerUpper tidies it.
  */
 export function runAptLayer(
-  dirs: { lowers: string[]; upper: string; work: string; merged: string; aptCache?: string },
+  dirs: { lowers: string[]; upper: string; work: string; merged: string; aptCache?: string; aptLists?: string },
   packages: string[],
-  opts: { mirror?: string; suite?: string; onLine?: (line: string) => void; signal?: AbortSignal },
+  opts: { mirror?: string; suite?: string; onLine?: (line: string) => void; signal?: AbortSignal; update?: boolean },
 ): Promise<void> {
   const pkgs = normalizeLayerPackages(packages);
   const mirror = opts.mirror ?? DEFAULT_MIRROR;
   const suite = opts.suite ?? 'bookworm';
   if (!/^(https?|file):\/\/[^\s'"`$\\]+$/.test(mirror)) throw new WarrenError('INVALID_ARGUMENT', `invalid Debian mirror ${JSON.stringify(mirror)}`);
   if (!SUITE_RE.test(suite)) throw new WarrenError('INVALID_ARGUMENT', `invalid Debian suite ${JSON.stringify(suite)}`);
-  for (const d of [...dirs.lowers, dirs.upper, dirs.work, dirs.merged, ...(dirs.aptCache ? [dirs.aptCache] : [])]) {
+  for (const d of [...dirs.lowers, dirs.upper, dirs.work, dirs.merged, ...(dirs.aptCache ? [dirs.aptCache] : []), ...(dirs.aptLists ? [dirs.aptLists] : [])]) {
     if (!/^\/[A-Za-z0-9._/-]+$/.test(d) || d.includes(':') || d.includes(',')) throw new WarrenError('INVALID_ARGUMENT', `unusable build path ${JSON.stringify(d)}`);
   }
   const m = dirs.merged;
@@ -212,10 +212,12 @@ export function runAptLayer(
     `mount -t tmpfs -o mode=1777 tmpfs ${m}/tmp`,
     `mkdir -p ${m}/var/lib/apt/lists/partial ${m}/var/cache/apt/archives/partial`,
     ...(dirs.aptCache ? [`mount --bind ${dirs.aptCache} ${m}/var/cache/apt/archives`] : []),
+    // apt's package lists, shared by the builds of one process (fetched once, not once per layer)
+    ...(dirs.aptLists ? [`mkdir -p ${dirs.aptLists}/partial`, `mount --bind ${dirs.aptLists} ${m}/var/lib/apt/lists`] : []),
     `cp /etc/resolv.conf ${m}/etc/resolv.conf`,
     `printf '#!/bin/sh\\nexit 101\\n' > ${m}/usr/sbin/policy-rc.d && chmod 755 ${m}/usr/sbin/policy-rc.d`,
     `printf 'deb ${mirror} ${suite} main\\ndeb ${mirror} ${suite}-updates main\\ndeb http://security.debian.org/debian-security ${suite}-security main\\n' > ${m}/etc/apt/sources.list`,
-    `chroot ${m} /usr/bin/env -i ${apt} apt-get ${aptOpts} -q update`,
+    ...(opts.update === false ? [] : [`chroot ${m} /usr/bin/env -i ${apt} apt-get ${aptOpts} -q update`]),
     `chroot ${m} /usr/bin/env -i ${apt} apt-get ${aptOpts} -q -y --no-install-recommends install ${pkgs.join(' ')}`,
     `chroot ${m} /usr/bin/env -i ${apt} ldconfig`,
     `rm -f ${m}/usr/sbin/policy-rc.d`,

@@ -29,6 +29,7 @@ import {
   realpathSync,
   renameSync,
   rmdirSync,
+  rmSync,
   statSync,
   unlinkSync,
   createWriteStream,
@@ -178,6 +179,8 @@ export class LayerStore {
   private blobsDir = '';
   private mntDir = '';
   private tmpDir = '';
+  /** When this process last fetched apt's package lists for layer builds (0: never). */
+  private aptListsAt = 0;
   private initialized = false;
   private closed = false;
   private readonly mounts = new Map<string, MountState>();
@@ -253,6 +256,7 @@ export class LayerStore {
   /** Stop taking acquires and imports. Mounts stay (they are a node-level cache); release and unmountUnused still work. */
   close(): void {
     this.closed = true;
+    if (this.aptListsAt !== 0) rmSync(join(this.tmpDir, `aptlists-${process.pid}-shared`), { recursive: true, force: true });
   }
 
   // ---------------------------------------------------------------- lookup
@@ -1003,10 +1007,15 @@ export class LayerStore {
       const lowers = await this.acquire(opts.below);
       try {
         await this.withScratch('apt', async (scratch) => {
-          const dirs = { lowers: lowers.map((l) => l.path), upper: join(scratch, 'upper'), work: join(scratch, 'work'), merged: join(scratch, 'merged') };
+          // The package lists are fetched by the first build of this process and reused for an hour.
+          const aptLists = join(this.tmpDir, `aptlists-${process.pid}-shared`);
+          const fresh = this.aptListsAt !== 0 && Date.now() - this.aptListsAt < 3600_000 && existsSync(aptLists);
+          mkdirSync(aptLists, { recursive: true, mode: 0o755 });
+          const dirs = { lowers: lowers.map((l) => l.path), upper: join(scratch, 'upper'), work: join(scratch, 'work'), merged: join(scratch, 'merged'), aptLists };
           for (const d of [dirs.upper, dirs.work, dirs.merged]) mkdirSync(d, { mode: 0o755 });
           progress({ phase: 'fetch', message: `apt-get install ${opts.packages.join(' ')}`, fraction: 0 }, true);
-          await runAptLayer(dirs, opts.packages, { ...(opts.mirror ? { mirror: opts.mirror } : {}), onLine: (l) => progress({ phase: 'fetch', message: l.slice(0, 200) }) });
+          await runAptLayer(dirs, opts.packages, { ...(opts.mirror ? { mirror: opts.mirror } : {}), update: !fresh, onLine: (l) => progress({ phase: 'fetch', message: l.slice(0, 200) }) });
+          this.aptListsAt = fresh ? this.aptListsAt : Date.now();
           scrubLayerUpper(dirs.upper);
           progress({ phase: 'mkfs', message: 'packing the layer with mkfs.erofs', fraction: 0 }, true);
           const tmp = join(this.cacheDir, `.tmp-${process.pid}-${randomBytes(6).toString('hex')}.erofs`);
