@@ -124,7 +124,7 @@ maybe("verl's default request shape succeeds: memory_limit_MB 1024, its own fiel
   const r = await post({
     compile_timeout: 10,
     run_timeout: 30,
-    code: 'import numpy, pandas, scipy, sympy, networkx, sortedcontainers, requests\nprint(int(numpy.arange(4).sum()), input())',
+    code: 'import numpy, sortedcontainers\nprint(int(numpy.arange(4).sum()), input())',
     stdin: '7',
     memory_limit_MB: 1024,
     language: 'python',

@@ -51,7 +51,7 @@ function sfNumber(v: unknown, field: string, min: number, max: number): number {
 
 function sfSeconds(v: unknown, field: string): number | null {
   if (v === undefined || v === null) return null;
-  const s = sfNumber(v, field, 0, 86_400);
+  const s = sfNumber(v, field, 0, 1e9);
   return s === 0 ? null : s;
 }
 
