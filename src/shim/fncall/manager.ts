@@ -198,9 +198,14 @@ export class FnCallManager {
   }
 
   /** Every language: which toolkit carries it, which pools carry it; and the unavailable ones with the reason. */
-  languages(): { available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>; unavailable: Array<{ name: string; reason: string }> } {
+  languages(): {
+    available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
+    unavailable: Array<{ name: string; reason: string }>;
+    toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
+  } {
     const pools = [...this.pools.values()];
     return {
+      toolkits: Object.values(TOOLKITS).map((t) => ({ name: t.name, packages: t.packages, below: t.below, lazy: t.lazy === true, build: this.toolkitBuildTimes[t.name] ?? null })),
       available: Object.values(LANGUAGES).map((l) => ({
         name: l.name,
         aliases: aliasesOf(l.name),
