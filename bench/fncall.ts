@@ -102,7 +102,7 @@ function runcBundle(rootfs: string, workDir: string, args: string[]): string {
 const LANG_HELLO: Array<{ lang: string; code: string; file: string; hostBuild?: string[]; run: string[] }> = [
   { lang: 'python3', code: 'print("hello")', file: 'main.py', run: ['python3', '-B', 'main.py'] },
   { lang: 'cpp', code: '#include <cstdio>\nint main(){ puts("hello"); }', file: 'main.cpp', hostBuild: ['g++', '-O2', '-o', 'main-cpp', 'main.cpp'], run: ['./main-cpp'] },
-  { lang: 'java', code: 'public class Main { public static void main(String[] a) { System.out.println("hello"); } }', file: 'Main.java', hostBuild: ['javac', 'Main.java'], run: ['java', '-XX:+UseSerialGC', '-XX:TieredStopAtLevel=1', '-cp', '.', 'Main'] },
+  { lang: 'java', code: 'public class Main { public static void main(String[] a) { System.out.println("hello"); } }', file: 'Main.java', hostBuild: ['javac', 'Main.java'], run: ['java', '-XX:+UseSerialGC', '-XX:-UsePerfData', '-XX:TieredStopAtLevel=1', '-cp', '.', 'Main'] },
   { lang: 'nodejs', code: 'console.log("hello")', file: 'main.js', run: ['node', 'main.js'] },
   { lang: 'rust', code: 'fn main() { println!("hello"); }', file: 'main.rs', hostBuild: ['rustc', '-O', '-o', 'main-rs', 'main.rs'], run: ['./main-rs'] },
   { lang: 'perl', code: 'print "hello\n";', file: 'main.pl', run: ['perl', 'main.pl'] },

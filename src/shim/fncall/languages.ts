@@ -28,7 +28,7 @@ export interface LanguageDef {
   testRunner?: boolean;
 }
 
-const JVM = ['-XX:+UseSerialGC', '-XX:TieredStopAtLevel=1', '-XX:CICompilerCount=1', '-Xss8m', '-XX:MaxRAM={memoryMb}m', '-XX:MaxRAMPercentage=70'];
+const JVM = ['-XX:+UseSerialGC', '-XX:-UsePerfData', '-XX:TieredStopAtLevel=1', '-XX:CICompilerCount=1', '-Xss8m', '-XX:MaxRAM={memoryMb}m', '-XX:MaxRAMPercentage=70'];
 const TS_TRANSPILE = [
   "const ts = require('typescript'), fs = require('fs');",
   "const r = ts.transpileModule(fs.readFileSync('main.ts', 'utf8'), { fileName: 'main.ts', reportDiagnostics: true, compilerOptions: { target: ts.ScriptTarget.ES2020, module: ts.ModuleKind.CommonJS } });",
@@ -58,7 +58,7 @@ export const LANGUAGES: Record<Language, LanguageDef> = {
     toolkit: 'java',
     source: 'Main.java',
     sourceFor: (code) => javaClass(code, 'Main'),
-    compile: ['javac', '-J-XX:+UseSerialGC', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-encoding', 'UTF-8', '{source}'],
+    compile: ['javac', '-J-XX:+UseSerialGC', '-J-XX:-UsePerfData', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-encoding', 'UTF-8', '{source}'],
     run: ['java', ...JVM, '-cp', '.', '{class}'],
   },
   junit: {
@@ -66,12 +66,12 @@ export const LANGUAGES: Record<Language, LanguageDef> = {
     toolkit: 'java',
     source: 'MainTest.java',
     sourceFor: (code) => javaClass(code, 'MainTest'),
-    compile: ['javac', '-J-XX:+UseSerialGC', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-encoding', 'UTF-8', '-cp', `${JUNIT_JAR}:.`, '{source}'],
+    compile: ['javac', '-J-XX:+UseSerialGC', '-J-XX:-UsePerfData', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-encoding', 'UTF-8', '-cp', `${JUNIT_JAR}:.`, '{source}'],
     run: ['java', ...JVM, '-jar', JUNIT_JAR, '--disable-banner', '--details=tree', '--disable-ansi-colors', '--fail-if-no-tests', '-cp', '.', '--select-class', '{class}'],
     testRunner: true,
   },
-  scala: { name: 'scala', toolkit: 'scala', source: 'Main.scala', compile: ['scalac', '-J-XX:+UseSerialGC', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-nowarn', 'Main.scala'], run: ['scala', '-J-XX:+UseSerialGC', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=70', '-cp', '.', 'Main'] },
-  kotlin_script: { name: 'kotlin_script', toolkit: 'kotlin', source: 'main.kts', run: ['kotlinc', '-J-XX:+UseSerialGC', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-script', 'main.kts'] },
+  scala: { name: 'scala', toolkit: 'scala', source: 'Main.scala', compile: ['scalac', '-J-XX:+UseSerialGC', '-J-XX:-UsePerfData', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-nowarn', 'Main.scala'], run: ['scala', '-J-XX:+UseSerialGC', '-J-XX:-UsePerfData', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=70', '-cp', '.', 'Main'] },
+  kotlin_script: { name: 'kotlin_script', toolkit: 'kotlin', source: 'main.kts', run: ['kotlinc', '-J-XX:+UseSerialGC', '-J-XX:-UsePerfData', '-J-XX:TieredStopAtLevel=1', '-J-XX:MaxRAM={memoryMb}m', '-J-XX:MaxRAMPercentage=75', '-script', 'main.kts'] },
   nodejs: { name: 'nodejs', toolkit: 'node', source: 'main.js', run: ['node', 'main.js'] },
   // Types are not checked (as with tsx, which SandboxFusion runs): TypeScript's own transpiler
   // turns main.ts into main.js, and only syntax errors fail the compile.
