@@ -7,12 +7,13 @@
  *
  * Isolation between invocations (docs/fncall.md):
  * - Each invocation runs as an unprivileged user (nobody) in a private mount
- *   namespace and a new IPC namespace of its own: the root is remounted
- *   read-only, /tmp and /dev/shm are fresh size-limited tmpfs mounts that vanish
- *   with the invocation, and only /work (the work dir, HOME) is writable.
+ *   namespace, a new IPC namespace and a new network namespace (loopback only) of
+ *   its own: the root is remounted read-only, /dev/shm is a fresh size-limited
+ *   tmpfs that vanishes with the invocation, and only /work (the work dir, HOME)
+ *   and the scratch directories (/tmp, /mnt, ...: SCRATCH_TARGETS) are writable.
  * - After each invocation the container is reset and the reset is verified:
  *   every process except pid 1 is killed and the cgroup must hold only pid 1;
- *   /work is emptied and must be empty; and the overlay's upper dir must hold
+ *   /work and the scratch filesystem are emptied and must be empty; and the overlay's upper dir must hold
  *   exactly what it held when the container was made (nothing written anywhere
  *   else survives). A container that fails a check is destroyed and replaced.
  * - The environment is built from scratch for every exec.

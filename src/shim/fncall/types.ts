@@ -18,7 +18,7 @@ export interface PoolLimits {
   pids: number;
   /** Largest file an invocation may write (RLIMIT_FSIZE). */
   fileSizeBytes: number;
-  /** Size of the fresh tmpfs mounted on /tmp and /dev/shm for each invocation. */
+  /** Size of the scratch filesystem (/tmp, /mnt, ... of every invocation, emptied after each) and of each invocation's fresh /dev/shm. */
   tmpfsBytes: number;
   /** Size of the work dir /work (a tmpfs of each container, emptied after every invocation). */
   workBytes: number;
