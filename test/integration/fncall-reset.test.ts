@@ -68,6 +68,12 @@ print('bound')
   t.is(f.shim.functions.pool('one').containerList()[0]!.id, c!.id, 'both ran in the same container');
 });
 
+maybe("the judge base has Python's scientific and testing packages (Debian's)", async (t) => {
+  const r = await py('import numpy, pandas, scipy, sympy, networkx, sortedcontainers, requests, pytest, yaml, dateutil, regex\nprint(numpy.__version__.split(".")[0], pandas.DataFrame({"a": [1, 2]}).a.sum())', { timeoutMs: 60_000 });
+  t.is(r.status, 'ok', r.stderr);
+  t.is(r.stdout, '1 3\n');
+});
+
 maybe('localhost resolves (/etc/hosts) and loopback works inside an invocation', async (t) => {
   const r = await py(`
 import socket, threading
