@@ -128,7 +128,7 @@ function hostHas(cmd: string): boolean {
 }
 
 async function benchLanguages(client: WarrenClient, dataDir: string, work: string): Promise<unknown> {
-  const n = Number(process.env.BENCH_LANG_ITERATIONS ?? 48);
+  const n = Number(process.env.BENCH_LANG_ITERATIONS ?? 32);
   const t0 = Date.now();
   const info0 = await client.functions.languages();
   const kits = info0.toolkits.filter((t) => !t.lazy && t.name !== 'python').map((t) => t.name);
@@ -155,11 +155,18 @@ async function benchLanguages(client: WarrenClient, dataDir: string, work: strin
     for (const l of LANG_HELLO) {
       writeFileSync(join(work, l.file), `${l.code}\n`);
       const invoke = async () => {
-        const r = await client.functions.invoke('bench-langs', { code: l.code, language: l.lang, timeoutMs: 60_000 });
+        const r = await client.functions.invoke('bench-langs', { code: l.code, language: l.lang, timeoutMs: 60_000, compileTimeoutMs: 120_000 });
         if (r.status !== 'ok' || !r.stdout.startsWith('hello')) throw new Error(`${l.lang}: ${JSON.stringify(r).slice(0, 500)}`);
       };
-      await measure(8, 8, invoke);
-      const wr = await measure(n, 8, invoke);
+      let wr: Sample;
+      try {
+        await measure(8, 8, invoke);
+        wr = await measure(n, 8, invoke);
+      } catch (err) {
+        console.log(`${l.lang}: failed: ${(err as Error).message.slice(0, 300)}`);
+        rows.push({ language: l.lang, 'warren inv/s': 'failed', 'warren p50 ms': '-', 'host inv/s': '-', 'host p50 ms': '-', 'runc inv/s': '-', 'runc p50 ms': '-' });
+        continue;
+      }
       let hr: Sample | null = null;
       let rr: Sample | null = null;
       const onHost = l.run.length > 0 && (l.hostBuild !== undefined ? hostHas(l.hostBuild[0]!) : hostHas(l.run[0]!));
@@ -176,6 +183,7 @@ async function benchLanguages(client: WarrenClient, dataDir: string, work: strin
         }
       }
       out[l.lang] = { warren: wr, host: hr, runc: rr };
+      console.log(`${l.lang}: warren ${wr.throughput.toFixed(1)}/s p50 ${wr.p50.toFixed(0)} ms; host ${hr ? `${hr.throughput.toFixed(1)}/s p50 ${hr.p50.toFixed(0)} ms` : 'n/a'}; runc ${rr ? `${rr.throughput.toFixed(1)}/s p50 ${rr.p50.toFixed(0)} ms` : 'n/a'}`);
       rows.push({
         language: l.lang,
         'warren inv/s': wr.throughput.toFixed(1),
