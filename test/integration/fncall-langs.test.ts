@@ -194,7 +194,7 @@ test.before(async () => {
   const layers = Object.values(TOOLKITS)
     .filter((t) => t.name !== 'python' && (lazy || !t.lazy))
     .map((t) => t.name);
-  await f.pool({ name: POOL, layers, min: 2, max: 4, limits: { memoryMb: 256, pids: 128, timeoutMs: 60_000, maxTimeoutMs: 60_000 } });
+  await f.pool({ name: POOL, layers, min: 2, max: 4, limits: { memoryMb: 256, pids: 128, timeoutMs: 60_000, maxTimeoutMs: 120_000 } });
 });
 
 test.after.always(async () => {
@@ -208,7 +208,7 @@ async function inv(language: string, code: string, extra: Record<string, unknown
   if (inFlight >= 8) await new Promise<void>((r) => waiting.push(r));
   inFlight++;
   try {
-    return await f.admin.functions.invoke(POOL, { code, language, compileTimeoutMs: 60_000, ...extra });
+    return await f.admin.functions.invoke(POOL, { code, language, compileTimeoutMs: 120_000, ...extra });
   } finally {
     inFlight--;
     waiting.shift()?.();
