@@ -208,8 +208,10 @@ async function benchLanguages(client: WarrenClient, dataDir: string, work: strin
  * The cost of a fresh network namespace per invocation: the same python3 hello at c=8 in a
  * second gateway whose invocations share their container's namespace (WARREN_FNCALL_NETNS=0).
  */
-async function benchNetns(main: WarrenClient, py: string): Promise<unknown> {
-  const dir = mkdtempSync(join(os.tmpdir(), 'warren-bench-fn-nonet-'));
+async function benchNetns(main: WarrenClient, py: string, mainDataDir: string): Promise<unknown> {
+  // a persistent data dir of its own (layers stay mounted after the gateway stops: node state)
+  const dir = `${mainDataDir}-nonet`;
+  mkdirSync(dir, { recursive: true });
   const gw = await startGateway(dir, { WARREN_FNCALL_NETNS: '0' });
   const client = new WarrenClient({ url: gw.url, token: readFileSync(join(dir, 'admin.token'), 'utf8').trim(), connections: 128 });
   try {
@@ -237,7 +239,6 @@ async function benchNetns(main: WarrenClient, py: string): Promise<unknown> {
     await client.close();
     gw.child.kill('SIGTERM');
     await new Promise((r) => gw.child.once('exit', r));
-    await rm(dir, { recursive: true, force: true });
   }
 }
 
@@ -320,7 +321,7 @@ async function main() {
     console.log('\n# FnCall invocations (targets: warren/host >= 70%, warren/runc >= 10x, p99/p50 at c=64 <= 5)');
     printTable(rows);
     if (process.env.BENCH_LANGUAGES !== '0') results.languages = await benchLanguages(client, dataDir, work);
-    if (process.env.BENCH_NETNS !== '0') results.netns = await benchNetns(client, py);
+    if (process.env.BENCH_NETNS !== '0') results.netns = await benchNetns(client, py, dataDir);
     const stats = await client.functions.get('bench');
     console.log(`\npool after the run: ${stats.invocations} invocations, ${stats.replaced} containers replaced, p50 ${stats.p50Ms} ms, p99 ${stats.p99Ms} ms`);
     mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
