@@ -8,6 +8,8 @@
 import type { Request, Response, Server } from 'hyper-express';
 import { WarrenError, asWarrenError } from '../../errors';
 import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
+// the judge's own toolkit layers (built by the node from Debian's packages) are everyone's
+import { TOOLKITS } from '../../shim/fncall/toolkits';
 import { type RunJupyterResponse, fitToPolicy, sandboxErrorResponse, toRunCodeResponse, validateRunCode, validateRunJupyter } from '../../shim/fncall/sandboxfusion';
 import { FN_LIMITS, validateBatch, validateInvoke, validateJudge, validatePoolName } from '../../shim/fncall/wire';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
@@ -55,7 +57,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
       const fn = fncallOf(ctx);
       // A pool serves every account that may invoke it: its creator must at least be allowed its content.
       const principal = principalOf(account);
-      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers }));
+      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers.filter((l) => TOOLKITS[l] === undefined) }));
       // ?wait=1: answer once min containers are warm (the first start may build the judge image).
       if (queryOf(req).get('wait') === '1') {
         await fn.waitWarm(stats.name);
