@@ -61,9 +61,9 @@ function run(cmd: string, args: string[], opts: { cwd?: string } = {}): Promise<
   });
 }
 
-function startGateway(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
+function startGateway(dataDir: string, env: Record<string, string> = {}): Promise<{ url: string; child: ChildProcess }> {
   const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   return new Promise((resolve, reject) => {
     let out = '';
     const onData = (c: Buffer) => {
@@ -96,6 +96,150 @@ function runcBundle(rootfs: string, workDir: string, args: string[]): string {
   config.linux.resources = { memory: { limit: 512 * 1024 * 1024 }, cpu: { quota: 100000, period: 100000 }, pids: { limit: 128 } };
   writeFileSync(join(bundle, 'config.json'), JSON.stringify(config));
   return bundle;
+}
+
+/** Hello world per language; host and runc where the host has the toolchain (compiled once, on the host). */
+const LANG_HELLO: Array<{ lang: string; code: string; file: string; hostBuild?: string[]; run: string[] }> = [
+  { lang: 'python3', code: 'print("hello")', file: 'main.py', run: ['python3', '-B', 'main.py'] },
+  { lang: 'cpp', code: '#include <cstdio>\nint main(){ puts("hello"); }', file: 'main.cpp', hostBuild: ['g++', '-O2', '-o', 'main-cpp', 'main.cpp'], run: ['./main-cpp'] },
+  { lang: 'java', code: 'public class Main { public static void main(String[] a) { System.out.println("hello"); } }', file: 'Main.java', hostBuild: ['javac', 'Main.java'], run: ['java', '-XX:+UseSerialGC', '-XX:-UsePerfData', '-XX:TieredStopAtLevel=1', '-cp', '.', 'Main'] },
+  { lang: 'nodejs', code: 'console.log("hello")', file: 'main.js', run: ['node', 'main.js'] },
+  { lang: 'rust', code: 'fn main() { println!("hello"); }', file: 'main.rs', hostBuild: ['rustc', '-O', '-o', 'main-rs', 'main.rs'], run: ['./main-rs'] },
+  { lang: 'perl', code: 'print "hello\n";', file: 'main.pl', run: ['perl', 'main.pl'] },
+  { lang: 'go', code: 'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }', file: 'main.go', run: [] },
+  { lang: 'php', code: '<?php echo "hello\n";', file: 'main.php', run: [] },
+  { lang: 'ruby', code: 'puts "hello"', file: 'main.rb', run: [] },
+  { lang: 'lua', code: 'print("hello")', file: 'main.lua', run: [] },
+  { lang: 'R', code: 'cat("hello\n")', file: 'main.R', run: [] },
+  { lang: 'typescript', code: 'const s: string = "hello"; console.log(s)', file: 'main.ts', run: [] },
+  { lang: 'scala', code: 'object Main { def main(a: Array[String]): Unit = println("hello") }', file: 'Main.scala', run: [] },
+  { lang: 'csharp', code: 'class P { static void Main() { System.Console.WriteLine("hello"); } }', file: 'main.cs', run: [] },
+  { lang: 'd', code: 'import std.stdio; void main() { writeln("hello"); }', file: 'main.d', run: [] },
+  { lang: 'verilog', code: 'module main; initial begin $display("hello"); $finish; end endmodule', file: 'main.v', run: [] },
+];
+
+function hostHas(cmd: string): boolean {
+  try {
+    execFileSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function benchLanguages(client: WarrenClient, dataDir: string, work: string): Promise<unknown> {
+  const n = Number(process.env.BENCH_LANG_ITERATIONS ?? 32);
+  const t0 = Date.now();
+  const info0 = await client.functions.languages();
+  const kits = info0.toolkits.filter((t) => !t.lazy && t.name !== 'python').map((t) => t.name);
+  await client.functions.create({ name: 'bench-langs', layers: kits, min: POOL_SIZE, max: POOL_SIZE, maxQueue: 10_000, limits: { memoryMb: 512, maxTimeoutMs: 120_000 } }, { wait: true });
+  const info = await client.functions.languages();
+  console.log(`\n# toolkit layers (pool with ${kits.length} toolkits warm in ${((Date.now() - t0) / 1000).toFixed(1)} s): build (cold: apt-get + mkfs.erofs) or node-cache time`);
+  printTable(
+    info.toolkits
+      .filter((t) => t.build !== null)
+      .map((t) => ({ toolkit: t.name, packages: t.packages.join(' '), from: t.build!.cached ? 'node cache' : 'built', seconds: (t.build!.buildMs / 1000).toFixed(1), MiB: (t.build!.sizeBytes / 1048576).toFixed(0) })),
+  );
+  // runc: the pool's own layer stack as one read-only overlay
+  const pool = await client.functions.get('bench-langs');
+  const images = await client.images.list();
+  const judge = images.find((i) => i.name === 'judge')!;
+  const kitDigests = [...pool.layers.filter((l) => l !== 'python'), 'python'].map((k) => images.find((i) => i.name === `fncall-${k}`)?.layers[0]).filter((d): d is string => d !== undefined);
+  const lowers = [...kitDigests, ...judge.layers].map((d) => join(dataDir, 'layers', 'mnt', d.replace(/^sha256:/, '')));
+  const rootfs = mkdtempSync(join(os.tmpdir(), 'warren-bench-fn-rootfs-'));
+  const haveRunc = hostHas('runc') && lowers.every((l) => existsSync(l));
+  if (haveRunc) execFileSync('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${lowers.join(':')}`, rootfs]);
+  const rows: Array<Record<string, string>> = [];
+  const out: Record<string, unknown> = { toolkits: info.toolkits };
+  try {
+    for (const l of LANG_HELLO) {
+      writeFileSync(join(work, l.file), `${l.code}\n`);
+      const invoke = async () => {
+        const r = await client.functions.invoke('bench-langs', { code: l.code, language: l.lang, timeoutMs: 60_000, compileTimeoutMs: 120_000 });
+        if (r.status !== 'ok' || !r.stdout.startsWith('hello')) throw new Error(`${l.lang}: ${JSON.stringify(r).slice(0, 500)}`);
+      };
+      let wr: Sample;
+      try {
+        await measure(8, 8, invoke);
+        wr = await measure(n, 8, invoke);
+      } catch (err) {
+        console.log(`${l.lang}: failed: ${(err as Error).message.slice(0, 300)}`);
+        rows.push({ language: l.lang, 'warren inv/s': 'failed', 'warren p50 ms': '-', 'host inv/s': '-', 'host p50 ms': '-', 'runc inv/s': '-', 'runc p50 ms': '-' });
+        continue;
+      }
+      let hr: Sample | null = null;
+      let rr: Sample | null = null;
+      const onHost = l.run.length > 0 && (l.hostBuild !== undefined ? hostHas(l.hostBuild[0]!) : hostHas(l.run[0]!));
+      if (onHost) {
+        if (l.hostBuild) execFileSync(l.hostBuild[0]!, l.hostBuild.slice(1), { cwd: work, stdio: 'ignore' });
+        const cmd = l.run[0]!.startsWith('./') ? join(work, l.run[0]!) : l.run[0]!;
+        await measure(4, 4, () => run(cmd, l.run.slice(1), { cwd: work }));
+        hr = await measure(n, 8, () => run(cmd, l.run.slice(1), { cwd: work }));
+        if (haveRunc) {
+          const bundle = runcBundle(rootfs, work, l.run[0]!.startsWith('./') ? [`/mnt/${l.run[0]!.slice(2)}`, ...l.run.slice(1)] : l.run);
+          let seq = 0;
+          rr = await measure(Math.max(16, Math.floor(n / 3)), 8, () => run('runc', ['run', '--bundle', bundle, `wfl-${process.pid}-${seq++}`]));
+          await rm(bundle, { recursive: true, force: true });
+        }
+      }
+      out[l.lang] = { warren: wr, host: hr, runc: rr };
+      console.log(`${l.lang}: warren ${wr.throughput.toFixed(1)}/s p50 ${wr.p50.toFixed(0)} ms; host ${hr ? `${hr.throughput.toFixed(1)}/s p50 ${hr.p50.toFixed(0)} ms` : 'n/a'}; runc ${rr ? `${rr.throughput.toFixed(1)}/s p50 ${rr.p50.toFixed(0)} ms` : 'n/a'}`);
+      rows.push({
+        language: l.lang,
+        'warren inv/s': wr.throughput.toFixed(1),
+        'warren p50 ms': wr.p50.toFixed(0),
+        'host inv/s': hr ? hr.throughput.toFixed(1) : 'n/a',
+        'host p50 ms': hr ? hr.p50.toFixed(0) : 'n/a',
+        'runc inv/s': rr ? rr.throughput.toFixed(1) : 'n/a',
+        'runc p50 ms': rr ? rr.p50.toFixed(0) : 'n/a',
+      });
+    }
+  } finally {
+    if (haveRunc) execFileSync('umount', [rootfs]);
+    await rm(rootfs, { recursive: true, force: true });
+    await client.functions.delete('bench-langs');
+  }
+  console.log(`\n# hello world per language at c=8 (${n} invocations each; Warren compiles in every invocation, host and runc run an artifact compiled once on the host; n/a: the host has no such toolchain)`);
+  printTable(rows);
+  return out;
+}
+
+/**
+ * The cost of a fresh network namespace per invocation: the same python3 hello at c=8 in a
+ * second gateway whose invocations share their container's namespace (WARREN_FNCALL_NETNS=0).
+ */
+async function benchNetns(main: WarrenClient, py: string, mainDataDir: string): Promise<unknown> {
+  // a persistent data dir of its own (layers stay mounted after the gateway stops: node state)
+  const dir = `${mainDataDir}-nonet`;
+  mkdirSync(dir, { recursive: true });
+  const gw = await startGateway(dir, { WARREN_FNCALL_NETNS: '0' });
+  const client = new WarrenClient({ url: gw.url, token: readFileSync(join(dir, 'admin.token'), 'utf8').trim(), connections: 128 });
+  try {
+    await client.functions.create({ name: 'nonet', min: POOL_SIZE, max: POOL_SIZE, maxQueue: 10_000 }, { wait: true });
+    const invoke = async () => {
+      const r = await client.functions.invoke('nonet', { code: py, language: 'python3' });
+      if (r.status !== 'ok') throw new Error(JSON.stringify(r).slice(0, 300));
+    };
+    const mainInvoke = async () => {
+      const r = await main.functions.invoke('bench', { code: py, language: 'python3' });
+      if (r.status !== 'ok') throw new Error(JSON.stringify(r).slice(0, 300));
+    };
+    await measure(40, 8, invoke);
+    await measure(40, 8, mainInvoke);
+    // alternated, so both see the same machine
+    const without = await measure(ITER, 8, invoke);
+    const w = await measure(ITER, 8, mainInvoke);
+    console.log('\n# fresh network namespace per invocation (python3 hello, c=8)');
+    printTable([
+      { netns: 'fresh per invocation (default)', 'inv/s': w.throughput.toFixed(0), 'p50 ms': w.p50.toFixed(1) },
+      { netns: "shared (the container's)", 'inv/s': without.throughput.toFixed(0), 'p50 ms': without.p50.toFixed(1) },
+    ]);
+    return { fresh: w, shared: without };
+  } finally {
+    await client.close();
+    gw.child.kill('SIGTERM');
+    await new Promise((r) => gw.child.once('exit', r));
+  }
 }
 
 async function main() {
@@ -142,7 +286,7 @@ async function main() {
       },
     ];
     const rows: Array<Record<string, string>> = [];
-    for (const w of workloads) {
+    for (const w of process.env.BENCH_MAIN === '0' ? [] : workloads) {
       const invoke = async () => {
         const r = await client.functions.invoke('bench', w.warren);
         if (r.status !== 'ok' || !r.stdout.startsWith('hello')) throw new Error(`invoke failed: ${JSON.stringify(r).slice(0, 500)}`);
@@ -176,6 +320,8 @@ async function main() {
     }
     console.log('\n# FnCall invocations (targets: warren/host >= 70%, warren/runc >= 10x, p99/p50 at c=64 <= 5)');
     printTable(rows);
+    if (process.env.BENCH_LANGUAGES !== '0') results.languages = await benchLanguages(client, dataDir, work);
+    if (process.env.BENCH_NETNS !== '0') results.netns = await benchNetns(client, py, dataDir);
     const stats = await client.functions.get('bench');
     console.log(`\npool after the run: ${stats.invocations} invocations, ${stats.replaced} containers replaced, p50 ${stats.p50Ms} ms, p99 ${stats.p99Ms} ms`);
     mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });

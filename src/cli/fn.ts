@@ -2,7 +2,8 @@
  * `warren fn ...`: FnCall pools from the command line.
  *
  *   warren fn pools [--json]                       live stats: warm, busy, queued, p50/p99
- *   warren fn create NAME [--image I] [--min N] [--max N] [--queue N] [--memory MB] [--cpu N] [--pids N] [--wait]
+ *   warren fn languages [--json]
+  warren fn create NAME [--image I] [--layer TOOLKIT]... [--min N] [--max N] [--queue N] [--memory MB] [--cpu N] [--pids N] [--wait]
  *   warren fn rm NAME
  *   warren fn invoke POOL (--language L (--file SRC | --code CODE) | -- CMD [ARG...])
  *                    [--stdin-file F] [--timeout MS] [--cpu-ms MS] [--memory MB] [--put PATH=LOCALFILE]... [--json]
@@ -29,7 +30,8 @@ const COMMON = { url: { type: 'string' }, token: { type: 'string' }, 'data-dir':
 
 export const FN_USAGE = `usage:
   warren fn pools [--json]
-  warren fn create NAME [--image I] [--min N] [--max N] [--queue N] [--memory MB] [--cpu N] [--pids N] [--wait]
+  warren fn languages [--json]
+  warren fn create NAME [--image I] [--layer TOOLKIT]... [--min N] [--max N] [--queue N] [--memory MB] [--cpu N] [--pids N] [--wait]
   warren fn rm NAME
   warren fn invoke POOL (--language L (--file SRC | --code CODE) | -- CMD [ARG...])
                    [--stdin-file F] [--timeout MS] [--cpu-ms MS] [--memory MB] [--put PATH=LOCALFILE]... [--json]
@@ -102,8 +104,32 @@ export async function cmdFn(argv: string[], io: Io): Promise<number> {
         await c.close();
       }
     }
+    case 'languages': {
+      const { values } = parse(rest, {});
+      const c = client(values, io);
+      try {
+        const info = await c.functions.languages();
+        if (values.json) {
+          io.out(`${JSON.stringify(info, null, 2)}\n`);
+          return 0;
+        }
+        const rows = info.available.map((l) => ({
+          LANGUAGE: l.name,
+          ALIASES: l.aliases.join(',') || '-',
+          TOOLKIT: l.toolkit ?? '(judge image)',
+          KIND: l.testRunner ? 'tests' : l.compiled ? 'compiled' : 'interpreted',
+          POOLS: l.pools.join(',') || '-',
+        }));
+        io.out(formatTable(rows, ['LANGUAGE', 'ALIASES', 'TOOLKIT', 'KIND', 'POOLS']));
+        io.out(`\nunavailable:\n${info.unavailable.map((u) => `  ${u.name}: ${u.reason}`).join('\n')}\n`);
+        return 0;
+      } finally {
+        await c.close();
+      }
+    }
     case 'create': {
       const { values, positionals } = parse(rest, {
+        layer: { type: 'string', multiple: true },
         image: { type: 'string' },
         min: { type: 'string' },
         max: { type: 'string' },
@@ -117,6 +143,7 @@ export async function cmdFn(argv: string[], io: Io): Promise<number> {
       if (name === undefined || positionals.length > 1) throw new UsageError('usage: warren fn create NAME [options]');
       const spec: PoolOptions = { name };
       if (values.image) spec.image = values.image;
+      if (values.layer && values.layer.length > 0) spec.layers = values.layer;
       const min = int(values.min, 'min');
       if (min !== undefined) spec.min = min;
       const max = int(values.max, 'max');

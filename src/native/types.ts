@@ -142,9 +142,13 @@ export interface ExecIsolation {
   ipc?: boolean;
   /** Remount / read-only in the process's own mount namespace (paths in `writable` stay writable). */
   readOnlyRoot?: boolean;
-  /** Absolute paths (at most 8) kept writable under a read-only root. */
+  /** Absolute paths (at most 16) kept writable under a read-only root. */
   writable?: string[];
-  /** Fresh tmpfs mounts (at most 8) over these absolute paths; sizeBytes 4096..2^40, mode 0..0o7777, owner uid/gid (default 0). */
+  /** Directories of the sandbox (at most 16) bind-mounted onto other absolute paths (writable under a read-only root). */
+  binds?: Array<{ source: string; target: string }>;
+  /** A new network namespace with only loopback (up): sockets, ports and conntrack state die with the process. */
+  net?: boolean;
+  /** Fresh tmpfs mounts (at most 16) over these absolute paths; sizeBytes 4096..2^40, mode 0..0o7777, owner uid/gid (default 0). */
   tmpfs?: Array<{ path: string; sizeBytes: number; mode: number; uid?: number; gid?: number }>;
   /** Make the tmpfs mounts in the sandbox's own mount namespace (no private namespace; nothing else allowed). */
   inPlace?: boolean;

@@ -7,7 +7,10 @@
  */
 import type { WarrenClient } from './index';
 import type { InvokeResult, InvokeStatus, JudgeResult, PoolLimits, PoolStats, Verdict } from '../shim/fncall/types';
-import type { RunCodeResponse } from '../shim/fncall/sandboxfusion';
+import type { RunCodeResponse, RunJupyterResponse } from '../shim/fncall/sandboxfusion';
+import type { FnCallManager } from '../shim/fncall/manager';
+
+export type LanguagesInfo = ReturnType<FnCallManager['languages']>;
 
 export type { InvokeResult, InvokeStatus, JudgeResult, PoolLimits, PoolStats, Verdict, RunCodeResponse };
 
@@ -98,5 +101,15 @@ export class FunctionsApi {
   /** SandboxFusion-compatible POST /run_code. */
   runCode(req: Record<string, unknown>): Promise<RunCodeResponse> {
     return this.client.requestJson('POST', '/run_code', { json: req, headersTimeout: 900_000, bodyTimeout: 900_000 });
+  }
+
+  /** SandboxFusion-compatible POST /run_jupyter: cells in one stateful Python kernel. */
+  runJupyter(req: Record<string, unknown>): Promise<RunJupyterResponse> {
+    return this.client.requestJson('POST', '/run_jupyter', { json: req, headersTimeout: 900_000, bodyTimeout: 900_000 });
+  }
+
+  /** The languages of this node: toolkit and pools of each available one, and the unavailable ones with the reason. */
+  languages(): Promise<LanguagesInfo> {
+    return this.client.requestJson('GET', '/v1/languages');
   }
 }

@@ -80,3 +80,13 @@ maybe('warren fn pools: live stats', async (t) => {
   t.true(pools[0]!.invocations >= 4);
   t.true(pools[0]!.p50Ms > 0);
 });
+
+maybe('warren fn languages: toolkit, kind and pools of each language, and the unavailable ones with the reason', async (t) => {
+  const r = await warren(['fn', 'languages']);
+  t.is(r.code, 0, r.stderr);
+  t.regex(r.stdout, /LANGUAGE\s+ALIASES\s+TOOLKIT\s+KIND\s+POOLS/);
+  t.regex(r.stdout, /python3\s+python,py\s+\(judge image\)\s+interpreted\s+cli/);
+  t.regex(r.stdout, /java\s+-\s+java\s+compiled\s+-/);
+  t.regex(r.stdout, /pytest\s+-\s+python\s+tests\s+cli/);
+  t.regex(r.stdout, /unavailable:\n\s+julia: Julia is not packaged by Debian 12/);
+});

@@ -91,6 +91,8 @@ maybe('Failed: non-zero exit, TimeLimitExceeded, signals as negative return code
   const slow = await post({ code: 'import time; time.sleep(10)', language: 'python', run_timeout: 0.5 });
   t.is(slow.json.status, 'Failed');
   t.is(slow.json.run_result.status, 'TimeLimitExceeded');
+  t.is(slow.json.run_result.return_code, null);
+  t.is(slow.json.message, '');
   t.true(slow.json.run_result.execution_time >= 0.5 && slow.json.run_result.execution_time < 3);
   const seg = await post({ code: 'import os; os.kill(os.getpid(), 11)', language: 'python' });
   t.is(seg.json.run_result.return_code, -11);
@@ -115,6 +117,97 @@ maybe('bad input and auth', async (t) => {
   } finally {
     f.shim.functions.updateConfig({ runCodeAnonymous: false });
   }
+});
+
+maybe("verl's default request shape succeeds: memory_limit_MB 1024, its own fields, unknown fields ignored", async (t) => {
+  // what verl's sandbox_fusion utils send for a code reward
+  const r = await post({
+    compile_timeout: 10,
+    run_timeout: 30,
+    code: 'import numpy, sortedcontainers\nprint(int(numpy.arange(4).sum()), input())',
+    stdin: '7',
+    memory_limit_MB: 1024,
+    language: 'python',
+    files: {},
+    fetch_files: [],
+    extra_field: { anything: true },
+    kernel: 'python3',
+  });
+  t.is(r.status, 200, JSON.stringify(r.json));
+  t.is(r.json.status, 'Success', JSON.stringify(r.json));
+  t.is(r.json.run_result.stdout, '6 7\n');
+  const lower = await post({ code: 'print(1)', language: 'python', memory_limit_mb: 1024, run_timeout: '5' });
+  t.is(lower.json.status, 'Success', JSON.stringify(lower.json));
+});
+
+maybe('run_timeout: 0 and values above the policy mean the policy maximum; bad values name the request field', async (t) => {
+  const zero = await post({ code: 'import time; time.sleep(1.5); print("slept")', language: 'python', run_timeout: 0 });
+  t.is(zero.json.status, 'Success', JSON.stringify(zero.json));
+  const huge = await post({ code: 'print("ok")', language: 'python', run_timeout: 100000, memory_limit_MB: 65536 });
+  t.is(huge.json.status, 'Success', JSON.stringify(huge.json));
+  const bad = await post({ code: 'print(1)', language: 'python', run_timeout: 'soon' });
+  t.is(bad.status, 400);
+  t.is(bad.json.error.details.field, 'run_timeout');
+  t.regex(bad.json.error.message, /run_timeout/);
+  const neg = await post({ code: 'print(1)', language: 'python', memory_limit_MB: -5 });
+  t.is(neg.status, 400);
+  t.is(neg.json.error.details.field, 'memory_limit_MB');
+  const unknown = await post({ code: 'x', language: 'brainfuck' });
+  t.regex(unknown.json.error.message, /available: .*python3.*cpp/);
+});
+
+maybe('absolute fetch_files and files, as SandboxFusion allows', async (t) => {
+  const r = await post({
+    code: 'open("/mnt/b", "w").write(open("/data/in.txt").read().upper())',
+    language: 'python',
+    files: { '/data/in.txt': Buffer.from('abc').toString('base64') },
+    fetch_files: ['/mnt/b'],
+  });
+  t.is(r.json.status, 'Success', JSON.stringify(r.json));
+  t.is(Buffer.from(r.json.files['/mnt/b'], 'base64').toString(), 'ABC');
+});
+
+maybe('GET /v1/ping answers pong without a token', async (t) => {
+  const r = await rawRequest(f.url, { method: 'GET', path: '/v1/ping' });
+  t.is(r.status, 200);
+  t.is(r.json, 'pong');
+});
+
+maybe('/run_jupyter keeps state across cells: values, display of the last expression, errors stop the run', async (t) => {
+  const r = await rawRequest(f.url, {
+    method: 'POST',
+    path: '/run_jupyter',
+    token: f.adminToken,
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ cells: ['x = 20\nprint("set")', 'import json\nx += 1\nx * 2', 'def f(n): return n + x\nf(1)', '1/0', 'print("never")'], cell_timeout: 30, total_timeout: 60, kernel: 'python3' }),
+  });
+  t.is(r.status, 200, JSON.stringify(r.json));
+  t.is(r.json.status, 'Failed');
+  t.is(r.json.cells.length, 4);
+  t.is(r.json.cells[0].stdout, 'set\n');
+  t.deepEqual(r.json.cells[1].display, [{ 'text/plain': '42' }]);
+  t.deepEqual(r.json.cells[2].display, [{ 'text/plain': '22' }]);
+  t.is(r.json.cells[3].error[0].ename, 'ZeroDivisionError');
+  t.true(r.json.cells[3].error[0].traceback.join('').includes('ZeroDivisionError'));
+  t.is(r.json.driver.status, 'Finished');
+  const ok = await rawRequest(f.url, {
+    method: 'POST',
+    path: '/run_jupyter',
+    token: f.adminToken,
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ cells: ['a = [1, 2]', 'a.append(3)\nlen(a)'] }),
+  });
+  t.is(ok.json.status, 'Success', JSON.stringify(ok.json));
+  t.deepEqual(ok.json.cells[1].display, [{ 'text/plain': '3' }]);
+  const slow = await rawRequest(f.url, {
+    method: 'POST',
+    path: '/run_jupyter',
+    token: f.adminToken,
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ cells: ['import time\ntime.sleep(10)'], cell_timeout: 0.5 }),
+  });
+  t.is(slow.json.status, 'Failed');
+  t.is(slow.json.cells[0].error[0].ename, 'TimeoutError');
 });
 
 testUnless(skip)('pools declared in <dataDir>/fncall.json start with the node', async (t) => {

@@ -2,8 +2,11 @@ import test from 'ava';
 import { WarrenError } from '../../src/errors';
 import { check, parseChecker, verdictOf } from '../../src/shim/fncall/checkers';
 import { textResult } from '../../src/shim/fncall/container';
-import { toRunCodeResponse, validateRunCode } from '../../src/shim/fncall/sandboxfusion';
-import { validateBatch, validateInvoke, validateJudge, validatePoolSpec, validateWorkPath } from '../../src/shim/fncall/wire';
+import { fitToPolicy, toRunCodeResponse, validateRunCode } from '../../src/shim/fncall/sandboxfusion';
+import { DEFAULT_LIMITS, validateBatch, validateInvoke, validateJudge, validateLanguage, validatePoolSpec, validateSandboxPath, validateWorkPath } from '../../src/shim/fncall/wire';
+import { poolLanguages, poolLayerStack } from '../../src/shim/fncall/toolkits';
+import { expandArgv } from '../../src/shim/fncall/languages';
+import { debianLayerCacheKey } from '../../src/shim/layers/debian';
 
 const host = { cpus: 2, memoryMb: 24000 };
 
@@ -99,21 +102,66 @@ test('non-UTF-8 output keeps the exact bytes; a truncated multi-byte tail does n
 });
 
 test('SandboxFusion request defaults and response mapping', (t) => {
-  const r = validateRunCode({ code: 'print(1)', language: 'python', memory_limit_MB: -1, files: { 'a.txt': 'aGk=', 'b.txt': null }, fetch_files: ['a.txt'] });
-  t.is(r.timeoutMs, 10_000);
-  t.is(r.compileTimeoutMs, 10_000);
-  t.is(r.memoryMb, undefined);
+  const r = validateRunCode({ code: 'print(1)', language: 'python', memory_limit_MB: -1, files: { 'a.txt': 'aGk=', 'b.txt': null }, fetch_files: ['a.txt', '/mnt/b'] });
+  t.is(r.runTimeoutS, 10);
+  t.is(r.compileTimeoutS, 10);
+  t.is(r.memoryLimitMb, null);
+  t.deepEqual(r.fetchFiles, ['a.txt', '/mnt/b']);
   t.is(r.files.length, 1);
   t.is(r.files[0]!.data.toString(), 'hi');
   t.is(code(() => validateRunCode({ code: 'x', language: 'python', run_timeout: -1 })), 'LIMIT_OUT_OF_RANGE');
-  t.is(code(() => validateRunCode({ code: 'x', language: 'python', wat: 1 })), 'UNKNOWN_FIELD');
+  t.is(code(() => validateRunCode({ code: 'x', language: 'python', fetch_files: ['/etc/passwd'] })), 'PATH_ESCAPE');
+  // SandboxFusion ignores fields it does not know, and coerces numeric strings
+  t.notThrows(() => validateRunCode({ code: 'x', language: 'python', wat: 1, run_timeout: '3' }));
+  const limits = { ...DEFAULT_LIMITS, memoryMb: 512, maxTimeoutMs: 60_000 };
+  const verl = fitToPolicy(validateRunCode({ code: 'x', language: 'python', memory_limit_MB: 1024, run_timeout: 30 }), limits);
+  t.is(verl.memoryMb, 512);
+  t.is(verl.timeoutMs, 30_000);
+  const unlimited = fitToPolicy(validateRunCode({ code: 'x', language: 'python', run_timeout: 0, compile_timeout: 1e6 }), limits);
+  t.is(unlimited.timeoutMs, 60_000);
+  t.is(unlimited.compileTimeoutMs, 60_000);
   const base = { exitCode: 0, signal: null, stdout: 'x', stderr: '', truncated: false, wallMs: 1500, cpuMs: 1, memPeakBytes: 1, pool: 'p', queueMs: 0 };
   const ok = toRunCodeResponse({ ...base, status: 'ok', phase: 'run' });
   t.deepEqual(ok, { status: 'Success', message: '', compile_result: null, run_result: { status: 'Finished', execution_time: 1.5, return_code: 0, stdout: 'x', stderr: '' }, executor_pod_name: null, files: {} });
   const tle = toRunCodeResponse({ ...base, status: 'timeout', exitCode: null, signal: 9, phase: 'run' });
   t.is(tle.status, 'Failed');
+  t.is(tle.message, '');
   t.is(tle.run_result!.status, 'TimeLimitExceeded');
-  t.is(tle.run_result!.return_code, -9);
+  t.is(tle.run_result!.return_code, null);
+  const oom = toRunCodeResponse({ ...base, status: 'memory_limit', exitCode: null, signal: 9, phase: 'run' });
+  t.is(oom.run_result!.status, 'Finished');
+  t.is(oom.run_result!.return_code, -9);
   const ie = toRunCodeResponse({ ...base, status: 'internal_error', phase: 'run', message: 'boom' });
   t.is(ie.status, 'SandboxError');
+  t.is(ie.message, 'boom');
+});
+
+test('request paths: relative and /work paths are the work dir, scratch directories are absolute, the rest is refused', (t) => {
+  t.is(validateSandboxPath('a/./b.txt', 'f'), 'a/b.txt');
+  t.is(validateSandboxPath('/work/a', 'f'), 'a');
+  t.is(validateSandboxPath('/mnt//x/y', 'f'), '/mnt/x/y');
+  t.is(validateSandboxPath('/tmp/z', 'f'), '/tmp/z');
+  for (const bad of ['/etc/passwd', '/mnt', '/work', '/tmp/../etc/x', 'a/../../b', '/proc/1/root/x']) t.is(code(() => validateSandboxPath(bad, 'f')), 'PATH_ESCAPE', bad);
+});
+
+test('languages: SandboxFusion names and aliases; unavailable ones name the reason; unknown ones list the available', (t) => {
+  for (const [name, want] of [['python', 'python3'], ['js', 'nodejs'], ['ts', 'typescript'], ['R', 'R'], ['kotlin_script', 'kotlin_script'], ['D_ut', 'D_ut'], ['go_test', 'go_test']]) t.is(validateLanguage(name), want);
+  const e = t.throws(() => validateLanguage('julia')) as WarrenError;
+  t.regex(e.message, /not available on this node: Julia is not packaged by Debian 12.*available: python3/);
+  const u = t.throws(() => validateLanguage('cobol')) as WarrenError;
+  t.regex(u.message, /unknown language "cobol" \(available: python3, pytest, bash/);
+  t.is(u.details?.code, 'UNKNOWN_LANGUAGE');
+});
+
+test('toolkits: a pool stacks what it names, what that is built on, and the python toolkit; languages follow', (t) => {
+  t.deepEqual(poolLayerStack({ image: 'judge', layers: ['kotlin'] }), ['kotlin', 'java', 'python']);
+  t.deepEqual(poolLayerStack({ image: 'judge', layers: ['scala', 'java', 'mine'] }), ['mine', 'scala', 'java', 'python']);
+  t.deepEqual(poolLayerStack({ image: 'other', layers: ['mine'] }), ['mine']);
+  const langs = poolLanguages({ image: 'judge', layers: ['scala'] });
+  for (const l of ['python3', 'pytest', 'cpp', 'java', 'junit', 'scala']) t.true(langs.includes(l), l);
+  t.false(langs.includes('go'));
+  t.false(poolLanguages({ image: 'other', layers: [] }).includes('pytest'));
+  t.not(debianLayerCacheKey({ packages: ['golang-go'], below: ['sha256:a'] }), debianLayerCacheKey({ packages: ['golang-go'], below: ['sha256:b'] }));
+  t.is(debianLayerCacheKey({ packages: ['b', 'a'], below: ['sha256:a'] }), debianLayerCacheKey({ packages: ['a', 'b', 'a'], below: ['sha256:a'] }));
+  t.deepEqual(expandArgv(['java', '-XX:MaxRAM={memoryMb}m', '{class}', '{nope}'], { memoryMb: '256', class: 'Main' }), ['java', '-XX:MaxRAM=256m', 'Main', '{nope}']);
 });

@@ -97,7 +97,7 @@ test('policy: symlinked files and a symlinked directory are refused', (t) => {
 
 test('policy: contradictions are rejected (path both read-only and writable, /proc writable, dangling references, one host in two services, 0.0.0.0/0)', (t) => {
   const d = copy();
-  edit(d, 'profiles.yaml', 'writable: [/tmp, /var/tmp, /work, /root, /dev]', 'writable: [/tmp, /proc, /var/tmp, /work, /root, /dev]');
+  edit(d, 'profiles.yaml', 'writable: [/tmp, /var/tmp, /work, /root, /home, /mnt, /srv, /opt, /media, /data, /dev]', 'writable: [/tmp, /proc, /var/tmp, /work, /root, /dev]');
   edit(d, 'profiles.yaml', "writable: ['/*']", "writable: ['/*', /tmp, /etc]");
   edit(d, 'profiles.yaml', 'readOnly: [/]\n      # full access: every top-level directory (', 'readOnly: [/, /tmp]\n      # full access: every top-level directory (');
   edit(d, 'profiles.yaml', 'protected: [/proc, /sys]', 'protected: [/proc]');

@@ -483,7 +483,7 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   // issue 3: FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
   wn_isolate& iso = j->iso;
   std::vector<std::string>& iso_strs = j->iso_strs;
-  iso_strs.reserve(3 * WN_ISO_MAX_PATHS);
+  iso_strs.reserve(5 * WN_ISO_MAX_PATHS);
   if (Has(o, "isolate")) {
     Napi::Object io = ToObj(env, o.Get("isolate"), "isolate");
     iso.ipc = Has(io, "ipc") && ToBool(env, io.Get("ipc"), "isolate.ipc");
@@ -498,7 +498,7 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
       Napi::Value tv = io.Get("tmpfs");
       if (!tv.IsArray()) Invalid(env, "isolate.tmpfs must be an array");
       Napi::Array ta = tv.As<Napi::Array>();
-      if (ta.Length() > WN_ISO_MAX_PATHS) Invalid(env, "isolate.tmpfs has more than 8 entries");
+      if (ta.Length() > WN_ISO_MAX_PATHS) Invalid(env, "isolate.tmpfs has more than 16 entries");
       for (uint32_t i = 0; i < ta.Length(); i++) {
         Napi::Object t = ToObj(env, ta.Get(i), "isolate.tmpfs[]");
         std::string path = ToStr(env, t.Get("path"), "isolate.tmpfs[].path");
@@ -515,8 +515,23 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
         iso.n_tmpfs++;
       }
     }
+    if (Has(io, "binds")) {
+      Napi::Value bv = io.Get("binds");
+      if (!bv.IsArray()) Invalid(env, "isolate.binds must be an array");
+      Napi::Array ba = bv.As<Napi::Array>();
+      if (ba.Length() > WN_ISO_MAX_PATHS) Invalid(env, "isolate.binds has more than 16 entries");
+      for (uint32_t i = 0; i < ba.Length(); i++) {
+        Napi::Object b = ToObj(env, ba.Get(i), "isolate.binds[]");
+        iso_strs.push_back(ToStr(env, b.Get("source"), "isolate.binds[].source"));
+        iso.bind_src[iso.n_binds] = iso_strs.back().c_str();
+        iso_strs.push_back(ToStr(env, b.Get("target"), "isolate.binds[].target"));
+        iso.bind_dst[iso.n_binds] = iso_strs.back().c_str();
+        iso.n_binds++;
+      }
+    }
+    iso.net = Has(io, "net") && ToBool(env, io.Get("net"), "isolate.net");
     iso.in_place = Has(io, "inPlace") && ToBool(env, io.Get("inPlace"), "isolate.inPlace");
-    iso.mount_ns = !iso.in_place && (iso.ro_root || iso.n_writable > 0 || iso.n_tmpfs > 0);
+    iso.mount_ns = !iso.in_place && (iso.ro_root || iso.n_writable > 0 || iso.n_tmpfs > 0 || iso.n_binds > 0);
     iso.rl_cpu_s = iso.rl_fsize = iso.rl_core = iso.rl_nofile = -1;
     if (Has(io, "rlimits")) {
       Napi::Object rl = ToObj(env, io.Get("rlimits"), "isolate.rlimits");

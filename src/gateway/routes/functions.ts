@@ -8,7 +8,9 @@
 import type { Request, Response, Server } from 'hyper-express';
 import { WarrenError, asWarrenError } from '../../errors';
 import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
-import { sandboxErrorResponse, toRunCodeResponse, validateRunCode } from '../../shim/fncall/sandboxfusion';
+// the judge's own toolkit layers (built by the node from Debian's packages) are everyone's
+import { TOOLKITS } from '../../shim/fncall/toolkits';
+import { type RunJupyterResponse, fitToPolicy, sandboxErrorResponse, toRunCodeResponse, validateRunCode, validateRunJupyter } from '../../shim/fncall/sandboxfusion';
 import { FN_LIMITS, validateBatch, validateInvoke, validateJudge, validatePoolName } from '../../shim/fncall/wire';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed, open } from '../context';
@@ -55,7 +57,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
       const fn = fncallOf(ctx);
       // A pool serves every account that may invoke it: its creator must at least be allowed its content.
       const principal = principalOf(account);
-      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers }));
+      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers.filter((l) => TOOLKITS[l] === undefined) }));
       // ?wait=1: answer once min containers are warm (the first start may build the judge image).
       if (queryOf(req).get('wait') === '1') {
         await fn.waitWarm(stats.name);
@@ -131,30 +133,69 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
 
   // SandboxFusion-compatible. Its clients send no token: anonymous calls are refused unless
   // the node's fncall.json sets runCodeAnonymous (they then run as the account "anonymous").
-  app.post(
-    '/run_code',
+  const sandboxFusionAccount = (req: Request, fn: FnCallManager): string => {
+    const token = bearerFromHeader(req.headers.authorization);
+    if (token === undefined && fn.runCodeAnonymous) return 'anonymous';
+    const account = ctx.auth.require(token);
+    if (!can(account, 'sandboxes')) throw new WarrenError('FORBIDDEN', `role "${account.role}" may not run code`);
+    return account.id;
+  };
+  const sandboxFusion = <T>(run: (fn: FnCallManager, accountId: string, body: unknown) => Promise<T>, onError: (message: string) => T) =>
     open(ctx, async (req: Request, res: Response) => {
       const fn = fncallOf(ctx);
-      const token = bearerFromHeader(req.headers.authorization);
-      let accountId = 'anonymous';
-      if (token !== undefined || !fn.runCodeAnonymous) {
-        const account = ctx.auth.require(token);
-        if (!can(account, 'sandboxes')) throw new WarrenError('FORBIDDEN', `role "${account.role}" may not run code`);
-        accountId = account.id;
-      }
+      const accountId = sandboxFusionAccount(req, fn);
       await withRetryAfter(res, async () => {
-        const body = validateRunCode(await readJson(req, FN_LIMITS.bodyBytes));
-        const pool = fn.runCodePool();
-        // SandboxFusion's default memory limit is "none": use the pool's.
-        fn.checkLimits(pool, body);
+        const body = await readJson(req, FN_LIMITS.bodyBytes);
         try {
-          sendJson(res, 200, toRunCodeResponse(await fn.invoke(pool, accountId, body)));
+          sendJson(res, 200, await run(fn, accountId, body));
         } catch (err) {
           const e = asWarrenError(err);
           if (e.status < 500 || e.code === 'RESOURCE_EXHAUSTED') throw e;
-          sendJson(res, 200, sandboxErrorResponse(publicError(e, ctx.log).message));
+          sendJson(res, 200, onError(publicError(e, ctx.log).message));
         }
       });
+    });
+
+  app.post(
+    '/run_code',
+    sandboxFusion(
+      async (fn, accountId, raw) => {
+        const req = validateRunCode(raw);
+        const pool = fn.runCodePool(req.language);
+        const body = fitToPolicy(req, fn.pool(pool).spec.limits);
+        fn.checkLimits(pool, body);
+        return toRunCodeResponse(await fn.invoke(pool, accountId, body));
+      },
+      sandboxErrorResponse,
+    ),
+  );
+
+  app.post(
+    '/run_jupyter',
+    sandboxFusion(
+      async (fn, accountId, raw) => {
+        const req = validateRunJupyter(raw);
+        return fn.runJupyter(fn.runCodePool('python3'), accountId, req);
+      },
+      (message): RunJupyterResponse => ({ status: 'SandboxError', message, driver: null, cells: [], files: {} }),
+    ),
+  );
+
+  // SandboxFusion's health check.
+  app.get(
+    '/v1/ping',
+    open(ctx, (_req: Request, res: Response) => {
+      sendJson(res, 200, 'pong');
+    }),
+  );
+
+  // Every language: the toolkit layer that carries it, the pools that carry it; and the
+  // SandboxFusion languages this node cannot offer, with the reason.
+  app.get(
+    '/v1/languages',
+    authed(ctx, (req, res) => {
+      rejectUnknownQuery(queryOf(req), []);
+      sendJson(res, 200, fncallOf(ctx).languages());
     }),
   );
   void writeError;

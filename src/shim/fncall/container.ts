@@ -7,18 +7,19 @@
  *
  * Isolation between invocations (docs/fncall.md):
  * - Each invocation runs as an unprivileged user (nobody) in a private mount
- *   namespace and a new IPC namespace of its own: the root is remounted
- *   read-only, /tmp and /dev/shm are fresh size-limited tmpfs mounts that vanish
- *   with the invocation, and only /work (the work dir, HOME) is writable.
+ *   namespace, a new IPC namespace and a new network namespace (loopback only) of
+ *   its own: the root is remounted read-only, /dev/shm is a fresh size-limited
+ *   tmpfs that vanishes with the invocation, and only /work (the work dir, HOME)
+ *   and the scratch directories (/tmp, /mnt, ...: SCRATCH_TARGETS) are writable.
  * - After each invocation the container is reset and the reset is verified:
  *   every process except pid 1 is killed and the cgroup must hold only pid 1;
- *   /work is emptied and must be empty; and the overlay's upper dir must hold
+ *   /work and the scratch filesystem are emptied and must be empty; and the overlay's upper dir must hold
  *   exactly what it held when the container was made (nothing written anywhere
  *   else survives). A container that fails a check is destroyed and replaced.
  * - The environment is built from scratch for every exec.
  */
 import { BoundedCollector, pumpInto } from '../output';
-import { fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync } from 'node:fs';
+import { fchmodSync, fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import { Socket } from 'node:net';
@@ -30,6 +31,44 @@ import type { HostProcessBackend, HostProcessSandbox, ResolvedLayer, SandboxSpec
 import type { InputFile, LimitHit, StepResult, InvokeStatus } from './types';
 
 export const WORK_DIR = '/work';
+/**
+ * The scratch filesystem: a size-limited tmpfs of the container (mounted once, emptied after
+ * every invocation) whose directories each invocation sees, writable, at the usual absolute
+ * places, so programs can write (and requests can put and fetch) files such as /tmp/x or
+ * /mnt/data/y the way they can in SandboxFusion's sandbox. Everything else stays read-only.
+ */
+export const SCRATCH_DIR = '/run/warren-scratch';
+export const SCRATCH_TARGETS: ReadonlyArray<{ path: string; dir: string; mode: number }> = [
+  { path: '/tmp', dir: 'tmp', mode: 0o1777 },
+  { path: '/var/tmp', dir: 'var-tmp', mode: 0o1777 },
+  { path: '/mnt', dir: 'mnt', mode: 0o755 },
+  { path: '/home', dir: 'home', mode: 0o755 },
+  { path: '/root', dir: 'root', mode: 0o755 },
+  { path: '/srv', dir: 'srv', mode: 0o755 },
+  { path: '/opt', dir: 'opt', mode: 0o755 },
+  { path: '/media', dir: 'media', mode: 0o755 },
+  { path: '/data', dir: 'data', mode: 0o755 },
+];
+/** /etc/hosts of every pool container: localhost resolves (programs bind and connect to it). */
+const ETC_HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n';
+
+/**
+ * Where a request's path lives in the container: relative paths are under /work, absolute ones
+ * under /work or one of the scratch directories (SCRATCH_TARGETS); anything else is null.
+ */
+export function containerPathOf(p: string): string | null {
+  if (!p.startsWith('/')) return posix.join(WORK_DIR, p);
+  if (p === WORK_DIR || p.startsWith(`${WORK_DIR}/`)) return p;
+  for (const t of SCRATCH_TARGETS) {
+    if (p.startsWith(`${t.path}/`)) return `${SCRATCH_DIR}/${t.dir}${p.slice(t.path.length)}`;
+  }
+  return null;
+}
+
+/** Whether invocations get a fresh network namespace each (on unless WARREN_FNCALL_NETNS=0, for measuring its cost). */
+function freshNetns(): boolean {
+  return process.env.WARREN_FNCALL_NETNS !== '0';
+}
 /** nobody:nogroup */
 export const RUN_UID = 65534;
 export const RUN_GID = 65534;
@@ -149,18 +188,22 @@ export class PoolContainer {
     return this.box.upperDir();
   }
 
-  static async create(backend: HostProcessBackend, id: string, spec: SandboxSpec, layers: ResolvedLayer[], workBytes: number): Promise<PoolContainer> {
+  static async create(backend: HostProcessBackend, id: string, spec: SandboxSpec, layers: ResolvedLayer[], workBytes: number, scratchBytes: number): Promise<PoolContainer> {
     const box = await backend.create(id, spec, layers);
     const c = new PoolContainer(box, spec.memoryMb);
     try {
-      // The work dir is a size-limited tmpfs of the run user, mounted once in the container's own
-      // mount namespace (its size counts against the container's memory); the rest stays root's.
-      try {
-        native.mkdirInRoot(c.root, WORK_DIR, 0o755, false);
-      } catch (err) {
-        if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+      // The work dir and the scratch filesystem are size-limited tmpfs mounts, made once in the
+      // container's own mount namespace (their pages count against the container's memory).
+      for (const d of [WORK_DIR, SCRATCH_DIR, ...SCRATCH_TARGETS.map((t) => t.path)]) {
+        try {
+          native.mkdirInRoot(c.root, d, 0o755, false);
+        } catch (err) {
+          if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+        }
       }
-      await c.mountWork(workBytes);
+      c.writeRootFile('/etc/hosts', Buffer.from(ETC_HOSTS), 0o644);
+      await c.mountWork(workBytes, scratchBytes);
+      c.makeScratchDirs();
       c.baseline = snapshot(c.upperDir);
     } catch (err) {
       await box.destroy().catch(() => undefined);
@@ -169,7 +212,32 @@ export class PoolContainer {
     return c;
   }
 
-  private async mountWork(sizeBytes: number): Promise<void> {
+  private writeRootFile(path: string, data: Buffer, mode: number): void {
+    const fd = native.openInRoot(this.root, path, 'w', mode);
+    try {
+      let off = 0;
+      while (off < data.length) off += writeSync(fd, data, off, data.length - off);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** The scratch directories, empty and the run user's (after creation and after every reset). */
+  private makeScratchDirs(): void {
+    for (const t of SCRATCH_TARGETS) {
+      const p = `${SCRATCH_DIR}/${t.dir}`;
+      native.mkdirInRoot(this.root, p, 0o755, false);
+      const fd = native.openInRoot(this.root, p, 'dir', 0);
+      try {
+        fchownSync(fd, RUN_UID, RUN_GID);
+        fchmodSync(fd, t.mode);
+      } finally {
+        closeSync(fd);
+      }
+    }
+  }
+
+  private async mountWork(sizeBytes: number, scratchBytes: number): Promise<void> {
     const proc = await native.execAsync({
       initPid: this.box.pid,
       cgroup: this.id,
@@ -179,24 +247,48 @@ export class PoolContainer {
       uid: 0,
       gid: 0,
       schedIdle: false,
-      isolate: { inPlace: true, tmpfs: [{ path: WORK_DIR, sizeBytes, mode: 0o755, uid: RUN_UID, gid: RUN_GID }] },
+      isolate: {
+        inPlace: true,
+        tmpfs: [
+          { path: WORK_DIR, sizeBytes, mode: 0o755, uid: RUN_UID, gid: RUN_GID },
+          { path: SCRATCH_DIR, sizeBytes: scratchBytes, mode: 0o755 },
+        ],
+      },
     });
     const status = await new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
     native.close(proc.pidfd);
     for (const fd of [proc.stdin, proc.stdout, proc.stderr]) if (fd !== undefined) native.close(fd);
     const st = statfsSync(`${this.root}${WORK_DIR}`);
-    if (status.exitCode !== 0 || st.type !== TMPFS_MAGIC) {
+    const sc = statfsSync(`${this.root}${SCRATCH_DIR}`);
+    if (status.exitCode !== 0 || st.type !== TMPFS_MAGIC || sc.type !== TMPFS_MAGIC) {
       throw new WarrenError('MOUNT_ERROR', `could not mount the work dir tmpfs in pool container ${this.id} (exit ${status.exitCode}, fs type 0x${st.type.toString(16)})`);
     }
   }
 
-  /** Write the invocation's input files under /work (owned by the run user). */
+  /** The writable directory (the work dir or one scratch directory) a request's file lives in. */
+  private static baseOf(full: string): string {
+    return full.startsWith(`${WORK_DIR}/`) ? WORK_DIR : `${SCRATCH_DIR}/${full.slice(SCRATCH_DIR.length + 1).split('/')[0]}`;
+  }
+
+  /**
+   * Open a request's file (a path of containerPathOf); every input and fetched file goes through
+   * here. As the run user and rooted at its writable directory: a link the program planted (to
+   * /etc/shadow, to /) reaches nothing that user could not reach itself.
+   */
+  private openRequestFile(full: string, mode: 'r' | 'w', fileMode = 0): number {
+    const base = PoolContainer.baseOf(full);
+    return native.openInRoot(`${this.root}${base}`, full.slice(base.length + 1), mode, fileMode, RUN_CREDS);
+  }
+
+  /** Write the invocation's input files under /work or the scratch directories (owned by the run user). */
   writeFiles(files: InputFile[]): void {
     for (const f of files) {
-      const full = posix.join(WORK_DIR, f.path);
+      const full = containerPathOf(f.path);
+      if (full === null) throw new WarrenError('PATH_ESCAPE', `${f.path} is outside the sandbox's writable directories`);
+      const base = PoolContainer.baseOf(full);
       const parent = posix.dirname(full);
-      if (parent !== WORK_DIR) this.mkdirs(parent);
-      const fd = native.openInRoot(this.workRoot, f.path, 'w', f.mode, RUN_CREDS);
+      if (parent !== base) this.mkdirs(base, parent);
+      const fd = this.openRequestFile(full, 'w', f.mode);
       try {
         let off = 0;
         while (off < f.data.length) off += writeSync(fd, f.data, off, f.data.length - off);
@@ -207,14 +299,14 @@ export class PoolContainer {
     }
   }
 
-  private mkdirs(dir: string): void {
-    let cur = WORK_DIR;
-    for (const part of dir.slice(WORK_DIR.length + 1).split('/')) {
+  private mkdirs(base: string, dir: string): void {
+    let cur = base;
+    for (const part of dir.slice(base.length + 1).split('/')) {
       cur = `${cur}/${part}`;
       try {
-        const rel = cur.slice(WORK_DIR.length + 1);
-        native.mkdirInRoot(this.workRoot, rel, 0o755, false, RUN_CREDS);
-        const fd = native.openInRoot(this.workRoot, rel, 'dir', 0, RUN_CREDS);
+        const rel = cur.slice(base.length + 1);
+        native.mkdirInRoot(`${this.root}${base}`, rel, 0o755, false, RUN_CREDS);
+        const fd = native.openInRoot(`${this.root}${base}`, rel, 'dir', 0, RUN_CREDS);
         try {
           fchownSync(fd, RUN_UID, RUN_GID);
         } finally {
@@ -226,20 +318,15 @@ export class PoolContainer {
     }
   }
 
-  /** The work dir as the program sees it: files the platform reads or writes for it are confined here. */
-  private get workRoot(): string {
-    return `${this.root}${WORK_DIR}`;
-  }
-
-  /** Read files the program left in /work (regular files only, confined to the work dir, with the run user's rights). */
+  /** Read files the program left in /work or the scratch directories (regular files only, with the run user's rights). */
   readFiles(paths: string[], maxBytes: number): Record<string, string> {
     const out: Record<string, string> = {};
     for (const p of paths) {
+      const full = containerPathOf(p);
+      if (full === null) continue;
       let fd: number;
       try {
-        // As the run user and rooted at the work dir: a link the program planted
-        // (to /etc/shadow, to /) reaches nothing that user could not read itself.
-        fd = native.openInRoot(this.workRoot, p, 'r', 0, RUN_CREDS);
+        fd = this.openRequestFile(full, 'r');
       } catch {
         continue;
       }
@@ -404,12 +491,11 @@ export class PoolContainer {
       schedIdle: false,
       isolate: {
         ipc: true,
+        net: freshNetns(),
         readOnlyRoot: true,
         writable: [WORK_DIR],
-        tmpfs: [
-          { path: '/tmp', sizeBytes: limits.tmpfsBytes, mode: 0o1777 },
-          { path: '/dev/shm', sizeBytes: limits.tmpfsBytes, mode: 0o1777 },
-        ],
+        binds: SCRATCH_TARGETS.map((t) => ({ source: `${SCRATCH_DIR}/${t.dir}`, target: t.path })),
+        tmpfs: [{ path: '/dev/shm', sizeBytes: limits.tmpfsBytes, mode: 0o1777 }],
         rlimits: { cpuSeconds: Math.ceil(limits.maxCpuMs / 1000) + 1, fileSizeBytes: limits.fileSizeBytes, coreBytes: 0, openFiles: 1024 },
       },
     });
@@ -552,6 +638,10 @@ export class PoolContainer {
       }
       const st = lstatSync(work);
       if (!st.isDirectory() || st.uid !== RUN_UID) return { ok: false, reason: '/work was replaced' };
+      const scratch = `${this.root}${SCRATCH_DIR}`;
+      await Promise.all(readdirSync(scratch).map((e) => rm(join(scratch, e), { recursive: true, force: true })));
+      if (readdirSync(scratch).length !== 0) return { ok: false, reason: 'the scratch filesystem could not be emptied' };
+      this.makeScratchDirs();
       const now = snapshot(this.upperDir);
       if (now !== this.baseline) return { ok: false, reason: 'the root filesystem changed outside /work' };
     } catch (err) {

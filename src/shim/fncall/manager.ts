@@ -18,15 +18,31 @@ import type { HostProcessBackend } from '../types';
 import type { LayerStore } from '../layers/store';
 import { check, verdictOf } from './checkers';
 import { type PoolContainer, type StepOptions, internalError } from './container';
-import { DEFAULT_COMPILE_TIMEOUT_MS, LANGUAGES } from './languages';
+import { DEFAULT_COMPILE_TIMEOUT_MS, LANGUAGES, UNAVAILABLE, aliasesOf, expandArgv } from './languages';
+import { TOOLKITS, poolLanguages, poolLayerStack, toolkitClosure, toolkitLayerName } from './toolkits';
 import { Pool } from './pool';
 import type { FnCallConfig, InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, JudgeTestResult, PoolSpec, PoolStats, StepResult } from './types';
 import { validateConfig, validatePoolSpec } from './wire';
+import { DRIVER_PATH, KERNEL_DRIVER, RESULT_PATH } from './jupyter';
+import { type RunJupyterRequest, type RunJupyterResponse, toRunCodeResponse } from './sandboxfusion';
 
-export const JUDGE_IMAGE = 'judge';
+export { JUDGE_IMAGE } from './toolkits';
+import { JUDGE_IMAGE } from './toolkits';
 export const JUDGE_PACKAGES = ['python3', 'gcc', 'g++', 'libc6-dev'];
 const DEFAULT_ACCOUNT_CONCURRENCY = 64;
 const FETCH_FILE_LIMIT = 16 * 1024 * 1024;
+/** verl's default memory_limit_mb. */
+const RUN_CODE_MEMORY_MB = 1024;
+
+export interface ToolkitBuild {
+  name: string;
+  digest: string;
+  /** Taken from the node cache (no build). */
+  cached: boolean;
+  /** Wall time of the build (or of taking it from the cache). */
+  buildMs: number;
+  sizeBytes: number;
+}
 
 export interface FnCallOptions {
   dataDir: string;
@@ -44,6 +60,10 @@ export class FnCallManager {
   private readonly inflight = new Map<string, number>();
   private config: FnCallConfig = {};
   private imageBuild: Promise<void> | null = null;
+  private readonly toolkitBuilds = new Map<string, Promise<ToolkitBuild>>();
+  /** Toolkit builds run one at a time: each is CPU- and disk-heavy (dpkg, mkfs). */
+  private buildQueue: Promise<unknown> = Promise.resolve();
+  readonly toolkitBuildTimes: Record<string, ToolkitBuild> = {};
   private readonly host = { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) };
 
   constructor(private readonly opts: FnCallOptions) {
@@ -92,7 +112,10 @@ export class FnCallManager {
     if (this.pools.has(spec.name)) throw new WarrenError('ALREADY_EXISTS', `pool ${spec.name} already exists`, { pool: spec.name });
     // Unknown images fail now (except "judge", built on first use).
     if (spec.image !== JUDGE_IMAGE) this.opts.layers.resolveImage(spec.image);
-    for (const l of spec.layers) this.opts.layers.resolveLayer(l, 'toolkit');
+    for (const l of spec.layers) if (TOOLKITS[l] === undefined) this.opts.layers.resolveLayer(l, 'toolkit');
+    if (spec.image !== JUDGE_IMAGE && spec.layers.some((l) => TOOLKITS[l] !== undefined)) {
+      throw new WarrenError('INVALID_ARGUMENT', `the toolkit layers (${Object.keys(TOOLKITS).join(', ')}) are built over the ${JUDGE_IMAGE} image; pool ${spec.name} uses ${spec.image}`, { field: 'layers' });
+    }
     const pool = new Pool(spec, {
       backend: this.backend,
       nodeId: this.opts.nodeId,
@@ -108,7 +131,11 @@ export class FnCallManager {
   private async prepare(spec: PoolSpec) {
     if (spec.image === JUDGE_IMAGE) await this.ensureJudgeImage();
     const image = this.opts.layers.resolveImage(spec.image);
-    const digests = [...spec.layers.map((l) => this.opts.layers.resolveLayer(l, 'toolkit').digest), ...image.layers];
+    const digests: string[] = [];
+    for (const l of poolLayerStack(spec)) {
+      digests.push(TOOLKITS[l] !== undefined ? (await this.ensureToolkit(l)).digest : this.opts.layers.resolveLayer(l, 'toolkit').digest);
+    }
+    digests.push(...image.layers);
     const layers = await this.opts.layers.acquire(digests);
     return { layers, release: () => this.opts.layers.release(digests) };
   }
@@ -132,6 +159,67 @@ export class FnCallManager {
     return this.imageBuild;
   }
 
+  /**
+   * A toolkit layer (toolkits.ts) built over the judge image and the toolkits it needs, from
+   * Debian's packages; the node cache keeps it, so this is a build once per machine.
+   */
+  ensureToolkit(name: string): Promise<ToolkitBuild> {
+    const t = TOOLKITS[name];
+    if (t === undefined) return Promise.reject(new WarrenError('NOT_FOUND', `no toolkit ${JSON.stringify(name).slice(0, 40)} (known: ${Object.keys(TOOLKITS).join(', ')})`));
+    let p = this.toolkitBuilds.get(name);
+    if (p === undefined) {
+      p = (async () => {
+        await this.ensureJudgeImage();
+        const below: string[] = [];
+        for (const b of toolkitClosure(t.below)) below.push((await this.ensureToolkit(b)).digest);
+        below.push(...this.opts.layers.resolveImage(JUDGE_IMAGE).layers);
+        const run = this.buildQueue.then(() => {
+          this.opts.log(`fncall: toolkit ${name}: ${t.packages.join(' ')} (built once, then taken from the node cache)`);
+          return this.opts.layers.buildDebianLayer({
+            name: toolkitLayerName(name),
+            packages: t.packages,
+            below,
+            onProgress: (pr) => {
+              this.opts.onProgress?.({ ...pr, message: `toolkit ${name}: ${pr.message}` });
+              if (pr.phase !== 'fetch' || pr.fraction === 0) this.opts.log(`fncall: toolkit ${name}: ${pr.phase}: ${pr.message}`);
+            },
+          });
+        });
+        this.buildQueue = run.catch(() => undefined);
+        const info = await run;
+        const b: ToolkitBuild = { name, digest: info.layers[0]!, cached: info.cached, buildMs: info.buildMs, sizeBytes: info.sizeBytes };
+        this.toolkitBuildTimes[name] = b;
+        this.opts.log(`fncall: toolkit ${name}: ${b.cached ? 'from the node cache' : 'built'} in ${(b.buildMs / 1000).toFixed(1)} s (${(b.sizeBytes / 1048576).toFixed(0)} MiB)`);
+        return b;
+      })();
+      this.toolkitBuilds.set(name, p);
+      p.catch(() => this.toolkitBuilds.delete(name));
+    }
+    return p;
+  }
+
+  /** Every language: which toolkit carries it, which pools carry it; and the unavailable ones with the reason. */
+  languages(): {
+    available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
+    unavailable: Array<{ name: string; reason: string }>;
+    toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
+  } {
+    const pools = [...this.pools.values()];
+    return {
+      toolkits: Object.values(TOOLKITS).map((t) => ({ name: t.name, packages: t.packages, below: t.below, lazy: t.lazy === true, build: this.toolkitBuildTimes[t.name] ?? null })),
+      available: Object.values(LANGUAGES).map((l) => ({
+        name: l.name,
+        aliases: aliasesOf(l.name),
+        toolkit: l.toolkit,
+        compiled: l.compile !== undefined,
+        testRunner: l.testRunner === true,
+        lazy: l.toolkit !== null && TOOLKITS[l.toolkit]?.lazy === true,
+        pools: pools.filter((p) => poolLanguages(p.spec).includes(l.name)).map((p) => p.spec.name),
+      })),
+      unavailable: Object.entries(UNAVAILABLE).map(([name, reason]) => ({ name, reason })),
+    };
+  }
+
   pool(name: string): Pool {
     const p = this.pools.get(name);
     if (p === undefined) throw new WarrenError('NOT_FOUND', `no pool ${JSON.stringify(name).slice(0, 40)}`, { pool: name });
@@ -148,17 +236,63 @@ export class FnCallManager {
     await p.close();
   }
 
-  /** The pool for POST /run_code, made with defaults on first use. */
-  runCodePool(): string {
+  /**
+   * The pool for POST /run_code and /run_jupyter: `runCodePool` (default "run-code", made on
+   * first use: the judge image with the python toolkit, 1024 MB as verl asks) when it carries
+   * the language, else another pool that does, else `<runCodePool>-<toolkit>`, made on first use
+   * with that language's toolkit (its first start builds the toolkit when the node cache lacks it).
+   */
+  runCodePool(language = 'python3'): string {
     const name = this.config.runCodePool ?? 'run-code';
-    if (!this.pools.has(name)) {
+    const make = (n: string, layers: string[]) => {
+      if (this.pools.has(n)) return;
       try {
-        this.createPool({ name, image: JUDGE_IMAGE, min: 1 }, 'config');
+        this.createPool({ name: n, image: JUDGE_IMAGE, layers, min: 1, limits: { memoryMb: Math.min(RUN_CODE_MEMORY_MB, this.host.memoryMb) } }, 'config');
       } catch (err) {
         if (!(err instanceof WarrenError && err.code === 'ALREADY_EXISTS')) throw err;
       }
+    };
+    const carries = (p: Pool | undefined) => p !== undefined && poolLanguages(p.spec).includes(language);
+    if (!this.pools.has(name)) make(name, []);
+    if (carries(this.pools.get(name))) return name;
+    for (const p of this.pools.values()) if (carries(p)) return p.spec.name;
+    const toolkit = LANGUAGES[language]?.toolkit;
+    if (!toolkit) return name;
+    const n = `${name}-${toolkit}`.slice(0, 32);
+    make(n, [toolkit]);
+    return n;
+  }
+
+  /** POST /run_jupyter: the cells in one stateful kernel (jupyter.ts), as one invocation. */
+  async runJupyter(poolName: string, account: string, req: RunJupyterRequest): Promise<RunJupyterResponse> {
+    const limits = this.pool(poolName).spec.limits;
+    const total = req.totalTimeoutS === null ? limits.maxTimeoutMs : Math.min(Math.ceil(req.totalTimeoutS * 1000), limits.maxTimeoutMs);
+    const inv: InvokeRequest = {
+      cmd: ['python3', '-B', DRIVER_PATH],
+      files: [...req.files, { path: DRIVER_PATH, data: Buffer.from(KERNEL_DRIVER), mode: 0o644 }],
+      stdin: Buffer.from(JSON.stringify({ cells: req.cells, cell_timeout: req.cellTimeoutS ?? 0 })),
+      env: {},
+      fetchFiles: [...req.fetchFiles, RESULT_PATH],
+      timeoutMs: total,
+    };
+    const r = await this.invoke(poolName, account, inv);
+    const files = { ...(r.files ?? {}) };
+    const raw = files[RESULT_PATH];
+    delete files[RESULT_PATH];
+    let cells: RunJupyterResponse['cells'] = [];
+    try {
+      if (raw !== undefined) cells = JSON.parse(Buffer.from(raw, 'base64').toString('utf8')) as RunJupyterResponse['cells'];
+    } catch {
+      cells = [];
     }
-    return name;
+    const driver = toRunCodeResponse({ ...r, files: {} }).run_result;
+    let status: RunJupyterResponse['status'] = 'Success';
+    let message = '';
+    if (r.status === 'internal_error') {
+      status = 'SandboxError';
+      message = r.message ?? 'sandbox error';
+    } else if (r.status !== 'ok' || cells.length < req.cells.length || cells.some((c) => c.error.length > 0)) status = 'Failed';
+    return { status, message, driver, cells, files };
   }
 
   // ---------------------------------------------------------------- admission
@@ -249,28 +383,55 @@ export class FnCallManager {
   }
 
   /** Check limits against the pool before queueing (a bad request must not wait for a container). */
-  checkLimits(poolName: string, req: Pick<InvokeRequest, 'timeoutMs' | 'cpuMs' | 'memoryMb' | 'maxOutputBytes'>): void {
-    this.limitsFor(this.pool(poolName), req);
+  checkLimits(poolName: string, req: Pick<InvokeRequest, 'timeoutMs' | 'cpuMs' | 'memoryMb' | 'maxOutputBytes'> & { language?: string }, field = 'language'): void {
+    const pool = this.pool(poolName);
+    if (req.language !== undefined) {
+      const carried = poolLanguages(pool.spec);
+      if (!carried.includes(req.language)) {
+        const others = [...this.pools.values()].filter((p) => poolLanguages(p.spec).includes(req.language!)).map((p) => p.spec.name);
+        const t = LANGUAGES[req.language]?.toolkit;
+        throw new WarrenError(
+          'INVALID_ARGUMENT',
+          `pool ${poolName} does not carry language ${req.language} (it carries: ${carried.join(', ')})${others.length ? `; pools that do: ${others.join(', ')}` : t ? `; a pool with the toolkit layer "${t}" in its layers does` : ''}`,
+          { field, code: 'UNKNOWN_LANGUAGE', available: carried },
+        );
+      }
+    }
+    this.limitsFor(pool, req);
   }
 
-  private async compile(c: PoolContainer, pool: Pool, req: InvokeRequest): Promise<StepResult | undefined> {
-    const lang = LANGUAGES[req.language!];
-    c.writeFiles([...req.files, { path: lang.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
-    if (!lang.compile) return undefined;
+  /**
+   * Write the source (and the request's files), then compile it when the language compiles.
+   * Returns the compile step's result and the values of the run argv's templates.
+   */
+  private async compile(c: PoolContainer, pool: Pool, req: InvokeRequest): Promise<{ compile: StepResult | undefined; vars: Record<string, string> }> {
+    const lang = LANGUAGES[req.language!]!;
     const l = this.limitsFor(pool, req);
+    const named = lang.sourceFor?.(req.code!) ?? { source: lang.source, vars: {} };
+    const vars = { ...named.vars, source: named.source, memoryMb: String(l.memoryMb) };
+    c.writeFiles([...req.files, { path: named.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
+    if (!lang.compile) return { compile: undefined, vars };
+    // Compilers get the pool's memory and their own time limit: a compile bomb stops at either.
     const wallMs = Math.min(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, pool.spec.limits.maxTimeoutMs);
-    return c.run({
-      argv: lang.compile,
-      env: {},
+    const compile = await c.run({
+      argv: expandArgv(lang.compile, { ...vars, memoryMb: String(pool.spec.limits.memoryMb) }),
+      env: lang.env ?? {},
       stdin: Buffer.alloc(0),
       wallMs,
       cpuMs: wallMs,
       memoryMb: pool.spec.limits.memoryMb,
       maxOutputBytes: 1024 * 1024,
       fileSizeBytes: Math.max(l.fileSizeBytes, 256 * 1024 * 1024),
-      tmpfsBytes: Math.max(l.tmpfsBytes, 256 * 1024 * 1024),
+      tmpfsBytes: l.tmpfsBytes,
       cpu: l.cpu,
     });
+    return { compile, vars };
+  }
+
+  /** The argv and environment of a language's run step. */
+  private runStep(req: Pick<InvokeRequest, 'language' | 'env'>, vars: Record<string, string>): { argv: string[]; env: Record<string, string> } {
+    const lang = LANGUAGES[req.language!]!;
+    return { argv: expandArgv(lang.run, vars), env: { ...(lang.env ?? {}), ...req.env } };
   }
 
   private async runIn(c: PoolContainer, pool: Pool, req: InvokeRequest, queueMs: number): Promise<InvokeResult> {
@@ -279,16 +440,18 @@ export class FnCallManager {
     try {
       let argv = req.cmd;
       let compile: StepResult | undefined;
+      let env = req.env;
       if (req.language !== undefined) {
-        compile = await this.compile(c, pool, req);
+        const prepared = await this.compile(c, pool, req);
+        compile = prepared.compile;
         if (compile !== undefined && compile.status !== 'ok') {
           return { ...compile, compile, phase: 'compile', ...base };
         }
-        argv = LANGUAGES[req.language].run;
+        ({ argv, env } = this.runStep(req, prepared.vars));
       } else {
         c.writeFiles(req.files);
       }
-      const run = await c.run({ argv: argv!, env: req.env, stdin: req.stdin, ...l, ...this.warmOptions(req.language) });
+      const run = await c.run({ argv: argv!, env, stdin: req.stdin, ...l, ...this.warmOptions(req.language) });
       const result: InvokeResult = { ...run, phase: 'run', ...base };
       if (compile !== undefined) result.compile = compile;
       if (req.fetchFiles.length > 0 && run.status !== 'internal_error') result.files = c.readFiles(req.fetchFiles, FETCH_FILE_LIMIT);
@@ -311,8 +474,9 @@ export class FnCallManager {
         for (const k of ['timeoutMs', 'cpuMs', 'memoryMb', 'maxOutputBytes', 'compileTimeoutMs'] as const) if (req[k] !== undefined) inv[k] = req[k];
         const l = this.limitsFor(pool, inv);
         let compile: StepResult | undefined;
+        let vars: Record<string, string> = {};
         try {
-          compile = await this.compile(c, pool, inv);
+          ({ compile, vars } = await this.compile(c, pool, inv));
         } catch (err) {
           const e = asWarrenError(err);
           if (e.status < 500) throw e;
@@ -323,11 +487,11 @@ export class FnCallManager {
           base.verdict = compile.status === 'internal_error' ? 'IE' : 'CE';
           return base;
         }
-        const argv = LANGUAGES[req.language].run;
+        const { argv, env } = this.runStep({ language: req.language, env: {} }, vars);
         for (const [index, t] of req.tests.entries()) {
           let run: StepResult;
           try {
-            run = await c.run({ argv, env: {}, stdin: t.stdin, ...l, ...this.warmOptions(req.language) });
+            run = await c.run({ argv, env, stdin: t.stdin, ...l, ...this.warmOptions(req.language) });
           } catch (err) {
             run = internalError(asWarrenError(err).message);
           }

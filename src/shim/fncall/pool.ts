@@ -9,6 +9,7 @@
 import { randomBytes } from 'node:crypto';
 import { WarrenError } from '../../errors';
 import type { HostProcessBackend } from '../types';
+import { poolLanguages } from './toolkits';
 import type { ResolvedLayer, SandboxSpec } from '../types';
 import { PoolContainer, type WarmSpec } from './container';
 import type { PoolSpec, PoolStats } from './types';
@@ -253,7 +254,7 @@ export class Pool {
     };
     let c: PoolContainer;
     try {
-      c = await PoolContainer.create(this.deps.backend, id, spec, this.layers!, s.limits.workBytes);
+      c = await PoolContainer.create(this.deps.backend, id, spec, this.layers!, s.limits.workBytes, s.limits.tmpfsBytes);
     } catch (err) {
       this.starting--;
       this.failures++;
@@ -314,6 +315,7 @@ export class Pool {
       p99Ms: round(this.percentile(0.99)),
       limits: s.limits,
       layers: s.layers,
+      languages: poolLanguages(s),
       idleSeconds: s.idleSeconds,
     };
     if (this.message !== undefined) out.message = this.message;

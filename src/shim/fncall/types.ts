@@ -18,7 +18,7 @@ export interface PoolLimits {
   pids: number;
   /** Largest file an invocation may write (RLIMIT_FSIZE). */
   fileSizeBytes: number;
-  /** Size of the fresh tmpfs mounted on /tmp and /dev/shm for each invocation. */
+  /** Size of the scratch filesystem (/tmp, /mnt, ... of every invocation, emptied after each) and of each invocation's fresh /dev/shm. */
   tmpfsBytes: number;
   /** Size of the work dir /work (a tmpfs of each container, emptied after every invocation). */
   workBytes: number;
@@ -43,7 +43,8 @@ export interface PoolSpec {
   limits: PoolLimits;
 }
 
-export type Language = 'python3' | 'bash' | 'c' | 'cpp';
+/** A name of LANGUAGES (languages.ts). */
+export type Language = string;
 
 export interface InputFile {
   /** Normalised path relative to the work dir (/work). */
@@ -168,6 +169,8 @@ export interface PoolStats {
   p99Ms: number | null;
   limits: PoolLimits;
   layers: string[];
+  /** The languages the pool's image and toolkit layers carry. */
+  languages: string[];
   idleSeconds: number;
 }
 

@@ -7,7 +7,7 @@
 import { WarrenError } from '../../errors';
 import { expectNumber, expectObject, expectString, rejectUnknown, validateEnv, validateImageRef } from '../../gateway/validation';
 import { parseChecker } from './checkers';
-import { LANGUAGE_NAMES, languageOf } from './languages';
+import { LANGUAGE_NAMES, UNAVAILABLE, languageOf } from './languages';
 import type { FnCallConfig, InputFile, InvokeRequest, JudgeRequest, Language, PoolLimits, PoolSpec } from './types';
 
 const MIB = 1024 * 1024;
@@ -36,7 +36,7 @@ export const DEFAULT_LIMITS: PoolLimits = {
   memoryMb: 512,
   pids: 128,
   fileSizeBytes: 64 * MIB,
-  tmpfsBytes: 64 * MIB,
+  tmpfsBytes: 256 * MIB,
   workBytes: 256 * MIB,
   timeoutMs: 10_000,
   maxTimeoutMs: 60_000,
@@ -90,38 +90,53 @@ export function validatePoolSpec(body: unknown, host: { cpus: number; memoryMb: 
 export function validateLanguage(value: unknown, field = 'language'): Language {
   if (typeof value !== 'string') throw new WarrenError('INVALID_ARGUMENT', `${field} must be a string`, { field });
   const l = languageOf(value);
+  if (l === null && Object.prototype.hasOwnProperty.call(UNAVAILABLE, value)) {
+    throw new WarrenError('INVALID_ARGUMENT', `language ${value} is not available on this node: ${UNAVAILABLE[value]} (available: ${LANGUAGE_NAMES.join(', ')})`, { field, code: 'UNKNOWN_LANGUAGE', available: LANGUAGE_NAMES });
+  }
   if (l === null) {
-    throw new WarrenError('INVALID_ARGUMENT', `unknown language ${JSON.stringify(value.slice(0, 32))} (known: ${LANGUAGE_NAMES.join(', ')})`, { field, code: 'UNKNOWN_LANGUAGE' });
+    throw new WarrenError('INVALID_ARGUMENT', `unknown language ${JSON.stringify(value.slice(0, 32))} (available: ${LANGUAGE_NAMES.join(', ')})`, { field, code: 'UNKNOWN_LANGUAGE', available: LANGUAGE_NAMES });
   }
   return l;
 }
 
+/** Absolute directories an invocation can write besides /work (container.ts SCRATCH_TARGETS). */
+export const SCRATCH_PATHS = ['/tmp', '/var/tmp', '/mnt', '/home', '/root', '/srv', '/opt', '/media', '/data'];
+
 /**
- * A path relative to the work dir: "a/b.txt" or "/work/a/b.txt". No "..", no
- * NUL, no absolute path outside /work. Returns it relative and normalised.
+ * A file path of a request: relative to the work dir ("a/b.txt"), absolute under /work
+ * ("/work/a/b.txt"), or absolute under one of the scratch directories ("/mnt/data/x", "/tmp/y").
+ * No "..", no NUL. Returns it normalised: relative for the work dir, absolute for the others.
  */
-export function validateWorkPath(value: unknown, field: string): string {
+export function validateSandboxPath(value: unknown, field: string): string {
   if (typeof value !== 'string' || value === '') throw new WarrenError('INVALID_ARGUMENT', `${field} must be a non-empty path`, { field });
   const fail = (why: string) => new WarrenError('PATH_ESCAPE', `${field} ${JSON.stringify(value.slice(0, 64))} ${why}`, { field });
   if (value.includes('\0')) throw fail('contains NUL');
   if (Buffer.byteLength(value) > 4096) throw fail('is longer than 4096 bytes');
-  let rel = value;
-  if (rel.startsWith('/')) {
-    if (rel !== '/work' && !rel.startsWith('/work/')) throw fail('is absolute and outside the work dir /work');
-    rel = rel.slice('/work'.length);
-  }
   const parts: string[] = [];
-  for (const part of rel.split('/')) {
+  for (const part of value.split('/')) {
     if (part === '' || part === '.') continue;
     if (part === '..') throw fail('has a ".." component');
     if (Buffer.byteLength(part) > 255) throw fail('has a component longer than 255 bytes');
     parts.push(part);
   }
-  if (parts.length === 0) throw fail('names the work dir itself');
-  return parts.join('/');
+  if (!value.startsWith('/')) {
+    if (parts.length === 0) throw fail('names the work dir itself');
+    return parts.join('/');
+  }
+  const abs = `/${parts.join('/')}`;
+  if (abs === '/work') throw fail('names the work dir itself');
+  if (abs.startsWith('/work/')) return abs.slice('/work/'.length);
+  for (const d of SCRATCH_PATHS) {
+    if (abs === d) throw fail('names a directory');
+    if (abs.startsWith(`${d}/`)) return abs;
+  }
+  throw fail(`is outside the writable directories (/work, ${SCRATCH_PATHS.join(', ')})`);
 }
 
-function validateFiles(value: unknown, field: string, base64Only: boolean): InputFile[] {
+/** Request paths: see validateSandboxPath. */
+export const validateWorkPath = validateSandboxPath;
+
+function validateFiles(value: unknown, field: string, base64Only: boolean, pathOf: (v: unknown, field: string) => string = validateSandboxPath): InputFile[] {
   if (value === undefined || value === null) return [];
   const out: InputFile[] = [];
   const add = (path: string, content: unknown, mode: unknown, f: string) => {
@@ -136,7 +151,7 @@ function validateFiles(value: unknown, field: string, base64Only: boolean): Inpu
     } else throw new WarrenError('INVALID_ARGUMENT', `${f} must be a string or {content|base64, mode?}`, { field: f });
     if (data.length > FN_LIMITS.fileBytes) throw new WarrenError('LIMIT_OUT_OF_RANGE', `${f} is larger than ${FN_LIMITS.fileBytes} bytes`, { field: f, min: 0, max: FN_LIMITS.fileBytes });
     const m = mode === undefined ? 0o644 : expectNumber(mode, `${f}.mode`, 0, 0o777, true);
-    out.push({ path: validateWorkPath(path, `${f} path`), data, mode: m });
+    out.push({ path: pathOf(path, `${f} path`), data, mode: m });
   };
   if (Array.isArray(value)) {
     value.forEach((v, i) => {

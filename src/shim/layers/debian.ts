@@ -143,3 +143,133 @@ export function scrubDebianRoot(root: string): void {
   writeFileSync(join(root, 'etc/machine-id'), '');
   chmodSync(root, 0o755);
 }
+
+/** Bump when the layer recipe (runAptLayer, scrubLayerUpper) changes in a way that changes layers. */
+const LAYER_RECIPE_VERSION = 1;
+
+export interface DebianLayerOptions {
+  /** Debian packages installed (with their dependencies, without recommends) into the layer. */
+  packages: string[];
+  /** Digests of the layers the packages are installed over, top-most first (the judge image at the bottom). */
+  below: string[];
+  mirror?: string;
+  suite?: string;
+  compression?: ErofsCompression;
+}
+
+export function normalizeLayerPackages(packages: string[]): string[] {
+  const out = [...new Set(packages)].sort();
+  if (out.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'a Debian layer needs at least one package');
+  for (const p of out) if (typeof p !== 'string' || !PACKAGE_RE.test(p)) throw new WarrenError('INVALID_ARGUMENT', `invalid Debian package name ${JSON.stringify(p)}`);
+  return out;
+}
+
+/**
+ * What decides a toolkit layer's bytes: the exact layers below it (content digests), the
+ * packages, the architecture, mkfs and the recipe. A new or upgraded package list changes
+ * only its own layer's key; a new base changes every layer built over it.
+ */
+export function debianLayerCacheKey(o: DebianLayerOptions): string {
+  const key = { recipe: LAYER_RECIPE_VERSION, below: o.below, packages: normalizeLayerPackages(o.packages), arch: dpkgArch(), suite: o.suite ?? 'bookworm', mkfs: mkfsArgs({ compression: o.compression ?? 'lz4' }) };
+  return createHash('sha256').update(JSON.stringify(key)).digest('hex');
+}
+
+export function debianLayerCachePath(name: string, o: DebianLayerOptions & { cacheDir?: string }): string {
+  if (!/^[a-z0-9][a-z0-9.-]{0,63}$/.test(name)) throw new WarrenError('INVALID_ARGUMENT', `invalid layer name ${JSON.stringify(name)}`);
+  return join(o.cacheDir ?? process.env.WARREN_CACHE_DIR ?? DEFAULT_CACHE_DIR, `layer-${name}-${debianLayerCacheKey(o)}.erofs`);
+}
+
+/**
+ * Install Debian packages over mounted read-only layers and keep only what changed: an overlay
+ * (lower: `lowers`, top-most first; upper: `upper`) is mounted in a private mount and pid
+ * namespace of a child (`unshare`), apt-get runs chrooted into it with the host's resolver and
+ * Debian's own sources, and everything (overlay, proc, dev) goes with the namespace. No service
+ * is started (policy-rc.d). The upper directory is the layer; scrubLayerUpper tidies it.
+ */
+export function runAptLayer(
+  dirs: { lowers: string[]; upper: string; work: string; merged: string; aptCache?: string; aptLists?: string },
+  packages: string[],
+  opts: { mirror?: string; suite?: string; onLine?: (line: string) => void; signal?: AbortSignal; update?: boolean },
+): Promise<void> {
+  const pkgs = normalizeLayerPackages(packages);
+  const mirror = opts.mirror ?? DEFAULT_MIRROR;
+  const suite = opts.suite ?? 'bookworm';
+  if (!/^(https?|file):\/\/[^\s'"`$\\]+$/.test(mirror)) throw new WarrenError('INVALID_ARGUMENT', `invalid Debian mirror ${JSON.stringify(mirror)}`);
+  if (!SUITE_RE.test(suite)) throw new WarrenError('INVALID_ARGUMENT', `invalid Debian suite ${JSON.stringify(suite)}`);
+  for (const d of [...dirs.lowers, dirs.upper, dirs.work, dirs.merged, ...(dirs.aptCache ? [dirs.aptCache] : []), ...(dirs.aptLists ? [dirs.aptLists] : [])]) {
+    if (!/^\/[A-Za-z0-9._/-]+$/.test(d) || d.includes(':') || d.includes(',')) throw new WarrenError('INVALID_ARGUMENT', `unusable build path ${JSON.stringify(d)}`);
+  }
+  const m = dirs.merged;
+  const apt = 'DEBIAN_FRONTEND=noninteractive LC_ALL=C LANG=C PATH=/usr/sbin:/usr/bin:/sbin:/bin';
+  const aptOpts = '-o Acquire::Retries=3 -o APT::Sandbox::User=root -o Dpkg::Use-Pty=0';
+  // Everything in one shell of a private mount + pid namespace: nothing outlives it.
+  const script = [
+    'set -eu',
+    `mount -t overlay overlay -o lowerdir=${dirs.lowers.join(':')},upperdir=${dirs.upper},workdir=${dirs.work} ${m}`,
+    `mount -t proc proc ${m}/proc`,
+    `mount -t tmpfs -o mode=755 tmpfs ${m}/dev`,
+    ...['null', 'zero', 'full', 'random', 'urandom', 'tty'].map((d) => `touch ${m}/dev/${d} && mount --bind /dev/${d} ${m}/dev/${d}`),
+    `mount -t tmpfs -o mode=1777 tmpfs ${m}/tmp`,
+    `mkdir -p ${m}/var/lib/apt/lists/partial ${m}/var/cache/apt/archives/partial`,
+    ...(dirs.aptCache ? [`mount --bind ${dirs.aptCache} ${m}/var/cache/apt/archives`] : []),
+    // apt's package lists, shared by the builds of one process (fetched once, not once per layer)
+    ...(dirs.aptLists ? [`mkdir -p ${dirs.aptLists}/partial`, `mount --bind ${dirs.aptLists} ${m}/var/lib/apt/lists`] : []),
+    `cp /etc/resolv.conf ${m}/etc/resolv.conf`,
+    `printf '#!/bin/sh\\nexit 101\\n' > ${m}/usr/sbin/policy-rc.d && chmod 755 ${m}/usr/sbin/policy-rc.d`,
+    `printf 'deb ${mirror} ${suite} main\\ndeb ${mirror} ${suite}-updates main\\ndeb http://security.debian.org/debian-security ${suite}-security main\\n' > ${m}/etc/apt/sources.list`,
+    ...(opts.update === false ? [] : [`chroot ${m} /usr/bin/env -i ${apt} apt-get ${aptOpts} -q update`]),
+    `chroot ${m} /usr/bin/env -i ${apt} apt-get ${aptOpts} -q -y --no-install-recommends install ${pkgs.join(' ')}`,
+    `chroot ${m} /usr/bin/env -i ${apt} ldconfig`,
+    `rm -f ${m}/usr/sbin/policy-rc.d`,
+  ].join('\n');
+  return new Promise((resolve, reject) => {
+    const child = spawn('unshare', ['--mount', '--propagation', 'private', '--pid', '--fork', '--kill-child', 'sh', '-c', script], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin', LC_ALL: 'C', LANG: 'C' },
+      signal: opts.signal,
+    });
+    let tail = '';
+    let partial = '';
+    const onData = (d: Buffer) => {
+      const lines = (partial + d.toString()).split('\n');
+      partial = lines.pop() ?? '';
+      for (const line of lines) {
+        tail = (tail + line + '\n').slice(-6000);
+        opts.onLine?.(line);
+      }
+    };
+    child.stdout.on('data', onData);
+    child.stderr.on('data', onData);
+    child.on('error', (err) => reject(new WarrenError('IMAGE_BUILD_FAILED', `apt layer: ${err.message}`)));
+    child.on('close', (code, sig) => {
+      if (code === 0) return resolve();
+      reject(new WarrenError('IMAGE_BUILD_FAILED', `installing ${pkgs.join(' ')} failed (${sig ?? `exit ${code}`}): ${tail.trim().split('\n').slice(-12).join(' | ')}`));
+    });
+  });
+}
+
+/**
+ * Drop from a layer's upper directory what the build left that is not the packages: apt's
+ * lists and caches, logs, the build host's resolver, and copies of base files it only touched.
+ * The dpkg database stays (the top-most layer's is what a program sees; nothing runs dpkg there).
+ */
+export function scrubLayerUpper(upper: string): void {
+  for (const p of [
+    'var/lib/apt/lists',
+    'var/cache/apt',
+    'var/log',
+    'etc/resolv.conf',
+    'etc/apt/sources.list',
+    'usr/sbin/policy-rc.d',
+    'var/cache/ldconfig',
+    'tmp',
+    'proc',
+    'dev',
+    'root/.bash_history',
+  ]) {
+    rmSync(join(upper, p), { recursive: true, force: true });
+  }
+  const debconf = join(upper, 'var/cache/debconf');
+  if (existsSync(debconf)) for (const name of readdirSync(debconf)) if (name.endsWith('-old')) rmSync(join(debconf, name), { force: true });
+  chmodSync(upper, 0o755);
+}

@@ -29,6 +29,7 @@ import {
   realpathSync,
   renameSync,
   rmdirSync,
+  rmSync,
   statSync,
   unlinkSync,
   createWriteStream,
@@ -38,7 +39,7 @@ import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { WarrenError, asWarrenError } from '../../errors';
 import type { ImageInfo, ImportProgress, ResolvedLayer } from '../types';
-import { debianCachePath, normalizeDebianOptions, runDebootstrap, scrubDebianRoot, DEFAULT_CACHE_DIR, type DebianOptions } from './debian';
+import { debianCachePath, debianLayerCachePath, normalizeDebianOptions, runAptLayer, runDebootstrap, scrubDebianRoot, scrubLayerUpper, DEFAULT_CACHE_DIR, type DebianOptions } from './debian';
 import { assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from './erofs';
 import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveImage, type ArchiveImage } from './oci';
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
@@ -178,6 +179,8 @@ export class LayerStore {
   private blobsDir = '';
   private mntDir = '';
   private tmpDir = '';
+  /** When this process last fetched apt's package lists for layer builds (0: never). */
+  private aptListsAt = 0;
   private initialized = false;
   private closed = false;
   private readonly mounts = new Map<string, MountState>();
@@ -253,6 +256,7 @@ export class LayerStore {
   /** Stop taking acquires and imports. Mounts stay (they are a node-level cache); release and unmountUnused still work. */
   close(): void {
     this.closed = true;
+    if (this.aptListsAt !== 0) rmSync(join(this.tmpDir, `aptlists-${process.pid}-shared`), { recursive: true, force: true });
   }
 
   // ---------------------------------------------------------------- lookup
@@ -981,6 +985,61 @@ export class LayerStore {
       progress({ phase: 'mkfs', message: `cached as ${cachePath}`, fraction: 1 }, true);
       return this.importErofsFile(cachePath, { name, kind, onProgress: opts.onProgress, source });
     });
+  }
+
+  /**
+   * A toolkit layer of Debian packages installed over existing layers (`below`, top-most first:
+   * e.g. the judge image's layers). Kept in the node cache
+   * (<cacheDir>/layer-<name>-<sha256 of below, packages, recipe>.erofs) with the same lock as
+   * images, so a machine builds each layer once; adding or upgrading one toolkit rebuilds only it.
+   */
+  async buildDebianLayer(opts: { name: string; packages: string[]; below: string[]; mirror?: string; onProgress?: (p: ImportProgress) => void; refresh?: boolean }): Promise<ImageInfo & { cached: boolean; buildMs: number }> {
+    const { name, progress } = this.validateImport({ name: opts.name, kind: 'toolkit', onProgress: opts.onProgress });
+    const compression: ErofsCompression = 'lz4';
+    const cachePath = debianLayerCachePath(name, { packages: opts.packages, below: opts.below, compression, cacheDir: this.cacheDir });
+    const source = `debian-layer:${[...new Set(opts.packages)].sort().join(',')} over ${opts.below.length} layer(s)`;
+    const started = Date.now();
+    const take = async (cached: boolean) => ({ ...(await this.importErofsFile(cachePath, { name, kind: 'toolkit', onProgress: opts.onProgress, source: `${source} [cached ${cachePath}]` })), cached, buildMs: Date.now() - started });
+    if (!opts.refresh && existsSync(cachePath)) return take(true);
+    const unlock = await this.lockCacheEntry(cachePath, (m) => progress({ phase: 'fetch', message: m }, true));
+    try {
+      if (!opts.refresh && existsSync(cachePath)) return await take(true);
+      const lowers = await this.acquire(opts.below);
+      try {
+        await this.withScratch('apt', async (scratch) => {
+          // The package lists are fetched by the first build of this process and reused for an hour.
+          const aptLists = join(this.tmpDir, `aptlists-${process.pid}-shared`);
+          const fresh = this.aptListsAt !== 0 && Date.now() - this.aptListsAt < 3600_000 && existsSync(aptLists);
+          mkdirSync(aptLists, { recursive: true, mode: 0o755 });
+          const dirs = { lowers: lowers.map((l) => l.path), upper: join(scratch, 'upper'), work: join(scratch, 'work'), merged: join(scratch, 'merged'), aptLists };
+          for (const d of [dirs.upper, dirs.work, dirs.merged]) mkdirSync(d, { mode: 0o755 });
+          progress({ phase: 'fetch', message: `apt-get install ${opts.packages.join(' ')}`, fraction: 0 }, true);
+          await runAptLayer(dirs, opts.packages, { ...(opts.mirror ? { mirror: opts.mirror } : {}), update: !fresh, onLine: (l) => progress({ phase: 'fetch', message: l.slice(0, 200) }) });
+          this.aptListsAt = fresh ? this.aptListsAt : Date.now();
+          scrubLayerUpper(dirs.upper);
+          progress({ phase: 'mkfs', message: 'packing the layer with mkfs.erofs', fraction: 0 }, true);
+          const tmp = join(this.cacheDir, `.tmp-${process.pid}-${randomBytes(6).toString('hex')}.erofs`);
+          try {
+            this.sweepCacheTemps();
+            await mkfsErofs(tmp, dirs.upper, { compression, log: (l) => this.log(`mkfs.erofs: ${l}`) });
+            chmodSync(tmp, 0o444);
+            renameSync(tmp, cachePath);
+          } catch (err) {
+            try {
+              unlinkSync(tmp);
+            } catch {
+              /* not created */
+            }
+            throw err;
+          }
+        });
+      } finally {
+        this.release(opts.below);
+      }
+      return await take(false);
+    } finally {
+      unlock();
+    }
   }
 
   private sweepCacheTemps(): void {
