@@ -610,6 +610,9 @@ export class ShimNode implements Shim {
       resize: (cols, rows) => whenAwake(() => att.resize(cols, rows)),
       signal: (signal) => whenAwake(() => att.signal(signal)),
       detach: () => att.detach(),
+      onLost: (l) => att.onLost?.(l),
+      pauseOutput: () => att.pauseOutput?.(),
+      resumeOutput: () => att.resumeOutput?.(),
       close: async () => {
         await this.lifecycle.ensureAwake(id);
         await att.close();

@@ -310,6 +310,11 @@ export interface SessionAttachment {
   detach(): void;
   /** End the session: kill its shell and holder. */
   close(): Promise<void>;
+  /** The holder dropped `bytes` of output this attachment had not taken yet; output goes on at `nextOffset`. */
+  onLost?(listener: (bytes: number, nextOffset: number) => void): void;
+  /** Back-pressure: take no more output until resumeOutput(); the holder keeps it in its bounded ring meanwhile. */
+  pauseOutput?(): void;
+  resumeOutput?(): void;
 }
 
 export interface ImportProgress {

@@ -33,6 +33,7 @@ export interface GatewayFixture {
 export interface FixtureOptions {
   uploadLimitBytes?: number;
   allowedOrigins?: string[];
+  shell?: Parameters<typeof createGateway>[0]['shell'];
 }
 
 let cachedSkip: string | null | undefined;
@@ -64,6 +65,7 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
     const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log: (l) => t.log(`[gateway] ${l}`) };
     if (opts.uploadLimitBytes !== undefined) gwOpts.uploadLimitBytes = opts.uploadLimitBytes;
     if (opts.allowedOrigins !== undefined) gwOpts.allowedOrigins = opts.allowedOrigins;
+    if (opts.shell !== undefined) gwOpts.shell = opts.shell;
     gateway = await createGateway(gwOpts);
     const url = gateway.url;
     const admin = new WarrenClient({ url, token: adminToken });

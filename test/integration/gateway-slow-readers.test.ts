@@ -1,0 +1,97 @@
+/**
+ * Shell clients that never read cannot grow the gateway: a real `warren up`
+ * in a child process, a session whose shell prints without pause, and many
+ * WebSocket attachments that complete the handshake and then read nothing.
+ * The gateway's resident memory is measured from /proc while they hang on
+ * and after they are gone, and the gateway lets go of them on its own
+ * (their holder connections end).
+ */
+import test from 'ava';
+import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { skipReason } from '../../src/features';
+import { WarrenClient } from '../../src/sdk';
+import { removeTree } from '../../src/shim/layers/sys';
+import { busyboxRootfs } from '../helpers/warren';
+import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { peakOver, pollUntil, rssBytes, stuckWebSocket, type StuckSocket } from '../helpers/slow-client';
+
+const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
+const it = skip === null ? test.serial : test.skip;
+const why = skip === null ? '' : ` (skipped: ${skip})`;
+
+const MiB = 1024 * 1024;
+const CLIENTS = 64;
+
+interface Node {
+  child: ChildProcess;
+  url: string;
+  port: number;
+  token: string;
+  client: WarrenClient;
+  dataDir: string;
+}
+
+async function startNode(t: { teardown(fn: () => Promise<void> | void): void }, args: string[] = []): Promise<Node> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-slow-'));
+  const nodeId = `w${process.pid.toString(36)}`;
+  const { child, url } = await startWarrenProcess(dataDir, nodeId, args);
+  const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+  const client = new WarrenClient({ url, token });
+  const node = { child, url, port: Number(new URL(url).port), token, client, dataDir };
+  t.teardown(async () => {
+    for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
+    await client.close();
+    await kill9(child);
+    removeTree(dataDir);
+  });
+  await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });
+  return node;
+}
+
+it(`shell attachments that never read leave the gateway's memory bounded, are let go, and the memory comes back${why}`, async (t) => {
+  t.timeout(120_000);
+  const node = await startNode(t, ['--shell-stall-timeout-ms', '3000']);
+  const sb = await node.client.createSandbox({ image: 'busybox' });
+  const sh = await node.client.getSandbox(sb.id).then((s) => s.shell({ mode: 'command' }));
+  // A background writer that never stops: the session produces output as fast as it is taken.
+  await sh.run('(while :; do echo 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef; done &) ; true');
+  const session = sh.session;
+  await sh.detach();
+
+  const pid = node.child.pid!;
+  const before = rssBytes(pid);
+  const stuck: StuckSocket[] = [];
+  t.teardown(() => stuck.forEach((s) => s.destroy()));
+  for (let i = 0; i < CLIENTS; i++) {
+    const s = await stuckWebSocket(node.port, `/v1/sandboxes/${sb.id}/shell?session=${session}&offset=0`, node.token);
+    t.true(s.head.startsWith('HTTP/1.1 101'), s.head.split('\r\n')[0]);
+    stuck.push(s);
+  }
+  const peak = await peakOver(() => rssBytes(pid), 2000);
+  t.log(`gateway RSS: ${(before / MiB).toFixed(0)} MiB before, peak ${(peak / MiB).toFixed(0)} MiB with ${CLIENTS} clients that never read`);
+  // Each stalled client may hold a bounded amount (docs/shell-protocol.md, Back-pressure); 64 of them fit in this.
+  t.true(peak - before < 96 * MiB, `gateway grew by ${((peak - before) / MiB).toFixed(0)} MiB for ${CLIENTS} stalled clients`);
+
+  // The gateway gives up on them by itself: their holder connections go away.
+  const api = await node.client.getSandbox(sb.id);
+  // The sessions listing carries the holder's own INFO, its client count included.
+  const clients = async () => ((await api.sessions()).find((s) => s.id === session) as { clients?: number } | undefined)?.clients ?? -1;
+  let seen = -1;
+  await pollUntil(async () => (seen = await clients()) <= 1, 30_000, () => `holder still has ${seen} clients`);
+  t.true(seen <= 1, `holder clients after the stall timeout: ${seen}`);
+
+  stuck.forEach((s) => s.destroy());
+  let now = rssBytes(pid);
+  await pollUntil(() => (now = rssBytes(pid)) - before < 32 * MiB, 30_000, () => `RSS ${(now / MiB).toFixed(0)} MiB, was ${(before / MiB).toFixed(0)} MiB`);
+  t.true(now - before < 32 * MiB);
+
+  // The session itself is unharmed: a reading client still gets live output.
+  const again = await api.shell({ mode: 'command', session });
+  const r = await again.run('echo still-here');
+  t.is(r.exitCode, 0);
+  t.true(r.stdout.includes('still-here'));
+  await again.close();
+});
