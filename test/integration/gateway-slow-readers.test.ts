@@ -72,8 +72,10 @@ it(`shell attachments that never read leave the gateway's memory bounded, are le
   }
   const peak = await peakOver(() => rssBytes(pid), 2000);
   t.log(`gateway RSS: ${(before / MiB).toFixed(0)} MiB before, peak ${(peak / MiB).toFixed(0)} MiB with ${CLIENTS} clients that never read`);
-  // Each stalled client may hold a bounded amount (docs/shell-protocol.md, Back-pressure); 64 of them fit in this.
-  t.true(peak - before < 96 * MiB, `gateway grew by ${((peak - before) / MiB).toFixed(0)} MiB for ${CLIENTS} stalled clients`);
+  // Each stalled client holds at most its high-water mark plus one socket read (docs/shell-protocol.md,
+  // Back-pressure): about 0.4 MiB, plus garbage V8 has not collected yet (it lets up to 64 MiB of
+  // external memory pile up between collections). An unpaused 8 MiB queue per client cost ~9 MiB each.
+  t.true(peak - before < 2 * MiB * CLIENTS, `gateway grew by ${((peak - before) / MiB).toFixed(0)} MiB for ${CLIENTS} stalled clients`);
 
   // The gateway gives up on them by itself: their holder connections go away.
   const api = await node.client.getSandbox(sb.id);
@@ -93,5 +95,36 @@ it(`shell attachments that never read leave the gateway's memory bounded, are le
   const r = await again.run('echo still-here');
   t.is(r.exitCode, 0);
   t.true(r.stdout.includes('still-here'));
+  await again.close();
+});
+
+it(`pty mode: stalled clients past the gateway-wide budget are dropped long before their stall timeout${why}`, async (t) => {
+  t.timeout(120_000);
+  // A long stall timeout: only the budget (2 MiB for all stalled queues, about 8 clients at the 256 KiB mark) lets clients go early.
+  const node = await startNode(t, ['--shell-stall-timeout-ms', '600000', '--shell-buffer-budget-mib', '2']);
+  const sb = await node.client.getSandbox((await node.client.createSandbox({ image: 'busybox' })).id);
+  const pty = await sb.shell({ mode: 'pty' });
+  pty.write('(while :; do echo 0123456789abcdef0123456789abcdef; done) >/dev/tty 2>&1 &\n');
+  const session = pty.session;
+  await pty.detach();
+  const pid = node.child.pid!;
+  const before = rssBytes(pid);
+  const stuck: StuckSocket[] = [];
+  t.teardown(() => stuck.forEach((s) => s.destroy()));
+  for (let i = 0; i < 32; i++) stuck.push(await stuckWebSocket(node.port, `/v1/sandboxes/${sb.id}/shell?mode=pty&session=${session}&offset=0`, node.token));
+  const clients = async () => ((await sb.sessions()).find((s) => s.id === session) as { clients?: number } | undefined)?.clients ?? -1;
+  let seen = -1;
+  // 2 MiB / 256 KiB = 8 stalled queues fit; the others are let go although their stall timeout is 10 minutes away.
+  await pollUntil(async () => (seen = await clients()) <= 12, 20_000, () => `holder still has ${seen} clients`);
+  t.true(seen <= 12, `holder clients: ${seen}`);
+  const grown = rssBytes(pid) - before;
+  t.true(grown < 48 * MiB, `gateway grew by ${(grown / MiB).toFixed(0)} MiB`);
+  stuck.forEach((s) => s.destroy());
+  await pollUntil(async () => (seen = await clients()) <= 1, 20_000, () => `holder still has ${seen} clients after the sockets closed`);
+  const again = await sb.shell({ mode: 'pty', session });
+  let text = '';
+  again.on('output', (o) => (text += o.data.toString('latin1')));
+  await pollUntil(() => text.includes('0123456789abcdef'), 10_000, () => `pty output: ${JSON.stringify(text.slice(-100))}`);
+  t.true(text.includes('0123456789abcdef'));
   await again.close();
 });
