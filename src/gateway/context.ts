@@ -10,6 +10,7 @@ import type { SandboxInfo, Shim } from '../shim/types';
 import { tracer } from '../telemetry';
 import { type Account, type Auth, type Quota, bearerFromHeader, can } from './auth';
 import { type Log, publicError, writeError } from './http';
+import type { Reclaimer } from './reclaim';
 import { type HostCapacity, validateSandboxId } from './validation';
 
 export interface GatewayContext {
@@ -22,6 +23,8 @@ export interface GatewayContext {
   startedAt: number;
   /** Quota of accounts that have none of their own (undefined: unlimited). */
   defaultQuota?: Quota;
+  /** Told when large buffers were freed, to give the memory back to the kernel. */
+  reclaimer?: Reclaimer;
 }
 
 export function sandboxNotFound(id: string): WarrenError {

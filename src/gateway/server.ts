@@ -82,6 +82,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     startedAt: Date.now(),
   };
   if (opts.defaultQuota !== undefined) ctx.defaultQuota = opts.defaultQuota;
+  const reclaimer = createReclaimer();
+  ctx.reclaimer = reclaimer;
 
   const app = new HyperExpress.Server({
     auto_close: false,
@@ -101,7 +103,6 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerEnvironmentRoutes(app, ctx);
   registerFunctionRoutes(app, ctx);
   registerUiRoutes(app, ctx);
-  const reclaimer = createReclaimer();
   const shells = registerShellRoutes(app, ctx, { ...opts.shell, allowedOrigins: opts.allowedOrigins ?? [], reclaimer });
 
   app.set_not_found_handler((req, res) => {

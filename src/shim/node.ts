@@ -19,6 +19,7 @@ import { ContentAccess, type Principal } from './access';
 import { LayerStore } from './layers/store';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
+import { setExecSpillDir } from './exec-output';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
 import { resolveUser } from './users';
@@ -27,6 +28,7 @@ import { FnCallManager } from './fncall/manager';
 import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
 import type {
+  CapturedExec,
   EnvironmentInfo,
   ExecRequest,
   ExecResult,
@@ -35,6 +37,7 @@ import type {
   FileEntry,
   ImageInfo,
   ImportProgress,
+  LiveExec,
   OpenSessionOptions,
   PackRequest,
   PackResult,
@@ -122,6 +125,7 @@ export class ShimNode implements Shim {
     this.registry = new SandboxRegistry(opts.db);
     this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
+    setExecSpillDir(join(opts.dataDir, 'tmp'));
     this.network = opts.network
       ? new NetworkManager({
           native,
@@ -420,6 +424,34 @@ export class ShimNode implements Shim {
       });
     } finally {
       end();
+    }
+  }
+
+  async execCaptured(id: string, req: ExecRequest): Promise<CapturedExec> {
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      return await inSpan('warren.sandbox.exec', { 'warren.sandbox.id': id }, async (span) => {
+        const result = await box.execCaptured(req);
+        span.setAttribute('warren.exec.status', result.status);
+        this.metrics.execLatency.record(result.durationMs, { status: result.status });
+        return result;
+      });
+    } finally {
+      end();
+    }
+  }
+
+  async execLive(id: string, req: ExecRequest): Promise<LiveExec> {
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      const live = await box.execLive(req);
+      void live.done.then((r) => this.metrics.execLatency.record(r.durationMs, { status: r.status }), () => undefined).finally(end);
+      return live;
+    } catch (err) {
+      end();
+      throw err;
     }
   }
 
