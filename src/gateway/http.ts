@@ -18,9 +18,11 @@ export type Log = (line: string) => void;
  * the details (stack included) go to the log only.
  */
 export function publicError(err: unknown, log: Log): WarrenError {
-  if (err instanceof WarrenError) {
-    if (err.status >= 500 && err.code !== 'NOT_SUPPORTED') log(`error ${err.code}: ${err.message}`);
-    return err;
+  const known = asWarrenError(err);
+  if (err instanceof WarrenError || known.code !== 'INTERNAL') {
+    // The platform's own failures are worth a log line; a full (sandbox) disk is the caller's news.
+    if (known.status >= 500 && known.code !== 'DISK_FULL' && known.code !== 'NOT_SUPPORTED') log(`error ${known.code}: ${known.message}`);
+    return known;
   }
   const ref = randomBytes(6).toString('hex');
   const detail = err instanceof Error ? (err.stack ?? err.message) : String(err);

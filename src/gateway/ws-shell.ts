@@ -36,7 +36,7 @@ import type { Request, Response, Server, Websocket } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { CommandResult, SessionAttachment, SessionMode, SessionOutput } from '../shim/types';
 import { bearerFromHeader, bearerFromSubprotocols } from './auth';
-import { type GatewayContext, sandboxFor } from './context';
+import { type GatewayContext, raceSafe, sandboxFor } from './context';
 import { publicError, sendError } from './http';
 import type { Reclaimer } from './reclaim';
 import {
@@ -486,14 +486,14 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
       let att: SessionAttachment;
       let startOffset: number;
       if (q.session !== undefined) {
-        att = await ctx.shim.attachSession(info.id, q.session, q.offset ?? 0);
+        att = await raceSafe(ctx, info.id, () => ctx.shim.attachSession(info.id, q.session!, q.offset ?? 0));
         startOffset = Math.min(q.offset ?? 0, att.info.outputOffset);
         if (att.info.mode !== q.mode && new URLSearchParams(req.path_query).has('mode')) {
           att.detach();
           throw new WarrenError('INVALID_ARGUMENT', `session ${q.session} is a ${att.info.mode} session (asked for mode=${q.mode})`, { field: 'mode' });
         }
       } else {
-        att = await ctx.shim.openSession(info.id, sessionOptions(q));
+        att = await raceSafe(ctx, info.id, () => ctx.shim.openSession(info.id, sessionOptions(q)));
         startOffset = att.info.outputOffset;
       }
       if (res.completed) {

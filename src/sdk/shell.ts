@@ -381,10 +381,12 @@ export function codeForStatus(status: number): ErrorCode {
     case 404: return 'NOT_FOUND';
     case 409: return 'ALREADY_EXISTS';
     case 413: return 'PAYLOAD_TOO_LARGE';
+    case 422: return 'IDEMPOTENCY_KEY_REUSED';
     case 429: return 'RESOURCE_EXHAUSTED';
     case 501: return 'NOT_SUPPORTED';
     case 503: return 'UNAVAILABLE';
     case 504: return 'TIMEOUT';
+    case 507: return 'DISK_FULL';
     default: return 'INTERNAL';
   }
 }

@@ -9,7 +9,7 @@ import { hostname } from 'node:os';
 import { join, posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
-import { WarrenError } from '../errors';
+import { WarrenError, errorFromToolOutput } from '../errors';
 import { assertBackendAvailable, featureReport } from '../features';
 import { confineForSandbox, nsexecConfineArgs, onPolicyApplied, policyStore } from '../security/confinement';
 import { native, helperBinary, bpfObject } from '../native';
@@ -536,7 +536,8 @@ export class ShimNode implements Shim {
     proc.stdin.end(tar);
     const status = await proc.exited;
     if (status.exitCode !== 0) {
-      throw new WarrenError('INVALID_ARCHIVE', `tar extraction failed in the sandbox: ${Buffer.concat(stderr).toString('utf8').trim().slice(0, 500)}`);
+      const text = Buffer.concat(stderr).toString('utf8');
+      throw errorFromToolOutput(text, 'tar extraction') ?? new WarrenError('INVALID_ARCHIVE', `tar extraction failed in the sandbox: ${text.trim().slice(0, 500)}`);
     }
     return { entries };
   }

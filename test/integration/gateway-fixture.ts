@@ -34,6 +34,8 @@ export interface FixtureOptions {
   uploadLimitBytes?: number;
   allowedOrigins?: string[];
   shell?: Parameters<typeof createGateway>[0]['shell'];
+  /** Also receives every line the gateway logs (to check that user errors make no noise). */
+  onLog?: (line: string) => void;
 }
 
 let cachedSkip: string | null | undefined;
@@ -62,7 +64,11 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
   const clients: WarrenClient[] = [];
   let gateway: Gateway | null = null;
   try {
-    const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log: (l) => t.log(`[gateway] ${l}`) };
+    const log = (l: string) => {
+      t.log(`[gateway] ${l}`);
+      opts.onLog?.(l);
+    };
+    const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log };
     if (opts.uploadLimitBytes !== undefined) gwOpts.uploadLimitBytes = opts.uploadLimitBytes;
     if (opts.allowedOrigins !== undefined) gwOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.shell !== undefined) gwOpts.shell = opts.shell;

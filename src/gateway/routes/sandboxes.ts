@@ -3,7 +3,7 @@ import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
 import type { BackendName, SandboxSpec } from '../../shim/types';
 import { type Account, type Usage, can, checkQuota, principalOf, requirePermission } from '../auth';
-import { type GatewayContext, authed, present, sandboxFor } from '../context';
+import { type GatewayContext, authed, present, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
 import { sendCapturedJson, streamLiveNdjson, wantsNdjson } from '../exec-stream';
 import {
@@ -187,7 +187,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
-      await ctx.shim.deleteSandbox(info.id);
+      await raceSafe(ctx, info.id, () => ctx.shim.deleteSandbox(info.id));
       sendEmpty(res, 204);
     }),
   );
@@ -201,10 +201,10 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const execReq = validateExecRequest(body);
       const encoding = validateOutputEncoding((body as Record<string, unknown>).encoding);
       if (wantsNdjson(req.headers.accept)) {
-        await streamLiveNdjson(res, await ctx.shim.execLive(info.id, execReq), encoding, ctx.log);
+        await streamLiveNdjson(res, await raceSafe(ctx, info.id, () => ctx.shim.execLive(info.id, execReq)), encoding, ctx.log);
         return;
       }
-      const captured = await ctx.shim.execCaptured(info.id, execReq);
+      const captured = await raceSafe(ctx, info.id, () => ctx.shim.execCaptured(info.id, execReq));
       try {
         await sendCapturedJson(res, captured, encoding);
       } finally {
@@ -239,7 +239,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
-      sendJson(res, 200, { sessions: await ctx.shim.listSessions(info.id) });
+      sendJson(res, 200, { sessions: await raceSafe(ctx, info.id, () => ctx.shim.listSessions(info.id)) });
     }),
   );
 }
