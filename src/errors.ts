@@ -43,8 +43,6 @@ export const ErrorCodes = {
   RESOURCE_EXHAUSTED: 429,
   /** An account quota (concurrent sandboxes, cpu, memory) would be exceeded. */
   QUOTA_EXCEEDED: 429,
-  /** A request id (Idempotency-Key) was used before with a different request. */
-  IDEMPOTENCY_KEY_REUSED: 422,
   // 507: no room
   /** No space left: the sandbox's disk quota (diskMb), or the node's disk. */
   DISK_FULL: 507,

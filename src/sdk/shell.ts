@@ -381,7 +381,6 @@ export function codeForStatus(status: number): ErrorCode {
     case 404: return 'NOT_FOUND';
     case 409: return 'ALREADY_EXISTS';
     case 413: return 'PAYLOAD_TOO_LARGE';
-    case 422: return 'IDEMPOTENCY_KEY_REUSED';
     case 429: return 'RESOURCE_EXHAUSTED';
     case 501: return 'NOT_SUPPORTED';
     case 503: return 'UNAVAILABLE';
