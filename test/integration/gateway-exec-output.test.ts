@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { skipReason } from '../../src/features';
+import { testUnless } from '../helpers/skip';
 import { WarrenClient } from '../../src/sdk';
 import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs } from '../helpers/warren';
@@ -19,8 +20,7 @@ import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { peakOver, pollUntil, rssBytes, stuckHttp, type StuckSocket } from '../helpers/slow-client';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 
 const MiB = 1024 * 1024;
 const MAX_OUTPUT = 64 * MiB;
@@ -71,7 +71,7 @@ async function post(n: Node, path: string, body: unknown, headers: Record<string
   return { status: res.statusCode, headers: res.headers, text: await res.body.text() };
 }
 
-it(`concurrent worst-case execs whose answers are never read keep the gateway's memory bounded${why}`, async (t) => {
+it(`concurrent worst-case execs whose answers are never read keep the gateway's memory bounded`, async (t) => {
   t.timeout(240_000);
   const n = await node();
   const sb = await n.client.createSandbox({ image: 'busybox', memoryMb: 512 });
@@ -113,7 +113,7 @@ it(`concurrent worst-case execs whose answers are never read keep the gateway's 
   await n.client.deleteSandbox(sb.id);
 });
 
-it(`the output limit stops a writer that would never stop, and the answer says truncated${why}`, async (t) => {
+it(`the output limit stops a writer that would never stop, and the answer says truncated`, async (t) => {
   const n = await node();
   const sb = await n.client.createSandbox({ image: 'busybox' });
   const started = Date.now();
@@ -135,7 +135,7 @@ it(`the output limit stops a writer that would never stop, and the answer says t
   await n.client.deleteSandbox(sb.id);
 });
 
-it(`binary output: base64 JSON answers carry the exact bytes; the default stays UTF-8 text${why}`, async (t) => {
+it(`binary output: base64 JSON answers carry the exact bytes; the default stays UTF-8 text`, async (t) => {
   const n = await node();
   const sb = await n.client.createSandbox({ image: 'busybox' });
   // 3 MiB of random bytes (large: written in pieces, spilled on the node), and its digest from inside.
@@ -161,7 +161,7 @@ it(`binary output: base64 JSON answers carry the exact bytes; the default stays 
   await n.client.deleteSandbox(sb.id);
 });
 
-it(`NDJSON exec streams output while the command runs, then one exit line${why}`, async (t) => {
+it(`NDJSON exec streams output while the command runs, then one exit line`, async (t) => {
   const n = await node();
   const sb = await n.client.createSandbox({ image: 'busybox' });
   const res = await request(`${n.url}/v1/sandboxes/${sb.id}/exec`, {

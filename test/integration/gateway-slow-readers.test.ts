@@ -6,12 +6,12 @@
  * and after they are gone, and the gateway lets go of them on its own
  * (their holder connections end).
  */
-import test from 'ava';
 import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
+import { testUnless } from '../helpers/skip';
 import { WarrenClient } from '../../src/sdk';
 import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs } from '../helpers/warren';
@@ -19,8 +19,7 @@ import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { peakOver, pollUntil, rssBytes, stuckWebSocket, type StuckSocket } from '../helpers/slow-client';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
-const it = skip === null ? test.serial : test.skip;
-const why = skip === null ? '' : ` (skipped: ${skip})`;
+const it = testUnless(skip).serial;
 
 const MiB = 1024 * 1024;
 const CLIENTS = 64;
@@ -51,7 +50,7 @@ async function startNode(t: { teardown(fn: () => Promise<void> | void): void }, 
   return node;
 }
 
-it(`shell attachments that never read leave the gateway's memory bounded, are let go, and the memory comes back${why}`, async (t) => {
+it(`shell attachments that never read leave the gateway's memory bounded, are let go, and the memory comes back`, async (t) => {
   t.timeout(120_000);
   const node = await startNode(t, ['--shell-stall-timeout-ms', '3000']);
   const sb = await node.client.createSandbox({ image: 'busybox' });
@@ -98,7 +97,7 @@ it(`shell attachments that never read leave the gateway's memory bounded, are le
   await again.close();
 });
 
-it(`pty mode: stalled clients past the gateway-wide budget are dropped long before their stall timeout${why}`, async (t) => {
+it(`pty mode: stalled clients past the gateway-wide budget are dropped long before their stall timeout`, async (t) => {
   t.timeout(120_000);
   // A long stall timeout: only the budget (2 MiB for all stalled queues, about 8 clients at the 256 KiB mark) lets clients go early.
   const node = await startNode(t, ['--shell-stall-timeout-ms', '600000', '--shell-buffer-budget-mib', '2']);

@@ -4,15 +4,13 @@
  * quota (files API, tar uploads), and requests racing a delete (exec, files,
  * sessions during and after DELETE). Real gateway, real shim.
  */
-import anyTest, { type TestFn } from 'ava';
 import { WarrenError } from '../../src/errors';
 import { Pool } from 'undici';
 import { makeTar } from '../helpers/images';
+import { testUnless } from '../helpers/skip';
 import { integrationSkipReason, rawRequest, withGateway } from './gateway-fixture';
 
-const skip = integrationSkipReason();
-const test = (skip ? anyTest.skip : anyTest) as TestFn;
-if (skip) anyTest.skip(`user errors (skipped: ${skip})`, () => undefined);
+const test = testUnless(integrationSkipReason());
 
 const MiB = 1024 * 1024;
 
