@@ -24,6 +24,8 @@ export const ErrorCodes = {
   UNAUTHENTICATED: 401,
   FORBIDDEN: 403,
   ORIGIN_REFUSED: 403,
+  /** The sandbox's own permissions refuse it (a file its user may not write, a read-only mount). */
+  PERMISSION_DENIED: 403,
   // 404: no such thing
   NOT_FOUND: 404,
   SANDBOX_NOT_FOUND: 404,
@@ -41,6 +43,9 @@ export const ErrorCodes = {
   RESOURCE_EXHAUSTED: 429,
   /** An account quota (concurrent sandboxes, cpu, memory) would be exceeded. */
   QUOTA_EXCEEDED: 429,
+  // 507: no room
+  /** No space left: the sandbox's disk quota (diskMb), or the node's disk. */
+  DISK_FULL: 507,
   // 501: this node or kernel cannot
   NOT_SUPPORTED: 501,
   /** No confinement enforcer (AppArmor, Landlock) and seccomp here, and unconfined sandboxes are not allowed (issue 5). */
@@ -97,9 +102,61 @@ export class WarrenError extends Error {
   }
 }
 
-/** Wrap anything thrown into a WarrenError, keeping WarrenErrors as they are. */
+/**
+ * errno classes that mean the same thing wherever they come from: a full
+ * disk is a full disk, whether Node's fs, the native addon or a tool inside
+ * the sandbox hit it. Everything errno-based goes through this table (Node
+ * system errors carry the name in `code`, native WarrenErrors the number in
+ * `errno`, tools print strerror text).
+ */
+const ERRNO_CLASSES: ReadonlyArray<{ names: readonly string[]; numbers: readonly number[]; text: RegExp; code: ErrorCode; say: string }> = [
+  {
+    names: ['ENOSPC', 'EDQUOT'],
+    numbers: [28, 122],
+    text: /No space left on device|Disk quota exceeded/i,
+    code: 'DISK_FULL',
+    say: "no space left: the sandbox's disk quota (diskMb) or the node's disk is full",
+  },
+  { names: ['EFBIG'], numbers: [27], text: /File too large/i, code: 'PAYLOAD_TOO_LARGE', say: 'file too large for the file system' },
+  { names: ['EROFS'], numbers: [30], text: /Read-only file system/i, code: 'PERMISSION_DENIED', say: 'read-only file system' },
+  { names: ['EMFILE', 'ENFILE'], numbers: [24, 23], text: /Too many open files/i, code: 'UNAVAILABLE', say: 'the node is out of file descriptors; retry later' },
+  { names: ['ENOMEM'], numbers: [12], text: /Cannot allocate memory/i, code: 'UNAVAILABLE', say: 'the node is out of memory; retry later' },
+];
+
+/** Codes that say "the platform failed"; an errno of a user class under one of them is remapped. */
+const OURS = new Set<ErrorCode>(['INTERNAL', 'NATIVE_ERROR', 'CGROUP_ERROR', 'MOUNT_ERROR', 'SPAWN_ERROR']);
+
+/** The stable error for an errno (name like "ENOSPC" or number), or null when its class has none. */
+export function errnoError(errno: string | number, context: string): WarrenError | null {
+  const cls = ERRNO_CLASSES.find((c) => (typeof errno === 'number' ? c.numbers.includes(errno) : c.names.includes(errno)));
+  if (!cls) return null;
+  const name = typeof errno === 'number' ? cls.names[cls.numbers.indexOf(errno)]! : errno;
+  return new WarrenError(cls.code, `${cls.say} (${context}: ${name})`, { errno: name });
+}
+
+/** The stable error for a tool's strerror text (e.g. tar's stderr), or null. */
+export function errorFromToolOutput(text: string, context: string): WarrenError | null {
+  const cls = ERRNO_CLASSES.find((c) => c.text.test(text));
+  if (!cls) return null;
+  return new WarrenError(cls.code, `${cls.say} (${context}: ${text.trim().slice(0, 300)})`, { errno: cls.names[0] });
+}
+
+/**
+ * Wrap anything thrown into a WarrenError. WarrenErrors stay as they are,
+ * except platform codes carrying the errno of a user class (ENOSPC under
+ * NATIVE_ERROR is a full disk); Node system errors of a known class get its
+ * code; anything else is INTERNAL.
+ */
 export function asWarrenError(err: unknown): WarrenError {
-  if (err instanceof WarrenError) return err;
+  if (err instanceof WarrenError) {
+    if (err.errno !== undefined && OURS.has(err.code)) return errnoError(err.errno, err.message) ?? err;
+    return err;
+  }
+  const sys = err as NodeJS.ErrnoException | null;
+  if (sys && typeof sys === 'object' && typeof sys.code === 'string' && /^E[A-Z0-9]+$/.test(sys.code)) {
+    const mapped = errnoError(sys.code, sys.syscall ?? 'system call');
+    if (mapped) return mapped;
+  }
   const message = err instanceof Error ? err.message : String(err);
   return new WarrenError('INTERNAL', message);
 }

@@ -41,6 +41,7 @@ commands:
   up --listen HOST:PORT --data-dir DIR [--otlp URL] [--allow-origin ORIGIN]... [--no-default-image] [--node-id ID] [--e2b-port PORT]
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
      [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
+     [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
@@ -180,6 +181,8 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'dns-upstream': { type: 'string', multiple: true },
     'netns-warm': { type: 'string' },
     'e2b-port': { type: 'string' },
+    'shell-stall-timeout-ms': { type: 'string' },
+    'shell-buffer-budget-mib': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -216,6 +219,11 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   if (e2bPort !== undefined) {
     if (!Number.isInteger(e2bPort) || e2bPort < 0 || e2bPort > 65535) throw new UsageError(`--e2b-port expects a port number (got ${values['e2b-port']})`);
     opts.e2bPort = e2bPort;
+  }
+  const stall = num(values, 'shell-stall-timeout-ms');
+  const budget = num(values, 'shell-buffer-budget-mib');
+  if (stall !== undefined || budget !== undefined) {
+    opts.shell = { ...(stall !== undefined ? { stallTimeoutMs: stall } : {}), ...(budget !== undefined ? { bufferBudgetBytes: budget * 1024 * 1024 } : {}) };
   }
   if (values['no-network']) opts.network = false;
   else {

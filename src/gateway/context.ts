@@ -10,6 +10,7 @@ import type { SandboxInfo, Shim } from '../shim/types';
 import { tracer } from '../telemetry';
 import { type Account, type Auth, type Quota, bearerFromHeader, can } from './auth';
 import { type Log, publicError, writeError } from './http';
+import type { Reclaimer } from './reclaim';
 import { type HostCapacity, validateSandboxId } from './validation';
 
 export interface GatewayContext {
@@ -22,6 +23,8 @@ export interface GatewayContext {
   startedAt: number;
   /** Quota of accounts that have none of their own (undefined: unlimited). */
   defaultQuota?: Quota;
+  /** Told when large buffers were freed, to give the memory back to the kernel. */
+  reclaimer?: Reclaimer;
 }
 
 export function sandboxNotFound(id: string): WarrenError {
@@ -40,6 +43,33 @@ export function sandboxFor(ctx: GatewayContext, account: Account, rawId: unknown
   }
   if (info.owner !== account.id && !can(account, 'allSandboxes')) throw sandboxNotFound(id);
   return info;
+}
+
+/**
+ * Run a request on sandbox `id`; if it fails because the sandbox stopped or
+ * went away under it (a DELETE, a TTL, pid 1 dying: its cgroup, pid or root
+ * vanish mid-request), answer what the request raced instead of the low-level
+ * failure: 404 SANDBOX_NOT_FOUND once it is gone, 409 SANDBOX_NOT_RUNNING
+ * while it is being deleted or stopped. Other failures pass through.
+ */
+export async function raceSafe<T>(ctx: GatewayContext, id: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    throw raceError(ctx, id, err) ?? err;
+  }
+}
+
+function raceError(ctx: GatewayContext, id: string, err: unknown): WarrenError | null {
+  if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'SANDBOX_NOT_RUNNING' || err.status < 500)) return null;
+  let state: string;
+  try {
+    state = ctx.shim.getSandbox(id).state;
+  } catch {
+    return sandboxNotFound(id);
+  }
+  if (state === 'running' || state === 'paused' || state === 'hibernated') return null;
+  return new WarrenError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${state}: the request raced its end`, { state });
 }
 
 /** The public view of a sandbox: the host pid is for admins only. */

@@ -18,9 +18,11 @@ export type Log = (line: string) => void;
  * the details (stack included) go to the log only.
  */
 export function publicError(err: unknown, log: Log): WarrenError {
-  if (err instanceof WarrenError) {
-    if (err.status >= 500 && err.code !== 'NOT_SUPPORTED') log(`error ${err.code}: ${err.message}`);
-    return err;
+  const known = asWarrenError(err);
+  if (err instanceof WarrenError || known.code !== 'INTERNAL') {
+    // The platform's own failures are worth a log line; a full (sandbox) disk is the caller's news.
+    if (known.status >= 500 && known.code !== 'DISK_FULL' && known.code !== 'NOT_SUPPORTED') log(`error ${known.code}: ${known.message}`);
+    return known;
   }
   const ref = randomBytes(6).toString('hex');
   const detail = err instanceof Error ? (err.stack ?? err.message) : String(err);
@@ -120,24 +122,54 @@ export function rejectUnknownQuery(q: URLSearchParams, allowed: readonly string[
   }
 }
 
-/** Wait until the response can take more data (or is gone). */
-function drained(res: Response): Promise<void> {
+/** The parts of hyper-express's Response that chunked writing needs. */
+interface ChunkedInternals {
+  _streaming: boolean;
+  _initiate_response(): void;
+  _raw_response: { write(chunk: string | Buffer): boolean };
+}
+
+/**
+ * Write one chunk of a chunked answer, respecting back-pressure. Resolves
+ * false when the client is gone.
+ *
+ * This goes to uWS directly: uWS keeps everything `write()` is given and its
+ * `false` only means "wait for writable". hyper-express's Writable `write()`
+ * sends the chunk again on drain, which duplicates data in the body whenever
+ * the client is slower than the server.
+ */
+export function writeChunk(res: Response, chunk: string | Buffer): Promise<boolean> {
+  if (res.completed) return Promise.resolve(false);
+  const r = res as unknown as ChunkedInternals;
+  r._streaming = true;
+  let ok = false;
+  res.atomic(() => {
+    if (res.completed) return;
+    r._initiate_response();
+    ok = r._raw_response.write(chunk);
+  });
+  if (ok || res.completed) return Promise.resolve(!res.completed);
   return new Promise((resolve) => {
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
+    let done = false;
+    const finish = () => {
+      if (done) return;
+      done = true;
+      res.off('close', finish);
+      resolve(!res.completed);
     };
-    res.on('drain', done);
-    res.on('close', done);
+    res.once('close', finish);
+    res.drain(() => {
+      finish();
+      return true;
+    });
   });
 }
 
-/** Write one chunk, respecting back-pressure. Returns false when the client is gone. */
-export async function writeChunk(res: Response, chunk: string | Buffer): Promise<boolean> {
-  if (res.completed) return false;
-  if (!res.write(chunk)) await drained(res);
-  return !res.completed;
+/** End a chunked answer begun with writeChunk. */
+export function endChunked(res: Response): void {
+  if (res.completed) return;
+  (res as unknown as ChunkedInternals)._streaming = true;
+  res.send();
 }
 
 /**
@@ -158,7 +190,7 @@ export async function streamBody(res: Response, source: Readable, contentType: s
         return;
       }
     }
-    if (!res.completed) res.end();
+    endChunked(res);
   } catch (err) {
     log(`stream aborted: ${asWarrenError(err).message}`);
     if (!res.completed) res.close();

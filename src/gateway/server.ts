@@ -14,6 +14,7 @@ import type { Shim } from '../shim/types';
 import { Auth, type Quota } from './auth';
 import type { GatewayContext } from './context';
 import { DEFAULT_UPLOAD_LIMIT, type Log, sendError } from './http';
+import { createReclaimer } from './reclaim';
 import { registerEnvironmentRoutes } from './routes/environments';
 import { registerFileRoutes } from './routes/files';
 import { registerFunctionRoutes } from './routes/functions';
@@ -21,7 +22,7 @@ import { registerImageRoutes } from './routes/images';
 import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerSystemRoutes } from './routes/system';
 import { registerPolicyRoutes } from './routes/policy';
-import { registerShellRoutes } from './ws-shell';
+import { type ShellOptions, registerShellRoutes } from './ws-shell';
 import { registerUiRoutes } from './routes/ui';
 import { startE2bSurface } from './e2b';
 
@@ -41,6 +42,8 @@ export interface GatewayOptions {
   defaultQuota?: Quota;
   /** Port of the E2B-compatible surface (docs/e2b.md); absent: not served. */
   e2bPort?: number;
+  /** Back-pressure limits of shell connections (docs/shell-protocol.md). */
+  shell?: Pick<ShellOptions, 'highWaterBytes' | 'stallTimeoutMs' | 'bufferBudgetBytes'>;
 }
 
 export interface Gateway {
@@ -79,6 +82,8 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     startedAt: Date.now(),
   };
   if (opts.defaultQuota !== undefined) ctx.defaultQuota = opts.defaultQuota;
+  const reclaimer = createReclaimer();
+  ctx.reclaimer = reclaimer;
 
   const app = new HyperExpress.Server({
     auto_close: false,
@@ -98,7 +103,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerEnvironmentRoutes(app, ctx);
   registerFunctionRoutes(app, ctx);
   registerUiRoutes(app, ctx);
-  const shells = registerShellRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
+  const shells = registerShellRoutes(app, ctx, { ...opts.shell, allowedOrigins: opts.allowedOrigins ?? [], reclaimer });
 
   app.set_not_found_handler((req, res) => {
     sendError(res, new WarrenError('NOT_FOUND', `no route for ${req.method} ${req.path}`), log, !req.received);
@@ -126,6 +131,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       if (closed) return;
       closed = true;
       shells.closeAll();
+      reclaimer.close();
       app.close();
       await e2b?.close();
     },

@@ -14,7 +14,7 @@ import type { ImportProgress, Shim } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
 import { Auth, type Quota } from './auth';
-import { createGateway } from './server';
+import { type GatewayOptions, createGateway } from './server';
 
 export interface StartOptions {
   dataDir: string;
@@ -40,6 +40,8 @@ export interface StartOptions {
   network?: NetworkConfig | false;
   /** Serve the E2B-compatible surface on this port (0: ephemeral); absent: not served (docs/e2b.md). */
   e2bPort?: number;
+  /** Back-pressure limits of shell connections. */
+  shell?: GatewayOptions['shell'];
 }
 
 export interface Warren {
@@ -83,6 +85,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
     if (opts.e2bPort !== undefined) gatewayOpts.e2bPort = opts.e2bPort;
+    if (opts.shell !== undefined) gatewayOpts.shell = opts.shell;
     const gateway = await createGateway(gatewayOpts);
     const openShimRef = shim;
     let closing: Promise<void> | null = null;

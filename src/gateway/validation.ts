@@ -427,7 +427,14 @@ export function validateQuotaRequest(body: unknown): QuotaRequest {
 
 // ---------------------------------------------------------------- exec
 
-export const EXEC_FIELDS = ['cmd', 'stdin', 'env', 'cwd', 'timeoutMs', 'user', 'maxOutputBytes'] as const;
+export const EXEC_FIELDS = ['cmd', 'stdin', 'env', 'cwd', 'timeoutMs', 'user', 'maxOutputBytes', 'encoding'] as const;
+
+/** How exec output is put into the answer: "utf8" (default) or "base64" (the exact bytes). */
+export function validateOutputEncoding(value: unknown): 'utf8' | 'base64' {
+  if (value === undefined || value === 'utf8') return 'utf8';
+  if (value === 'base64') return 'base64';
+  throw invalid('encoding', `must be "utf8" or "base64" (got ${describe(value)})`);
+}
 
 export function validateCmd(value: unknown, field = 'cmd'): string | string[] {
   if (typeof value === 'string') return expectString(value, field, { maxBytes: LIMITS.cmdBytes });

@@ -23,16 +23,22 @@
  * from the holder's bounded buffer).
  *
  * Back-pressure: output is never buffered without bound. When a client's
- * un-sent bytes exceed `maxBufferedBytes`, the attachment is detached and the
- * socket closed with 4429; the client re-attaches from the last offset it saw.
+ * un-sent bytes pass `highWaterBytes`, the gateway stops reading its holder
+ * connection (the holder keeps the output in its own bounded ring, and lets
+ * this client fall behind after its stall time: `lost` frames). Reading
+ * resumes once the client has taken the queue down to a quarter of that. A
+ * client that stays over the mark for `stallTimeoutMs`, or whose queue would
+ * push the sum of all stalled clients' queues past `bufferBudgetBytes`, is
+ * detached and closed with 4429; it re-attaches from the last offset it saw.
  */
 import { isUtf8 } from 'node:buffer';
 import type { Request, Response, Server, Websocket } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { CommandResult, SessionAttachment, SessionMode, SessionOutput } from '../shim/types';
 import { bearerFromHeader, bearerFromSubprotocols } from './auth';
-import { type GatewayContext, sandboxFor } from './context';
+import { type GatewayContext, raceSafe, sandboxFor } from './context';
 import { publicError, sendError } from './http';
+import type { Reclaimer } from './reclaim';
 import {
   LIMITS,
   expectNumber,
@@ -62,8 +68,14 @@ export const CLOSE_CODES = {
 export interface ShellOptions {
   /** Origins allowed to open shells from a browser. Requests with another Origin header are refused. */
   allowedOrigins: readonly string[];
-  /** Un-sent bytes per client before it is dropped with 4429 (default 8 MiB). */
-  maxBufferedBytes?: number;
+  /** Un-sent bytes per client past which its holder connection is paused (default 256 KiB). */
+  highWaterBytes?: number;
+  /** How long a client may stay over the high-water mark before it is closed with 4429 (default 10 s). */
+  stallTimeoutMs?: number;
+  /** The most un-sent bytes all stalled clients together may hold; past it the longest-stalled go (default 64 MiB). */
+  bufferBudgetBytes?: number;
+  /** Told when connections go, to give their memory back. */
+  reclaimer?: Reclaimer;
   /** Largest message a client may send (default 1 MiB). */
   maxMessageBytes?: number;
   /** Seconds without traffic before the socket is closed; pings are sent automatically (default 120). */
@@ -74,12 +86,57 @@ interface UpgradeContext {
   conn: ShellConnection;
 }
 
+/** After a 4429 close, how long a client that reads nothing keeps its socket (and queue) before it is cut. */
+const CLOSE_GRACE_MS = 5000;
+
+export const SHELL_DEFAULTS = {
+  highWaterBytes: 256 * 1024,
+  stallTimeoutMs: 10_000,
+  bufferBudgetBytes: 64 * 1024 * 1024,
+} as const;
+
+interface Limits {
+  highWater: number;
+  lowWater: number;
+  stallTimeoutMs: number;
+  budget: number;
+}
+
+/** The live connections, and the budget that the queues of stalled ones share. */
+class ShellRegistry {
+  readonly all = new Set<ShellConnection>();
+  readonly stalled = new Set<ShellConnection>();
+
+  constructor(
+    readonly limits: Limits,
+    /** Called when a connection is gone, so that its queue's memory is given back. */
+    readonly released: () => void,
+  ) {}
+
+  /** A connection went over its high-water mark: drop the longest-stalled ones while the stalled queues exceed the budget. */
+  checkBudget(): void {
+    let total = 0;
+    for (const c of this.stalled) total += c.queuedBytes;
+    if (total <= this.limits.budget) return;
+    const byAge = [...this.stalled].sort((a, b) => a.stalledSince - b.stalledSince);
+    for (const c of byAge) {
+      if (total <= this.limits.budget) break;
+      total -= c.queuedBytes;
+      c.dropSlow('the gateway holds too much output for slow clients');
+    }
+  }
+}
 const RECENT_DONE = 64;
 
 class ShellConnection {
   private ws: Websocket<unknown> | null = null;
   private pending: { data: string | Buffer; binary: boolean }[] = [];
   private pendingBytes = 0;
+  /** Over the high-water mark: the holder connection is paused. */
+  private throttled = false;
+  /** Date.now() when it went over (for the budget's choice of whom to drop). */
+  stalledSince = 0;
+  private stallTimer: NodeJS.Timeout | undefined;
   private closed = false;
   private ended = false;
   private exitSent = false;
@@ -96,8 +153,7 @@ class ShellConnection {
     readonly mode: SessionMode,
     readonly sandboxId: string,
     startOffset: number,
-    private readonly maxBuffered: number,
-    private readonly registry: Set<ShellConnection>,
+    private readonly registry: ShellRegistry,
     private readonly log: (line: string) => void,
   ) {
     this.nextOffset = startOffset;
@@ -105,7 +161,9 @@ class ShellConnection {
     att.onOutput((out) => this.onOutput(out));
     att.onCommandDone((res) => this.reportDone(res.commandId, res));
     att.onExit((status) => this.onExit(status));
-    registry.add(this);
+    // pty mode sees gaps in the offsets of its binary frames; command mode's offsets also count status bytes, so it is told.
+    if (mode === 'command') att.onLost?.((bytes, next) => this.onLost(bytes, next));
+    registry.all.add(this);
     // If the socket never opens (client vanished mid-handshake), let go of the session.
     this.openTimer = setTimeout(() => {
       if (this.ws === null) this.abandon();
@@ -122,6 +180,7 @@ class ShellConnection {
     this.ws = ws;
     ws.on('message', (msg: ArrayBuffer, isBinary: boolean) => this.onMessage(msg, isBinary));
     ws.on('close', () => this.onClose());
+    ws.on('drain', () => this.onDrain());
     const queued = this.pending;
     this.pending = [];
     this.pendingBytes = 0;
@@ -129,7 +188,12 @@ class ShellConnection {
       for (const m of queued) ws.send(m.data, m.binary);
     });
     if (this.ended) this.finish();
-    else this.checkBackpressure();
+    else if (ws.buffered <= this.registry.limits.highWater) this.unthrottle();
+  }
+
+  /** Bytes queued for this client in the gateway (before the socket opened, or in uWS). */
+  get queuedBytes(): number {
+    return this.ws === null ? this.pendingBytes : this.ws.buffered;
   }
 
   // ---------------------------------------------------------------- server -> client
@@ -140,23 +204,62 @@ class ShellConnection {
     if (ws === null) {
       this.pending.push({ data, binary });
       this.pendingBytes += data.length;
-      if (this.pendingBytes > this.maxBuffered) this.abandon();
+      if (this.pendingBytes > this.registry.limits.highWater) this.throttle();
       return;
     }
     ws.atomic(() => ws.send(data, binary));
-    this.checkBackpressure();
+    if (ws.buffered > this.registry.limits.highWater) this.throttle();
   }
 
   private sendJson(obj: object): void {
     this.send(JSON.stringify(obj), false);
   }
 
-  private checkBackpressure(): void {
+  /** Over the high-water mark: stop taking output from the holder until the client catches up. */
+  private throttle(): void {
+    if (this.throttled || this.closed) return;
+    this.throttled = true;
+    this.stalledSince = Date.now();
+    this.att.pauseOutput?.();
+    this.registry.stalled.add(this);
+    this.stallTimer = setTimeout(() => this.dropSlow('slow consumer'), this.registry.limits.stallTimeoutMs);
+    this.stallTimer.unref();
+    this.registry.checkBudget();
+  }
+
+  private unthrottle(): void {
+    if (!this.throttled) return;
+    this.throttled = false;
+    clearTimeout(this.stallTimer);
+    this.registry.stalled.delete(this);
+    if (!this.closed) this.att.resumeOutput?.();
+  }
+
+  private onDrain(): void {
     const ws = this.ws;
-    if (ws === null || this.closed || ws.buffered <= this.maxBuffered) return;
+    if (ws !== null && this.throttled && ws.buffered <= this.registry.limits.lowWater) this.unthrottle();
+  }
+
+  /** Give up on a client that does not read: detach, close with 4429, and cut the socket if even that is not taken. */
+  dropSlow(why: string): void {
+    if (this.closed) return;
+    this.unthrottle();
     this.closed = true;
+    this.registry.all.delete(this);
     this.att.detach();
-    ws.close(CLOSE_CODES.BACKPRESSURE, 'slow consumer: re-attach with session= and offset=');
+    this.pending = [];
+    this.pendingBytes = 0;
+    const ws = this.ws;
+    if (ws === null) return;
+    ws.close(CLOSE_CODES.BACKPRESSURE, `${why}: re-attach with session= and offset=`);
+    // A client that reads nothing never takes the close frame either: free its queue.
+    setTimeout(() => ws.destroy(), CLOSE_GRACE_MS).unref();
+  }
+
+  private onLost(bytes: number, next: number): void {
+    if (this.closed) return;
+    this.nextOffset = Math.max(this.nextOffset, next);
+    this.sendJson({ type: 'lost', offset: next, bytes });
   }
 
   private onOutput(out: SessionOutput): void {
@@ -298,8 +401,10 @@ class ShellConnection {
   }
 
   private onClose(): void {
+    this.unthrottle();
     this.closed = true;
-    this.registry.delete(this);
+    this.registry.all.delete(this);
+    this.registry.released();
     // Detach also after the shell exited, so the holder is not kept lingering for us.
     if (!this.closingSession) this.att.detach();
   }
@@ -307,8 +412,9 @@ class ShellConnection {
   /** Drop the attachment without a socket (handshake never completed, or overflow before open). */
   private abandon(): void {
     if (this.closed) return;
+    this.unthrottle();
     this.closed = true;
-    this.registry.delete(this);
+    this.registry.all.delete(this);
     this.att.detach();
     this.pending = [];
   }
@@ -317,8 +423,9 @@ class ShellConnection {
   shutdown(): void {
     clearTimeout(this.openTimer);
     if (this.closed) return;
+    this.unthrottle();
     this.closed = true;
-    this.registry.delete(this);
+    this.registry.all.delete(this);
     if (!this.closingSession) this.att.detach();
     this.ws?.close(CLOSE_CODES.GOING_AWAY, 'gateway shutting down');
   }
@@ -348,8 +455,17 @@ export interface ShellRoutes {
 
 export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: ShellOptions): ShellRoutes {
   const allowed = new Set(opts.allowedOrigins);
-  const maxBuffered = opts.maxBufferedBytes ?? 8 * 1024 * 1024;
-  const connections = new Set<ShellConnection>();
+  const highWater = opts.highWaterBytes ?? SHELL_DEFAULTS.highWaterBytes;
+  const registry = new ShellRegistry(
+    {
+      highWater,
+      lowWater: Math.floor(highWater / 4),
+      stallTimeoutMs: opts.stallTimeoutMs ?? SHELL_DEFAULTS.stallTimeoutMs,
+      budget: opts.bufferBudgetBytes ?? SHELL_DEFAULTS.bufferBudgetBytes,
+    },
+    () => opts.reclaimer?.note(),
+  );
+  const connections = registry.all;
   const pattern = '/v1/sandboxes/:id/shell';
 
   app.upgrade(pattern, async (req: Request, res: Response) => {
@@ -370,14 +486,14 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
       let att: SessionAttachment;
       let startOffset: number;
       if (q.session !== undefined) {
-        att = await ctx.shim.attachSession(info.id, q.session, q.offset ?? 0);
+        att = await raceSafe(ctx, info.id, () => ctx.shim.attachSession(info.id, q.session!, q.offset ?? 0));
         startOffset = Math.min(q.offset ?? 0, att.info.outputOffset);
         if (att.info.mode !== q.mode && new URLSearchParams(req.path_query).has('mode')) {
           att.detach();
           throw new WarrenError('INVALID_ARGUMENT', `session ${q.session} is a ${att.info.mode} session (asked for mode=${q.mode})`, { field: 'mode' });
         }
       } else {
-        att = await ctx.shim.openSession(info.id, sessionOptions(q));
+        att = await raceSafe(ctx, info.id, () => ctx.shim.openSession(info.id, sessionOptions(q)));
         startOffset = att.info.outputOffset;
       }
       if (res.completed) {
@@ -385,7 +501,7 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
         att.detach();
         return;
       }
-      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, maxBuffered, connections, ctx.log);
+      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, registry, ctx.log);
       // Select exactly our subprotocol; never echo the token back.
       if (proto.offered) req.headers['sec-websocket-protocol'] = SHELL_SUBPROTOCOL;
       else delete req.headers['sec-websocket-protocol'];
@@ -401,8 +517,8 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
     {
       message_type: 'ArrayBuffer',
       idle_timeout: opts.idleTimeoutS ?? 120,
-      // uWS drops messages past this; we close slow clients well before it.
-      max_backpressure: maxBuffered * 2 + 1024 * 1024,
+      // uWS drops messages past this; reading stops at highWater, and what is in flight then (a socket read's worth of frames) fits.
+      max_backpressure: highWater + 4 * 1024 * 1024,
       max_payload_length: opts.maxMessageBytes ?? 1024 * 1024,
     },
     (ws: Websocket<unknown>) => {

@@ -219,6 +219,8 @@ export interface NativeAddon {
   processStartTime(pid: number): number;
   ptyResize(ptyFd: number, cols: number, rows: number): void;
   close(fd: number): void;
+  /** Give freed memory back to the kernel: with `collect` a full V8 collection first, then malloc_trim(0). True when pages were released. */
+  reclaimMemory(collect: boolean): boolean;
 
   // filesystem, confined to a root (openat2 RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, else a
   // component-by-component O_NOFOLLOW walk; rootfs.c)

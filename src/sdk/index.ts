@@ -14,7 +14,7 @@
  */
 import type { Readable } from 'node:stream';
 import { Pool } from 'undici';
-import { WarrenError } from '../errors';
+import { type ErrorCode, ErrorCodes, WarrenError } from '../errors';
 import type {
   BackendName,
   EnvironmentInfo,
@@ -95,7 +95,22 @@ export interface ExecOptions {
   cwd?: string;
   timeoutMs?: number;
   user?: string;
+  /** Bytes kept per stream (1..64 MiB, default 4 MiB); past it the writer is stopped and `truncated` is set. */
   maxOutputBytes?: number;
+  /** "base64": stdout/stderr are base64 of the exact bytes (see execBytes); default UTF-8 text. */
+  encoding?: 'utf8' | 'base64';
+}
+
+/** An exec result with the output as bytes. */
+export interface ExecBytesResult extends Omit<ExecResult, 'stdout' | 'stderr'> {
+  stdout: Buffer;
+  stderr: Buffer;
+}
+
+export interface ExecStreamOptions extends Omit<ExecOptions, 'encoding'> {
+  /** Each chunk of stdout as it comes (a slow listener does not slow the command: chunks are queued in the client). */
+  onStdout?: (chunk: Buffer) => void;
+  onStderr?: (chunk: Buffer) => void;
 }
 
 export interface Health {
@@ -133,6 +148,7 @@ interface RequestOptions {
   body?: Buffer | string;
   headersTimeout?: number;
   bodyTimeout?: number;
+  headers?: Record<string, string>;
 }
 
 function queryString(query: RequestOptions['query']): string {
@@ -172,7 +188,7 @@ export class WarrenClient {
 
   /** Low-level request; resolves with the raw undici response after checking the status. */
   async request(method: Method, path: string, opts: RequestOptions = {}) {
-    const headers: Record<string, string> = {};
+    const headers: Record<string, string> = { ...opts.headers };
     if (this.token) headers.authorization = `Bearer ${this.token}`;
     let body: Buffer | string | undefined = opts.body;
     if (opts.json !== undefined) {
@@ -341,6 +357,46 @@ export class Sandbox {
   exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
     const timeout = (opts.timeoutMs ?? 300_000) + 60_000;
     return this.client.requestJson('POST', this.path('/exec'), { json: { cmd, ...opts }, headersTimeout: timeout, bodyTimeout: timeout });
+  }
+
+  /** Run a command and get its output as exact bytes (base64 on the wire: no loss for binary output). */
+  async execBytes(cmd: string | string[], opts: Omit<ExecOptions, 'encoding'> = {}): Promise<ExecBytesResult> {
+    const r = await this.exec(cmd, { ...opts, encoding: 'base64' });
+    return { ...r, stdout: Buffer.from(r.stdout, 'base64'), stderr: Buffer.from(r.stderr, 'base64') };
+  }
+
+  /**
+   * Run a command and receive its output while it runs (NDJSON on the wire,
+   * docs/api.md); resolves with how it ended. Output is not kept: the
+   * listeners get it.
+   */
+  async execStream(cmd: string | string[], opts: ExecStreamOptions = {}): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
+    const { onStdout, onStderr, ...rest } = opts;
+    const timeout = (opts.timeoutMs ?? 300_000) + 60_000;
+    const res = await this.client.request('POST', this.path('/exec'), {
+      json: { cmd, ...rest },
+      headers: { accept: 'application/x-ndjson' },
+      headersTimeout: timeout,
+      bodyTimeout: timeout,
+    });
+    const decoder = new NdjsonDecoder();
+    let end: Omit<ExecResult, 'stdout' | 'stderr'> | null = null;
+    const handle = (v: unknown) => {
+      const m = v as { type?: string; data?: string; encoding?: string; error?: { code: string; message: string } } & Record<string, unknown>;
+      if (m.type === 'stdout' || m.type === 'stderr') {
+        const buf = Buffer.from(String(m.data ?? ''), m.encoding === 'base64' ? 'base64' : 'utf8');
+        (m.type === 'stdout' ? onStdout : onStderr)?.(buf);
+      } else if (m.type === 'exit') {
+        const { type: _type, ...outcome } = m;
+        end = outcome as unknown as Omit<ExecResult, 'stdout' | 'stderr'>;
+      } else if (m.type === 'error' && m.error) {
+        throw new WarrenError((m.error.code in ErrorCodes ? m.error.code : 'INTERNAL') as ErrorCode, m.error.message);
+      }
+    };
+    for await (const chunk of res.body) for (const v of decoder.push(chunk as Buffer)) handle(v);
+    for (const v of decoder.end()) handle(v);
+    if (end === null) throw new WarrenError('UNAVAILABLE', 'the exec stream ended without an exit line');
+    return end;
   }
 
   readFile(path: string): Promise<Buffer> {

@@ -33,6 +33,8 @@ export interface CommandOutcome {
   stdout: string;
   stderr: string;
   timedOut: boolean;
+  /** Output bytes of this command the session's buffer dropped before this client took them (set when > 0: the client read too slowly). */
+  lostBytes?: number;
 }
 
 export interface ShellExit {
@@ -44,6 +46,7 @@ interface ActiveRun {
   id: string;
   stdout: Buffer[];
   stderr: Buffer[];
+  lost: number;
   resolve: (r: CommandOutcome) => void;
   reject: (e: Error) => void;
 }
@@ -231,12 +234,14 @@ export class ShellClient extends EventEmitter {
         const active = this.active;
         if (active && active.id === id) {
           this.active = null;
-          active.resolve({
+          const outcome: CommandOutcome = {
             exitCode: d.exitCode,
             stdout: Buffer.concat(active.stdout).toString('utf8'),
             stderr: Buffer.concat(active.stderr).toString('utf8'),
             timedOut: d.timedOut,
-          });
+          };
+          if (active.lost > 0) outcome.lostBytes = active.lost;
+          active.resolve(outcome);
         }
         this.emit('done', d);
         return;
@@ -257,8 +262,9 @@ export class ShellClient extends EventEmitter {
         return;
       }
       case 'lost':
-        // pty mode: the session's buffer dropped output before we saw it.
+        // The session's buffer dropped output before we took it (we read too slowly, or re-attached late).
         if (typeof m.offset === 'number' && m.offset > this.offset) this.offset = m.offset;
+        if (this.active && typeof m.offset === 'number' && m.offset > this.replayEnd) this.active.lost += Number(m.bytes) || 0;
         this.emit('lost', Number(m.bytes) || 0);
         return;
       case 'pong':
@@ -287,7 +293,7 @@ export class ShellClient extends EventEmitter {
   private runNow(cmd: string, opts: { timeoutMs?: number }): Promise<CommandOutcome> {
     return new Promise<CommandOutcome>((resolve, reject) => {
       const id = `c${this.nextId++}`;
-      this.active = { id, stdout: [], stderr: [], resolve, reject };
+      this.active = { id, stdout: [], stderr: [], lost: 0, resolve, reject };
       const msg: Record<string, unknown> = { type: 'run', id, cmd };
       if (opts.timeoutMs !== undefined) msg.timeoutMs = opts.timeoutMs;
       try {
@@ -379,6 +385,7 @@ export function codeForStatus(status: number): ErrorCode {
     case 501: return 'NOT_SUPPORTED';
     case 503: return 'UNAVAILABLE';
     case 504: return 'TIMEOUT';
+    case 507: return 'DISK_FULL';
     default: return 'INTERNAL';
   }
 }

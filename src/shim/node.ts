@@ -9,7 +9,8 @@ import { hostname } from 'node:os';
 import { join, posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
-import { WarrenError } from '../errors';
+import { WarrenError, errorFromToolOutput } from '../errors';
+import { OutputCapture } from './exec-output';
 import { featureReport } from '../features';
 import { onPolicyApplied, policyStore } from '../security/confinement';
 import { native, bpfObject } from '../native';
@@ -20,6 +21,7 @@ import { BackendRegistry } from './backends/registry';
 import { LayerStore } from './layers/store';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
+import { setExecSpillDir } from './exec-output';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
 // FnCall warm pools (issue 3): a separate addition, see docs/fncall.md.
@@ -29,6 +31,7 @@ import type { FnCallConfig } from './fncall/types';
 import type {
   Backend,
   BackendSandbox,
+  CapturedExec,
   EnvironmentInfo,
   ExecRequest,
   ExecResult,
@@ -37,6 +40,7 @@ import type {
   FileEntry,
   ImageInfo,
   ImportProgress,
+  LiveExec,
   OpenSessionOptions,
   PackRequest,
   PackResult,
@@ -125,6 +129,7 @@ export class ShimNode implements Shim {
     this.registry = new SandboxRegistry(opts.db);
     this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
+    setExecSpillDir(join(opts.dataDir, 'tmp'));
     this.network = opts.network
       ? new NetworkManager({
           native,
@@ -440,6 +445,35 @@ export class ShimNode implements Shim {
     }
   }
 
+  async execCaptured(id: string, req: ExecRequest): Promise<CapturedExec> {
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      return await inSpan('warren.sandbox.exec', { 'warren.sandbox.id': id }, async (span) => {
+        const result = box.execCaptured ? await box.execCaptured(req) : capturedOf(await box.exec(req));
+        span.setAttribute('warren.exec.status', result.status);
+        this.metrics.execLatency.record(result.durationMs, { status: result.status });
+        return result;
+      });
+    } finally {
+      end();
+    }
+  }
+
+  async execLive(id: string, req: ExecRequest): Promise<LiveExec> {
+    const box = await this.awake(id);
+    const end = this.lifecycle.begin(id);
+    try {
+      if (!box.execLive) throw new WarrenError('NOT_SUPPORTED', `streamed exec output is not available for ${this.live(id).record.spec.backend} sandboxes; ask for the whole answer`, { backend: this.live(id).record.spec.backend });
+      const live = await box.execLive(req);
+      void live.done.then((r) => this.metrics.execLatency.record(r.durationMs, { status: r.status }), () => undefined).finally(end);
+      return live;
+    } catch (err) {
+      end();
+      throw err;
+    }
+  }
+
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
     const box = await this.awake(id);
     const end = this.lifecycle.begin(id);
@@ -488,7 +522,8 @@ export class ShimNode implements Shim {
     proc.stdin.end(tar);
     const status = await proc.exited;
     if (status.exitCode !== 0) {
-      throw new WarrenError('INVALID_ARCHIVE', `tar extraction failed in the sandbox: ${Buffer.concat(stderr).toString('utf8').trim().slice(0, 500)}`);
+      const text = Buffer.concat(stderr).toString('utf8');
+      throw errorFromToolOutput(text, 'tar extraction') ?? new WarrenError('INVALID_ARCHIVE', `tar extraction failed in the sandbox: ${text.trim().slice(0, 500)}`);
     }
     return { entries };
   }
@@ -571,6 +606,9 @@ export class ShimNode implements Shim {
       resize: (cols, rows) => whenAwake(() => att.resize(cols, rows)),
       signal: (signal) => whenAwake(() => att.signal(signal)),
       detach: () => att.detach(),
+      onLost: (l) => att.onLost?.(l),
+      pauseOutput: () => att.pauseOutput?.(),
+      resumeOutput: () => att.resumeOutput?.(),
       close: async () => {
         await this.lifecycle.ensureAwake(id);
         await att.close();
@@ -715,4 +753,18 @@ export class ShimNode implements Shim {
     await this.functions.close();
     this.layers.close();
   }
+}
+
+/** The answer of a backend whose exec already returns bounded output, held like a captured one. */
+function capturedOf(r: ExecResult): CapturedExec {
+  const hold = (text: string, truncated: boolean) => {
+    const c = new OutputCapture(Number.MAX_SAFE_INTEGER);
+    c.push(Buffer.from(text));
+    if (truncated) c.markTruncated();
+    return c;
+  };
+  const { stdout, stderr, ...outcome } = r;
+  const out = hold(stdout, r.truncated);
+  const err = hold(stderr, false);
+  return { ...outcome, stdout: out, stderr: err, release: () => (out.release(), err.release()) };
 }

@@ -169,6 +169,38 @@ export interface ExecResult {
   truncated: boolean;
 }
 
+/** How an exec ended (an ExecResult without its output). */
+export type ExecOutcome = Omit<ExecResult, 'stdout' | 'stderr'>;
+
+/**
+ * An exec whose output is read as it comes. `stdout` and `stderr` carry at
+ * most `maxOutputBytes` each and follow the reader (a reader that stops
+ * holds the process back); both must be consumed (or destroyed) for `done`
+ * to resolve.
+ */
+export interface LiveExec {
+  stdout: Readable;
+  stderr: Readable;
+  done: Promise<ExecOutcome>;
+  kill(): void;
+}
+
+/** Output kept by the node for a finished exec: memory first, then an unlinked spill file. */
+export interface CapturedOutput {
+  readonly size: number;
+  readonly truncated: boolean;
+  /** The bytes in chunks (a multiple of 3 bytes each, except the last). */
+  chunks(chunkBytes?: number): Iterable<Buffer>;
+  bytes(): Buffer;
+}
+
+/** A finished exec with its output held by the node; `release()` frees it (spill files included). */
+export interface CapturedExec extends ExecOutcome {
+  stdout: CapturedOutput;
+  stderr: CapturedOutput;
+  release(): void;
+}
+
 /** A streaming exec (used for tar up/download and by the CLI). */
 export interface ExecStream {
   pid: number;
@@ -237,6 +269,10 @@ export interface BackendSandbox {
   /** A host pid standing for the sandbox (container pid 1, the VMM), shown to admins only; absent while it has none. */
   readonly pid: number | undefined;
   exec(req: ExecRequest): Promise<ExecResult>;
+  /** Output read as it comes, with back-pressure and the output limit. */
+  execLive?(req: ExecRequest): Promise<LiveExec>;
+  /** Output kept by the node (bounded memory), for answers built after the exit. */
+  execCaptured?(req: ExecRequest): Promise<CapturedExec>;
   execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
   stats(): Promise<SandboxStats>;
   /** Kill everything and release every resource. Idempotent. */
@@ -434,6 +470,11 @@ export interface SessionAttachment {
   detach(): void;
   /** End the session: kill its shell and holder. */
   close(): Promise<void>;
+  /** The holder dropped `bytes` of output this attachment had not taken yet; output goes on at `nextOffset`. */
+  onLost?(listener: (bytes: number, nextOffset: number) => void): void;
+  /** Back-pressure: take no more output until resumeOutput(); the holder keeps it in its bounded ring meanwhile. */
+  pauseOutput?(): void;
+  resumeOutput?(): void;
 }
 
 export interface ImportProgress {
@@ -479,6 +520,10 @@ export interface Shim {
   deleteSandbox(id: string): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
+  /** exec with the output kept by the node in bounded memory (the gateway streams it out). */
+  execCaptured(id: string, req: ExecRequest): Promise<CapturedExec>;
+  /** exec with the output read as it comes (streamed answers). */
+  execLive(id: string, req: ExecRequest): Promise<LiveExec>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
 
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;

@@ -122,7 +122,19 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
     const r = await shared.exec({ cmd: 'head -c 100000 /dev/zero', maxOutputBytes: 1000 });
     t.true(r.truncated);
     t.is(r.stdout.length, 1000);
-    t.is(r.exitCode, 0);
+    // At the limit the output stops: the writer is stopped (SIGPIPE), it does not run on unread.
+    t.is(r.signal, 13);
+  });
+
+  t0(title('a writer that never stops is stopped at the output limit, not at its timeout'), async (t) => {
+    const started = Date.now();
+    const r = await shared.exec({ cmd: 'yes', maxOutputBytes: 64 * 1024, timeoutMs: 30_000 });
+    t.true(r.truncated);
+    t.not(r.status, 'timeout');
+    t.true(Date.now() - started < 20_000, `took ${Date.now() - started} ms`);
+    // Output exactly at the limit is whole, not truncated.
+    const exact = await shared.exec({ cmd: 'printf abcde', maxOutputBytes: 5 });
+    t.deepEqual([exact.stdout, exact.truncated, exact.exitCode], ['abcde', false, 0]);
   });
 
   t0(title('execStream streams stdout and reports the exit'), async (t) => {

@@ -33,6 +33,9 @@ export interface GatewayFixture {
 export interface FixtureOptions {
   uploadLimitBytes?: number;
   allowedOrigins?: string[];
+  shell?: Parameters<typeof createGateway>[0]['shell'];
+  /** Also receives every line the gateway logs (to check that user errors make no noise). */
+  onLog?: (line: string) => void;
 }
 
 let cachedSkip: string | null | undefined;
@@ -61,9 +64,14 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
   const clients: WarrenClient[] = [];
   let gateway: Gateway | null = null;
   try {
-    const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log: (l) => t.log(`[gateway] ${l}`) };
+    const log = (l: string) => {
+      t.log(`[gateway] ${l}`);
+      opts.onLog?.(l);
+    };
+    const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log };
     if (opts.uploadLimitBytes !== undefined) gwOpts.uploadLimitBytes = opts.uploadLimitBytes;
     if (opts.allowedOrigins !== undefined) gwOpts.allowedOrigins = opts.allowedOrigins;
+    if (opts.shell !== undefined) gwOpts.shell = opts.shell;
     gateway = await createGateway(gwOpts);
     const url = gateway.url;
     const admin = new WarrenClient({ url, token: adminToken });

@@ -329,7 +329,8 @@ test.serial('back-pressure: a client that stops reading is dropped with 4429 and
     const c = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
     const hello = (await c.next()) as Record<string, any>;
     const rssBefore = process.memoryUsage().rss;
-    // stop reading from the socket; the command floods output
+    // stop reading from the socket; the command floods output. The gateway stops
+    // reading the holder at its high-water mark and gives up after the stall timeout (1 s here).
     (c.ws as unknown as { _socket: import('node:net').Socket })._socket.pause();
     c.ws.send(JSON.stringify({ type: 'run', id: 'flood', cmd: 'head -c 200000000 /dev/zero | tr "\\0" x' }));
     await elapse(3000, 'the flood keeps coming while the client does not read');
@@ -359,5 +360,5 @@ test.serial('back-pressure: a client that stops reading is dropped with 4429 and
     again.ws.send(JSON.stringify({ type: 'close' }));
     await again.closed;
     await sb.delete();
-  });
+  }, { shell: { stallTimeoutMs: 1000 } });
 });

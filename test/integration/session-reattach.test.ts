@@ -167,3 +167,38 @@ test('a replayed status line never settles a new command that reuses its id', as
   t.deepEqual(done.map((d) => d.exitCode), [0, 5]);
   s2.detach();
 });
+
+test('a paused attachment whose command status fell out of the ring still gets the exit code (holder INFO keeps recent status lines)', async (t) => {
+  const { session, socketPath } = await openSession(t, { bufferBytes: 64 * 1024 });
+  const out = collect(session);
+  const lost: Array<[number, number]> = [];
+  session.onLost((bytes, next) => lost.push([bytes, next]));
+  // Back-pressure: this attachment takes nothing while its command runs; the
+  // command's status line is followed by more output than the ring holds.
+  session.pauseOutput();
+  const run = session.run('paused', `head -c 300000 /dev/zero | tr '\\0' x; (sleep 0.3; head -c 300000 /dev/zero | tr '\\0' y) & (exit 7)`);
+  const watcher = await HolderClient.connect(socketPath);
+  t.teardown(() => watcher.destroy());
+  await waitFor(async () => (await watcher.info()).outputOffset > 600_000, 20_000, 'the background writer to finish');
+  const info = await watcher.info();
+  t.true(info.oldestOffset > 300_000, `the ring dropped the status line (oldest ${info.oldestOffset})`);
+  t.true((info.recentStatus ?? []).some((l) => l.startsWith('paused 7 ')), JSON.stringify(info.recentStatus));
+  session.resumeOutput();
+  const r = await run;
+  t.deepEqual(r, { commandId: 'paused', exitCode: 7, timedOut: false });
+  t.true(lost.length > 0 && lost[0]![0] > 0, `LOST reported: ${JSON.stringify(lost)}`);
+  await waitFor(() => out.text('stdout').endsWith('y'), 10_000, 'the tail of the output');
+  // The session goes on normally afterwards.
+  t.is((await session.run('next', 'echo next')).exitCode, 0);
+});
+
+test('recent status lines only answer for commands that ended after the given offset (ids repeat across attachments)', async (t) => {
+  const { session } = await openSession(t);
+  t.is((await session.run('same', '(exit 3)')).exitCode, 3);
+  const first = await session.recentStatus('same', 0);
+  t.is(first?.exitCode, 3);
+  t.is(await session.recentStatus('same', first!.endOffset), null, 'a line that ended at or before the offset does not count');
+  t.is(await session.recentStatus('other', 0), null);
+  t.is((await session.run('same', '(exit 4)')).exitCode, 4);
+  t.is((await session.recentStatus('same', first!.endOffset))?.exitCode, 4);
+});

@@ -77,7 +77,7 @@ enum { T_CHILD = 0, T_FOREGROUND = 1, T_TREE = 2, T_SHELL = 3 };
 #define MAX_IN_FRAME 65536    /* largest INPUT payload */
 #define MAX_CLIENTS 64
 #define INFO_MAX 16384        /* largest --info JSON */
-#define PEND_CAP (OUT_HDR + MAX_CHUNK + 64 + HDR + INFO_MAX + 1024)
+#define PEND_CAP (OUT_HDR + MAX_CHUNK + 64 + HDR + INFO_MAX + 4096) /* INFO: --info plus fields and recent status lines */
 #define RBUF_CAP (HDR + MAX_IN_FRAME)
 #define IBUF_CAP (256 * 1024)
 #define MIN_BUFFER 4096
@@ -133,6 +133,17 @@ static char created_at[40];
 
 static struct client *clients[MAX_CLIENTS];
 static int nclients;
+
+/* The last status lines of command mode, kept apart from the ring: a client
+ * that fell behind (LOST) may have missed the line that ends its command, and
+ * INFO still tells it how the command ended. */
+#define RECENT_STATUS 16
+#define STATUS_LINE_MAX 96
+static char recent_status[RECENT_STATUS][STATUS_LINE_MAX];
+static int recent_status_next;
+static char status_partial[STATUS_LINE_MAX];
+static size_t status_partial_len;
+static int status_partial_bad;
 
 static uint8_t ibuf[IBUF_CAP]; /* input not yet accepted by the child's stdin / pty */
 static size_t ibuf_off, ibuf_len;
@@ -440,11 +451,38 @@ static void close_fd(int *fd)
 }
 
 /* One read from an output fd into the ring. 1: got data, 0: would block, -1: EOF (fd closed). */
+/* Remember complete status lines ("<id> <code>", [A-Za-z0-9_-] and digits
+ * only) as "<id> <code> <offset just past the line>"; `at` is the output
+ * offset of data[0]. */
+static void note_status(const uint8_t *data, size_t n, uint64_t at)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint8_t ch = data[i];
+		if (ch == '\n') {
+			if (!status_partial_bad && status_partial_len > 0) {
+				snprintf(recent_status[recent_status_next], STATUS_LINE_MAX, "%.*s %llu", (int)status_partial_len, status_partial,
+					(unsigned long long)(at + i + 1));
+				recent_status_next = (recent_status_next + 1) % RECENT_STATUS;
+			}
+			status_partial_len = 0;
+			status_partial_bad = 0;
+			continue;
+		}
+		int ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == ' ';
+		if (!ok || status_partial_len + 24 >= STATUS_LINE_MAX) status_partial_bad = 1;
+		else status_partial[status_partial_len++] = (char)ch;
+	}
+}
+
 static int read_output(int *fd, int stream)
 {
 	if (*fd < 0) return -1;
 	ssize_t n = read(*fd, iobuf, chunk_max);
-	if (n > 0) { ring_output(stream, iobuf, (size_t)n); return 1; }
+	if (n > 0) {
+		if (stream == S_STATUS) note_status(iobuf, (size_t)n, out_off);
+		ring_output(stream, iobuf, (size_t)n);
+		return 1;
+	}
 	if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
 	/* 0 = EOF on a pipe; EIO = the pty slave side is gone */
 	if (stream == S_PTY) fd_in = -1;
@@ -573,19 +611,30 @@ static void pend_frame(struct client *c, uint8_t type, const void *payload, size
 
 static void pend_info(struct client *c)
 {
-	char j[INFO_MAX + 1024];
+	char j[INFO_MAX + 1024 + RECENT_STATUS * (STATUS_LINE_MAX + 3)];
 	char code[16] = "null", sig[16] = "null";
 	if (child_reaped) {
 		if (exit_sig) snprintf(sig, sizeof sig, "%d", exit_sig);
 		else snprintf(code, sizeof code, "%d", exit_code);
 	}
+	/* oldest first; the lines hold only [A-Za-z0-9_- ], so they need no escaping */
+	char st[RECENT_STATUS * (STATUS_LINE_MAX + 3) + 3];
+	size_t sl = 0;
+	st[sl++] = '[';
+	for (int k = 0; k < RECENT_STATUS; k++) {
+		const char *line = recent_status[(recent_status_next + k) % RECENT_STATUS];
+		if (!line[0]) continue;
+		sl += (size_t)snprintf(st + sl, sizeof st - sl, "%s\"%s\"", sl > 1 ? "," : "", line);
+	}
+	st[sl++] = ']';
+	st[sl] = 0;
 	int n = snprintf(j, sizeof j,
 		"{\"mode\":\"%s\",\"pid\":%d,\"childPid\":%d,\"createdAt\":\"%s\","
 		"\"outputOffset\":%llu,\"oldestOffset\":%llu,\"bufferBytes\":%llu,"
-		"\"alive\":%s,\"exitCode\":%s,\"exitSignal\":%s,\"clients\":%d,\"info\":%s}",
+		"\"alive\":%s,\"exitCode\":%s,\"exitSignal\":%s,\"clients\":%d,\"recentStatus\":%s,\"info\":%s}",
 		mode_pty ? "pty" : "command", holder_pid, child_pid, created_at,
 		(unsigned long long)out_off, (unsigned long long)oldest_off, (unsigned long long)cap,
-		child_reaped ? "false" : "true", code, sig, nclients, info_json);
+		child_reaped ? "false" : "true", code, sig, nclients, st, info_json);
 	if (n < 0 || (size_t)n >= sizeof j) n = 0;
 	pend_frame(c, F_INFO_R, j, (size_t)n);
 }

@@ -5,8 +5,10 @@
 // src/native/index.ts hands over through init(). Everything with a syscall in
 // it lives in the C files, shared with the static helper binaries.
 #include <napi.h>
+#include <v8.h>
 #include <uv.h>
 
+#include <malloc.h>
 #include <poll.h>
 #include <sys/wait.h>
 
@@ -696,6 +698,22 @@ Napi::Value ProcessStartTime(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, static_cast<double>(t));
 }
 
+// Hand the memory of a burst back to the kernel. Buffers that became garbage
+// stay allocated until V8 collects them, which an idle process may not do for
+// a long time; and glibc keeps freed pages in its arenas (the queues of many
+// slow clients leave the process at its peak size long after they are freed).
+// With `collect`, a full collection first (synchronous: tens of ms for a heap
+// of tens of MiB); then malloc_trim(0), which also releases free pages in the
+// middle of the heap.
+Napi::Value ReclaimMemory(const Napi::CallbackInfo& info) {
+  bool collect = info.Length() > 0 && info[0].IsBoolean() && info[0].As<Napi::Boolean>().Value();
+  if (collect) {
+    v8::Isolate* isolate = v8::Isolate::GetCurrent();
+    if (isolate != nullptr) isolate->MemoryPressureNotification(v8::MemoryPressureLevel::kCritical);
+  }
+  return Napi::Boolean::New(info.Env(), malloc_trim(0) != 0);
+}
+
 Napi::Value PtyResize(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
@@ -911,6 +929,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"bpfRingbufOpen", BpfRingbufOpen},
       {"bpfRingbufDrain", BpfRingbufDrain},
       {"bpfRingbufClose", BpfRingbufClose},
+      {"reclaimMemory", ReclaimMemory},
   };
   for (const auto& f : fns) exports.Set(f.name, Napi::Function::New(env, f.fn, f.name));
   return exports;

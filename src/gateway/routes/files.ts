@@ -10,7 +10,7 @@
  */
 import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
-import { type GatewayContext, authed, sandboxFor } from '../context';
+import { type GatewayContext, authed, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readBody, rejectUnknownQuery, sendJson, streamBody } from '../http';
 import { parseFileMode, validateSandboxPath } from '../validation';
 
@@ -28,7 +28,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
       rejectUnknownQuery(q, ['path']);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
-      const data = await ctx.shim.readFile(info.id, path, ctx.uploadLimit);
+      const data = await raceSafe(ctx, info.id, () => ctx.shim.readFile(info.id, path, ctx.uploadLimit));
       if (res.completed) return;
       res.status(200);
       res.header('content-type', 'application/octet-stream');
@@ -47,7 +47,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
       if (path === '/') throw new WarrenError('INVALID_ARGUMENT', 'path: cannot write to /', { field: 'path' });
       const mode = parseFileMode(queryOne(q, 'mode'));
       const data = await readBody(req, ctx.uploadLimit);
-      await ctx.shim.writeFile(info.id, path, data, mode);
+      await raceSafe(ctx, info.id, () => ctx.shim.writeFile(info.id, path, data, mode));
       sendJson(res, 200, { path, bytes: data.length });
     }),
   );
@@ -60,7 +60,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
       const info = sandboxFor(ctx, account, req.path_parameters.id);
       const raw = queryOne(q, 'path');
       const path = raw === undefined ? '/' : validateSandboxPath(raw);
-      sendJson(res, 200, { path, entries: await ctx.shim.listDir(info.id, path) });
+      sendJson(res, 200, { path, entries: await raceSafe(ctx, info.id, () => ctx.shim.listDir(info.id, path)) });
     }),
   );
 
@@ -73,7 +73,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
       const path = requiredPath(q);
       const tar = await readBody(req, ctx.uploadLimit);
       if (tar.length === 0) throw new WarrenError('INVALID_ARCHIVE', 'empty tar body');
-      const result = await ctx.shim.uploadTar(info.id, path, tar);
+      const result = await raceSafe(ctx, info.id, () => ctx.shim.uploadTar(info.id, path, tar));
       sendJson(res, 200, { path, entries: result.entries });
     }),
   );
@@ -85,7 +85,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
       rejectUnknownQuery(q, ['path']);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
-      const stream = await ctx.shim.downloadTar(info.id, path);
+      const stream = await raceSafe(ctx, info.id, () => ctx.shim.downloadTar(info.id, path));
       await streamBody(res, stream, 'application/x-tar', ctx.log);
     }),
   );

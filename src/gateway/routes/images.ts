@@ -9,7 +9,7 @@ import type { Server } from 'hyper-express';
 import type { ImageInfo } from '../../shim/types';
 import { principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
-import { publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
+import { endChunked, publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
 import { NDJSON_CONTENT_TYPE, doneEvent, errorEvent, ndjsonLine, progressEvent } from '../ndjson';
 import { validateImageRequest } from '../validation';
 
@@ -47,7 +47,7 @@ export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
         emit(ndjsonLine(errorEvent(publicError(err, ctx.log))));
       }
       await chain;
-      if (!res.completed) res.end();
+      endChunked(res);
     }),
   );
 }

@@ -3,9 +3,18 @@ import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
 import type { BackendName, SandboxSpec } from '../../shim/types';
 import { type Account, type Usage, can, checkQuota, principalOf, requirePermission } from '../auth';
-import { type GatewayContext, authed, present, sandboxFor } from '../context';
+import { type GatewayContext, authed, present, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
-import { parseLabelFilter, validateCreateRequest, validateExecRequest, validateExtendRequest, validateNetworkServices, validatePackRequest } from '../validation';
+import { sendCapturedJson, streamLiveNdjson, wantsNdjson } from '../exec-stream';
+import {
+  parseLabelFilter,
+  validateCreateRequest,
+  validateExecRequest,
+  validateExtendRequest,
+  validateNetworkServices,
+  validateOutputEncoding,
+  validatePackRequest,
+} from '../validation';
 
 /** Sandbox creations in flight per account (counted against quotas until they are listed). */
 const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
@@ -178,7 +187,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
-      await ctx.shim.deleteSandbox(info.id);
+      await raceSafe(ctx, info.id, () => ctx.shim.deleteSandbox(info.id));
       sendEmpty(res, 204);
     }),
   );
@@ -188,9 +197,20 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
-      const execReq = validateExecRequest(await readJson(req));
-      const result = await ctx.shim.exec(info.id, execReq);
-      sendJson(res, 200, result);
+      const body = await readJson(req);
+      const execReq = validateExecRequest(body);
+      const encoding = validateOutputEncoding((body as Record<string, unknown>).encoding);
+      if (wantsNdjson(req.headers.accept)) {
+        await streamLiveNdjson(res, await raceSafe(ctx, info.id, () => ctx.shim.execLive(info.id, execReq)), encoding, ctx.log);
+        return;
+      }
+      const captured = await raceSafe(ctx, info.id, () => ctx.shim.execCaptured(info.id, execReq));
+      try {
+        await sendCapturedJson(res, captured, encoding);
+      } finally {
+        captured.release();
+        if (captured.stdout.size + captured.stderr.size > 1024 * 1024) ctx.reclaimer?.note();
+      }
     }),
   );
 
@@ -219,7 +239,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
-      sendJson(res, 200, { sessions: await ctx.shim.listSessions(info.id) });
+      sendJson(res, 200, { sessions: await raceSafe(ctx, info.id, () => ctx.shim.listSessions(info.id)) });
     }),
   );
 }

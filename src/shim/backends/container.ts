@@ -6,12 +6,15 @@ import { existsSync, readdirSync } from 'node:fs';
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Socket } from 'node:net';
+import { Readable } from 'node:stream';
 import { native, helperBinary } from '../../native';
 import { feature } from '../../features';
 import type { ExecProcess } from '../../native/types';
 import { WarrenError } from '../../errors';
 import type {
+  CapturedExec,
   CheckpointRef,
+  ExecOutcome,
   ExecRequest,
   ExecResult,
   ExecStatus,
@@ -22,6 +25,7 @@ import type {
   FreezeFacet,
   HostProcessBackend,
   HostProcessSandbox,
+  LiveExec,
   PauseReportCore,
   ResolvedLayer,
   SandboxRecord,
@@ -34,7 +38,7 @@ import { pauseCgroup, resumeCgroup } from '../lifecycle/memory';
 import { dumpSandbox, restoreSandbox } from '../lifecycle/criu';
 import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
-import { BoundedCollector, pumpInto } from '../output';
+import { LimitedPipe, OutputCapture, captureInto } from '../exec-output';
 import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
 import { assertConfinable, confineFor, confineForSandbox, forgetSandbox, nsexecConfineArgs, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
@@ -436,23 +440,32 @@ export class ContainerSandbox implements HostProcessSandbox {
     });
   }
 
-  async exec(req: ExecRequest): Promise<ExecResult> {
+  /**
+   * Start `req` with its output as Readables (see LiveExec): at most
+   * maxOutputBytes per stream, read as fast as the consumer takes it; past
+   * the limit the pipe is closed, which stops a writer that goes on (EPIPE /
+   * SIGPIPE) instead of letting it run to completion unread.
+   */
+  async execLive(req: ExecRequest): Promise<LiveExec> {
     this.assertAlive();
     const started = performance.now();
     const maxOutput = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
-    const oomBefore = native.cgroupStats(this.id).oomKills;
+    const oomBefore = this.oomKills();
     let proc: ExecProcess;
     try {
       proc = await this.spawn(req);
     } catch (err) {
       const notFound = commandNotFound(err, req.cmd);
       if (notFound === null) throw err;
-      return { exitCode: 127, signal: null, stdout: '', stderr: notFound, status: 'error', durationMs: performance.now() - started, truncated: false };
+      return {
+        stdout: Readable.from([]),
+        stderr: Readable.from([Buffer.from(notFound)]),
+        done: Promise.resolve({ exitCode: 127, signal: null, status: 'error', durationMs: performance.now() - started, truncated: false }),
+        kill: () => undefined,
+      };
     }
-    const stdout = new BoundedCollector(maxOutput);
-    const stderr = new BoundedCollector(maxOutput);
-    const outDone = pumpInto(proc.stdout!, stdout);
-    const errDone = pumpInto(proc.stderr!, stderr);
+    const stdout = new LimitedPipe(proc.stdout!, maxOutput);
+    const stderr = new LimitedPipe(proc.stderr!, maxOutput);
     writeStdin(proc.stdin!, req.stdin);
 
     let timedOut = false;
@@ -464,28 +477,77 @@ export class ContainerSandbox implements HostProcessSandbox {
             killGroup(proc);
           }, req.timeoutMs)
         : null;
-    const status = await exited;
-    if (timer) clearTimeout(timer);
-    native.close(proc.pidfd);
-    // Output pipes may be held open by background children; do not wait for them forever.
-    await Promise.race([Promise.all([outDone, errDone]), new Promise((r) => setTimeout(r, 50))]);
-    stdout.stop();
-    stderr.stop();
+    const ended = (p: LimitedPipe) => new Promise<void>((r) => {
+      if (p.destroyed || p.readableEnded) return r();
+      p.once('end', r);
+      p.once('close', r);
+    });
+    const done = (async (): Promise<ExecOutcome> => {
+      const status = await exited;
+      if (timer) clearTimeout(timer);
+      native.close(proc.pidfd);
+      // Output pipes may be held open by background children: once silent, they are given up.
+      stdout.processExited();
+      stderr.processExited();
+      await Promise.all([ended(stdout), ended(stderr)]);
+      let execStatus: ExecStatus = status.exitCode === 0 ? 'ok' : 'error';
+      if (timedOut) execStatus = 'timeout';
+      else if (status.signal !== null) {
+        execStatus = status.signal === SIGKILL && this.oomKills() > oomBefore ? 'oom' : 'killed';
+      }
+      return {
+        exitCode: status.exitCode,
+        signal: status.signal,
+        status: execStatus,
+        durationMs: Math.round((performance.now() - started) * 1000) / 1000,
+        truncated: stdout.truncated || stderr.truncated,
+      };
+    })();
+    return { stdout, stderr, done, kill: () => killGroup(proc) };
+  }
 
-    let execStatus: ExecStatus = status.exitCode === 0 ? 'ok' : 'error';
-    if (timedOut) execStatus = 'timeout';
-    else if (status.signal !== null) {
-      execStatus = status.signal === SIGKILL && native.cgroupStats(this.id).oomKills > oomBefore ? 'oom' : 'killed';
+  /** Run `req` to its end with the output kept in bounded memory (spilled to a file past CAPTURE_MEMORY_BYTES). */
+  async execCaptured(req: ExecRequest): Promise<CapturedExec> {
+    const live = await this.execLive(req);
+    const limit = req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT;
+    const out = new OutputCapture(limit);
+    const err = new OutputCapture(limit);
+    try {
+      const [, , outcome] = await Promise.all([captureInto(live.stdout, out), captureInto(live.stderr, err), live.done]);
+      return {
+        ...outcome,
+        truncated: outcome.truncated || out.truncated || err.truncated,
+        stdout: out,
+        stderr: err,
+        release: () => {
+          out.release();
+          err.release();
+        },
+      };
+    } catch (e) {
+      out.release();
+      err.release();
+      throw e;
     }
-    return {
-      exitCode: status.exitCode,
-      signal: status.signal,
-      stdout: stdout.text(),
-      stderr: stderr.text(),
-      status: execStatus,
-      durationMs: Math.round((performance.now() - started) * 1000) / 1000,
-      truncated: stdout.truncated || stderr.truncated,
-    };
+  }
+
+  async exec(req: ExecRequest): Promise<ExecResult> {
+    const c = await this.execCaptured(req);
+    try {
+      const { stdout, stderr, release: _release, ...outcome } = c;
+      return { ...outcome, stdout: stdout.bytes().toString('utf8'), stderr: stderr.bytes().toString('utf8') };
+    } finally {
+      c.release();
+    }
+  }
+
+  /** OOM kills of the sandbox so far; 0 once its cgroup is gone (a delete raced the exec). */
+  private oomKills(): number {
+    try {
+      return native.cgroupStats(this.id).oomKills;
+    } catch {
+      return 0;
+    }
   }
 
   async execStream(req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {

@@ -33,6 +33,7 @@ export class HolderClient {
   private ended = false;
   private endError: Error | undefined;
   private endWaiters: Array<() => void> = [];
+  private paused = false;
   handlers: HolderClientHandlers = {};
 
   private constructor(readonly socketPath: string, private readonly sock: net.Socket) {
@@ -53,7 +54,10 @@ export class HolderClient {
           this.fail(e as Error);
           return;
         }
-        if (hf.type === 'info') this.infoWaiters.shift()?.resolve(hf.info);
+        if (hf.type === 'info') {
+          this.infoWaiters.shift()?.resolve(hf.info);
+          if (this.paused && this.infoWaiters.length === 0) this.sock.pause();
+        }
         else this.handlers.onFrame?.(hf);
         if (this.ended) return;
       }
@@ -104,6 +108,9 @@ export class HolderClient {
         reject: (e: Error) => { clearTimeout(timer); reject(e); },
       };
       this.infoWaiters.push(w);
+      // The reply comes in order with the output: a paused socket would never
+      // see it. Take output until it is here (one frame or so), then pause again.
+      if (this.paused) this.sock.resume();
       this.sock.write(encodeInfo());
     });
   }
@@ -119,11 +126,28 @@ export class HolderClient {
   /** Ask the holder to kill the session; resolves when it has hung up (CLOSED seen or connection gone). */
   close(timeoutMs = 5000): Promise<void> {
     if (this.ended) return Promise.resolve();
+    this.resume(); // the hang-up is only seen by a reading socket
     this.send(encodeClose());
     return new Promise((resolve) => {
       const timer = setTimeout(() => { this.destroy(); resolve(); }, timeoutMs);
       this.endWaiters.push(() => { clearTimeout(timer); resolve(); });
     });
+  }
+
+  /**
+   * Stop taking output from the holder (back-pressure): the kernel's socket
+   * buffer fills, the holder holds its child back for its stall time and then
+   * lets this connection fall behind in its ring (LOST when it catches up).
+   */
+  pause(): void {
+    this.paused = true;
+    if (!this.ended) this.sock.pause();
+  }
+
+  /** Take output again after pause(). */
+  resume(): void {
+    this.paused = false;
+    if (!this.ended) this.sock.resume();
   }
 
   /** Drop the connection (the session lives on). */

@@ -68,6 +68,8 @@ export interface HolderInfo {
   exitSignal: number | null;
   /** Connections to the holder right now (the asking one included). */
   clients: number;
+  /** Command mode: the last status lines ("<commandId> <exitCode>"), oldest first, kept outside the ring. */
+  recentStatus?: string[];
   /** The --info JSON given at spawn. */
   info: Record<string, unknown>;
 }

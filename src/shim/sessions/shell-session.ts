@@ -56,6 +56,8 @@ export interface ExitStatus {
 
 interface PendingRun {
   commandId: string;
+  /** Output offset when the command was sent: its status line ends after it. */
+  startOffset: number;
   timedOut: boolean;
   resolve(r: CommandResult): void;
   reject(e: Error): void;
@@ -82,7 +84,7 @@ export class ShellSession implements SessionAttachment {
   private outListeners: Array<(o: SessionOutput) => void> = [];
   private doneListeners: Array<(r: CommandResult) => void> = [];
   private exitListeners: Array<(s: ExitStatus) => void> = [];
-  private lostListeners: Array<(bytes: number) => void> = [];
+  private lostListeners: Array<(bytes: number, nextOffset: number) => void> = [];
   private queuedOut: SessionOutput[] = [];
   private queuedOutBytes = 0;
   private queuedDone: CommandResult[] = [];
@@ -170,9 +172,37 @@ export class ShellSession implements SessionAttachment {
     if (st) queueMicrotask(() => listener(st));
   }
 
-  /** Called with the number of bytes each time the holder reports a gap (LOST). */
-  onLost(listener: (bytes: number) => void): void {
+  /** Called each time the holder reports a gap (LOST): how many bytes, and the offset output continues at. */
+  onLost(listener: (bytes: number, nextOffset: number) => void): void {
     this.lostListeners.push(listener);
+  }
+
+  /** Back-pressure: stop taking output until resumeOutput() (the holder keeps it in its ring meanwhile). */
+  pauseOutput(): void {
+    this.client.pause();
+  }
+
+  resumeOutput(): void {
+    this.client.resume();
+  }
+
+  /**
+   * How command `commandId` ended, from the holder's recent status lines
+   * (kept outside the ring, so also after its line was dropped from it).
+   * Only lines that end past `after` count (ids are the client's and may
+   * repeat across attachments). Null when the holder does not remember it
+   * (still running, or too long ago).
+   */
+  async recentStatus(commandId: string, after: number): Promise<{ exitCode: number; endOffset: number } | null> {
+    const info = await this.client.info();
+    let found: { exitCode: number; endOffset: number } | null = null;
+    for (const line of info.recentStatus ?? []) {
+      const m = /^(\S+ \d{1,3}) (\d{1,20})$/.exec(line);
+      const parsed = m ? parseStatusLine(m[1]!) : null;
+      const endOffset = m ? Number(m[2]) : 0;
+      if (parsed && parsed.commandId === commandId && endOffset > after) found = { exitCode: parsed.exitCode, endOffset };
+    }
+    return found;
   }
 
   async run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult> {
@@ -187,7 +217,7 @@ export class ShellSession implements SessionAttachment {
       throw new WarrenError('SESSION_BUSY', `session ${this.info.id} is running command ${this.pending.commandId}`, { commandId: this.pending.commandId });
     }
     return new Promise<CommandResult>((resolve, reject) => {
-      const p: PendingRun = { commandId, timedOut: false, resolve, reject, timer: undefined, grace: undefined };
+      const p: PendingRun = { commandId, startOffset: this.nextOff, timedOut: false, resolve, reject, timer: undefined, grace: undefined };
       this.pending = p;
       this.client.sendFrames(encodeMark(), encodeInput(line));
       if (timeoutMs !== undefined) p.timer = setTimeout(() => this.onTimeout(p), timeoutMs);
@@ -301,7 +331,10 @@ export class ShellSession implements SessionAttachment {
       case 'lost':
         this.lostBytes += f.bytes;
         this.nextOff += f.bytes;
-        for (const l of this.lostListeners) l(f.bytes);
+        if (this.nextOff > this.info.outputOffset) this.info.outputOffset = this.nextOff;
+        for (const l of this.lostListeners) l(f.bytes, this.nextOff);
+        // The dropped bytes may have held the status line of the running command.
+        if (this.pending !== null) this.recoverStatus(this.pending);
         return;
       case 'exit': {
         const st: ExitStatus = { exitCode: f.exitCode, signal: f.signal };
@@ -315,6 +348,15 @@ export class ShellSession implements SessionAttachment {
       case 'closed':
         return;
     }
+  }
+
+  private recoverStatus(p: PendingRun): void {
+    this.recentStatus(p.commandId, p.startOffset).then(
+      (st) => {
+        if (st !== null && this.pending === p) this.settle({ commandId: p.commandId, exitCode: st.exitCode, timedOut: false });
+      },
+      () => undefined, // the connection ended: onEnd fails the run
+    );
   }
 
   private onStatus(data: Buffer, offset: number): void {

@@ -51,6 +51,7 @@ import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
 import { Qmp } from './qmp';
 import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
 
+const SIGPIPE = 13;
 const run = promisify(execFile);
 const MIB = 1024 * 1024;
 const CPU_PERIOD_US = 100_000;
@@ -703,7 +704,9 @@ export class MicroVMSandbox implements BackendSandbox {
           if (eof === 2) onEof?.();
           return;
         }
-        (stream === 1 ? stdout : stderr).push(data);
+        const c = stream === 1 ? stdout : stderr;
+        c.push(data);
+        if (c.truncated) overLimit();
       },
       exit: (exitCode, signal) => {
         status = { exitCode, signal };
@@ -714,6 +717,15 @@ export class MicroVMSandbox implements BackendSandbox {
         onExit?.({ exitCode: null, signal: SIGKILL });
       },
     };
+    // At the output limit the command is stopped as a closed pipe would stop it (SIGPIPE),
+    // instead of running on with its output thrown away.
+    let started_: GuestProc | null = null;
+    let limitHit = false;
+    function overLimit(): void {
+      if (limitHit) return;
+      limitHit = true;
+      started_?.kill(SIGPIPE);
+    }
     let proc: GuestProc;
     try {
       proc = await this.start(req, sink);
@@ -721,6 +733,8 @@ export class MicroVMSandbox implements BackendSandbox {
       if (err instanceof GuestNotFound) return { exitCode: 127, signal: null, stdout: '', stderr: `warren: ${err.name_}: command not found\n`, status: 'error', durationMs: performance.now() - started, truncated: false };
       throw err;
     }
+    started_ = proc;
+    if (limitHit) proc.kill(SIGPIPE);
     if (req.stdin !== undefined && req.stdin.length > 0) proc.stdin(typeof req.stdin === 'string' ? Buffer.from(req.stdin) : req.stdin);
     proc.stdinEnd();
     let timedOut = false;
