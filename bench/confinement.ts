@@ -1,5 +1,5 @@
 /**
- * npm run bench:confinement — the cost of issue 5's confinement, side by side in one run.
+ * npm run bench:confinement — the cost of confinement (seccomp, Landlock, rlimits), side by side in one run.
  *
  * The same create and exec paths run with and without confinement, interleaved (A, B, A, B, ...)
  * so drift on a busy host hits both equally:
@@ -52,7 +52,7 @@ async function main(): Promise<void> {
   const confine = confineFor('warren-default');
   const work = mkdtempSync(join(os.tmpdir(), 'warren-bench-conf-'));
 
-  console.log('# confinement cost (issue 5)');
+  console.log('# confinement cost');
   for (const [k, v] of Object.entries({ ...conditions(), image: `${IMAGE} (${layers.length} layer(s))`, enforcer: enforcer.description, confine: JSON.stringify(confine), iterations: `${ITER} creates, ${EXEC_ITER} execs per mode` })) console.log(`- ${k}: ${v}`);
 
   let n = 0;

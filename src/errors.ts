@@ -18,7 +18,7 @@ export const ErrorCodes = {
   ARCHIVE_ESCAPE: 400,
   INVALID_ARCHIVE: 400,
   LIMIT_OUT_OF_RANGE: 400,
-  /** A security policy file is malformed, half-written, symlinked or contradictory (issue 5). */
+  /** A security policy file is malformed, half-written, symlinked or contradictory. */
   POLICY_INVALID: 400,
   // 401/403: who you are and what you may do
   UNAUTHENTICATED: 401,
@@ -48,7 +48,7 @@ export const ErrorCodes = {
   DISK_FULL: 507,
   // 501: this node or kernel cannot
   NOT_SUPPORTED: 501,
-  /** No confinement enforcer (AppArmor, Landlock) and seccomp here, and unconfined sandboxes are not allowed (issue 5). */
+  /** No confinement enforcer (AppArmor, Landlock) and seccomp here, and unconfined sandboxes are not allowed. */
   CONFINEMENT_UNAVAILABLE: 501,
   // 5xx: ours
   INTERNAL: 500,

@@ -170,7 +170,7 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
       ? yes('each sandbox gets its own core-scheduling cookie when asked')
       : no('prctl(PR_SCHED_CORE) is refused by this kernel (EINVAL: built without CONFIG_SCHED_CORE)', 'SCHED_IDLE only; SMT siblings are shared between sandboxes');
   },
-  // issue 5: probed by trying (through the native helper), not by reading securityfs (often not mounted).
+  // probed by trying (through the native helper), not by reading securityfs (often not mounted).
   seccomp: () => {
     const n = loadNative();
     if (n !== null) {
@@ -245,7 +245,7 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
   runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
   debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
   'mkfs-erofs': () => (hasBinary('mkfs.erofs') ? yes() : no('erofs-utils is not installed', 'images cannot be imported')),
-  // issue 4: per-service egress needs the cgroup programs (cgroup2 + BPF) and the node network tools
+  // per-service egress needs the cgroup programs (cgroup2 + BPF) and the node network tools
   'egress-bpf': () => {
     if (!feature('cgroup2-bpf-hierarchy').supported) return no('no cgroup2 hierarchy to attach the programs to', 'sandboxes are loopback-only');
     if (!existsSync(join(__dirname, '..', '..', 'bpf', 'out', 'sandbox_egress.bpf.o')) && !existsSync(join(__dirname, '..', 'bpf', 'out', 'sandbox_egress.bpf.o'))) {
@@ -373,7 +373,7 @@ export function featureReport(nodeId: string): FeatureReport {
 }
 
 /**
- * issue 5: which LSM enforcer confines sandboxes here. AppArmor where the kernel has it, Landlock
+ * which LSM enforcer confines sandboxes here. AppArmor where the kernel has it, Landlock
  * otherwise (both when both are there); BPF-LSM is probed and reported, never used.
  */
 export function activeEnforcer(): { lsm: 'apparmor' | 'landlock' | 'apparmor+landlock' | 'none'; seccomp: boolean; landlockAbi: number; description: string } {

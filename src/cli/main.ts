@@ -644,7 +644,7 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   version: cmdVersion,
   // FnCall (src/cli/fn.ts), loaded on use.
   fn: async (args, io) => (await import('./fn')).cmdFn(args, io),
-  // Security policy (src/cli/policy.ts, issue 5), loaded on use.
+  // Security policy (src/cli/policy.ts), loaded on use.
   policy: async (args, io) => (await import('./policy')).cmdPolicy(args, io),
   // Lifecycle (src/cli/lifecycle.ts), loaded on use.
   pause: async (args, io) => (await import('./lifecycle')).cmdPause(args, io),

@@ -1,5 +1,5 @@
 /**
- * `warren policy ...` (issue 5): the security team's workflow.
+ * `warren policy ...`: the security team's workflow.
  *
  *   warren policy validate [DIR]   check a policy directory locally (default: the bundled policies/);
  *                                  prints every problem as FILE:LINE: message, exit 1 when invalid

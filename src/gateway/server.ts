@@ -96,7 +96,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   app.set_error_handler((_req, res, err) => sendError(res, err, log, true));
 
   registerSystemRoutes(app, ctx);
-  registerPolicyRoutes(app, ctx); // issue 5
+  registerPolicyRoutes(app, ctx);
   registerSandboxRoutes(app, ctx);
   registerFileRoutes(app, ctx);
   registerImageRoutes(app, ctx);

@@ -33,9 +33,9 @@ export interface StartOptions {
   lifecycle?: LifecycleOptions;
   /** Quota of accounts without their own. */
   defaultQuota?: Quota;
-  /** issue 5: the security policy directory (default: the bundled policies/); audit log in <dataDir>/policy-audit.log. */
+  /** the security policy directory (default: the bundled policies/); audit log in <dataDir>/policy-audit.log. */
   policyDir?: string;
-  /** issue 4: sandbox networking (bridge, NAT, eBPF egress, DNS); false = loopback-only sandboxes.
+  /** sandbox networking (bridge, NAT, eBPF egress, DNS); false = loopback-only sandboxes.
    *  Default: on where the kernel and tools allow it (/v1/features: egress-bpf, sandbox-network). */
   network?: NetworkConfig | false;
   /** Serve the E2B-compatible surface on this port (0: ephemeral); absent: not served (docs/e2b.md). */
@@ -62,7 +62,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     // Create the admin token before the (possibly long) default image build, so
     // the operator gets it even if the build fails.
     const adminToken = new Auth(db).ensureAdminToken(opts.dataDir);
-    // issue 5: the policy in force; an invalid policy directory stops the start (nothing to fall back to yet)
+    // the policy in force; an invalid policy directory stops the start (nothing to fall back to yet)
     usePolicyStore(new PolicyStore(opts.policyDir ?? BUNDLED_POLICY_DIR, join(opts.dataDir, 'policy-audit.log')));
     const shimOpts: Parameters<typeof openShim>[0] = {
       dataDir: opts.dataDir,

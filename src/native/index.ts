@@ -80,7 +80,7 @@ export function nativeAvailable(): boolean {
 }
 
 /**
- * issue 5: who decides the confinement of spawnSandbox / exec calls that do not say
+ * who decides the confinement of spawnSandbox / exec calls that do not say
  * (`confine` absent). src/security/confinement.ts installs itself here, so every
  * sandbox process started through the shim (container backend, FnCall, lifecycle
  * resume, ...) is confined by the policy; `confine: null` opts out explicitly.

@@ -57,7 +57,7 @@ export interface SpawnSandboxSpec {
   /** Host path of the static pid-1 reaper (native/helper/out/warren-init). */
   initPath: string;
   /** 'loopback': a new network namespace with only loopback up. 'netns': join `netnsPath`
-   *  (a pooled namespace with a veth to the host bridge, issue 4). */
+   *  (a pooled namespace with a veth to the host bridge). */
   network: 'loopback' | 'netns';
   /** Absolute path of the network namespace to join (a /run/netns entry); with network 'netns'. */
   netnsPath?: string;
@@ -69,12 +69,12 @@ export interface SpawnSandboxSpec {
   shmBytes?: number;
   /** A host directory bound at /dev/shm instead of a tmpfs of its own (on the disk quota's tmpfs: one budget). */
   shmDir?: string;
-  /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
+  /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }
 
 /**
- * Confinement of a sandbox process (issue 5, native/helper/src/confine.h), applied as the last
+ * Confinement of a sandbox process (native/helper/src/confine.h), applied as the last
  * steps before execve. Built by src/security/confinement.ts from the policy.
  */
 export interface ConfineSpec {
@@ -126,9 +126,9 @@ export interface ExecSpec {
   pty?: { cols: number; rows: number };
   /** Extra pipe from the child's fd 3 to the caller (used by shell sessions for exit markers). */
   statusPipe?: boolean;
-  /** issue 5: confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
+  /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
-  /** issue 3 (FnCall): isolate this one process (and its children) from the rest of the sandbox; see ExecIsolation. */
+  /** FnCall: isolate this one process (and its children) from the rest of the sandbox; see ExecIsolation. */
   isolate?: ExecIsolation;
 }
 
@@ -241,7 +241,7 @@ export interface NativeAddon {
   coreSchedSupported(): boolean;
   setSchedIdle(pid: number): void;
 
-  // confinement probes (issue 5)
+  // confinement probes
   /** landlock_create_ruleset(NULL, 0, VERSION): the ABI, or -errno. */
   landlockAbi(): number;
   seccompSupported(): boolean;
@@ -252,7 +252,7 @@ export interface NativeAddon {
   /** Release the cached Landlock rulesets of sandbox `cgroup` (they pin its inodes); call on destroy. */
   landlockCacheDrop(cgroup: string): void;
 
-  // issue 4: egress enforcement (native/helper/src/bpf_egress.c). Keys and values are encoded
+  // egress enforcement (native/helper/src/bpf_egress.c). Keys and values are encoded
   // by src/native/bpf-layouts.ts; the addon checks their sizes against the map's.
   /** Loads a BPF object with its maps pinned by name under pinDir (existing pins are reused)
    *  and pins every program as pinDir/<name>; returns how many programs it pinned. */

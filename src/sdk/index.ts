@@ -456,7 +456,7 @@ export class Sandbox {
   }
 
   /** Push the hard maximum out: `{ seconds }` past the current expiry or `{ ttlSeconds }` from now. */
-  /** Services, address, DNS bindings and recent denials of a sandbox with network (issue 4). */
+  /** Services, address, DNS bindings and recent denials of a sandbox with network. */
   network(): Promise<SandboxNetworkInfo> {
     return this.client.requestJson('GET', this.path('/network'));
   }

@@ -1,5 +1,5 @@
 /**
- * From policy to the native helper (issue 5).
+ * From policy to the native helper.
  *
  * - PolicyStore: the policy in force. `apply()` loads the directory again and swaps it in
  *   atomically; on any error the last good policy stays and the rejection is audited.

@@ -24,7 +24,7 @@ import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveS
 import { setExecSpillDir } from './exec-output';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
-// FnCall warm pools (issue 3): a separate addition, see docs/fncall.md.
+// FnCall warm pools (docs/fncall.md).
 import { FnCallManager } from './fncall/manager';
 import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
@@ -70,7 +70,7 @@ export interface ShimOptions {
   fncall?: FnCallConfig;
   /** Lifetime policies, pause/resume, pack_diff (src/shim/lifecycle, docs/lifecycle.md). */
   lifecycle?: LifecycleOptions;
-  /** issue 4: sandbox networking with per-service egress (bridge, netns pool, eBPF, DNS).
+  /** sandbox networking with per-service egress (bridge, netns pool, eBPF, DNS).
    *  Absent: every sandbox is loopback-only and `network` in a create request is refused. */
   network?: NetworkConfig;
 }
@@ -118,7 +118,7 @@ export class ShimNode implements Shim {
   private readonly observeLive = (r: { observe(v: number): void }) => r.observe(this.sandboxes.size);
   /** Lifetime policies, pause/resume, hibernate, pack_diff (src/shim/lifecycle). */
   readonly lifecycle: LifecycleManager;
-  /** issue 4: null when the node runs without sandbox networking. */
+  /** null when the node runs without sandbox networking. */
   readonly network: NetworkManager | null;
   private unsubscribePolicy: (() => void) | null = null;
 
@@ -319,7 +319,7 @@ export class ShimNode implements Shim {
     const backend = this.backends.get(spec.backend);
     const started = performance.now();
     const id = newSandboxId(this.nodeId);
-    // issue 4: the request's services, or the account's default; none at all = loopback only
+    // the request's services, or the account's default; none at all = loopback only
     const services = this.network ? this.network.resolve(spec.network, spec.owner) : spec.network === undefined ? null : (() => {
       throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
     })();

@@ -38,7 +38,7 @@ export interface SandboxSpec {
   owner: string;
   /** Lifetime policy (src/shim/lifecycle/policy.ts); absent = lives until deleted. */
   lifetime?: LifetimePolicy;
-  /** issue 4: services the sandbox may reach ({"pypi": true}); absent = the account's default
+  /** services the sandbox may reach ({"pypi": true}); absent = the account's default
    *  (accounts.yaml), which may be no network at all (loopback only). */
   network?: Record<string, boolean>;
 }
@@ -142,7 +142,7 @@ export interface SandboxInfo {
   /** Host pid of the sandbox's pid 1 (not part of the public API; stripped by the gateway for non-admins). */
   pid?: number;
   lifecycle?: SandboxLifecycleInfo;
-  /** issue 4: present when the sandbox has network (details: GET /v1/sandboxes/:id/network). */
+  /** present when the sandbox has network (details: GET /v1/sandboxes/:id/network). */
   network?: { services: Record<string, boolean>; address: string };
 }
 
@@ -557,7 +557,7 @@ export interface Shim {
   authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void;
   publishEnvironment(name: string, published: boolean): EnvironmentInfo;
 
-  // issue 4: per-service egress
+  // per-service egress
   /** Enable (true) or disable (false) services of a running sandbox; atomic in the kernel. */
   updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo>;
   networkInfo(id: string): SandboxNetworkInfo;

@@ -1,5 +1,5 @@
 /**
- * Shared pieces of the adversarial suite (issue 5): the attack binary (attack.c, compiled
+ * Shared pieces of the adversarial suite: the attack binary (attack.c, compiled
  * static on the host once per test process and copied into each sandbox), a fixture that
  * gives a test one or more confined sandboxes on a real node, and result helpers.
  *

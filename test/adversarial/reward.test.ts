@@ -69,7 +69,7 @@ it('reward: the agent cannot reach a verifier sandbox over the network or its un
   }
 });
 
-// FnCall judge: through the gateway's /v1/functions API (issue 3's backend).
+// FnCall judge: through the gateway's /v1/functions API.
 const fnRoutes = existsSync(join(__dirname, '..', '..', 'src', 'gateway', 'routes', 'functions.js'));
 const why = integrationSkipReason() ?? (fnRoutes ? null : 'the FnCall backend (/v1/functions) is not in this build');
 (why === null ? test : (title: string, _fn: unknown) => test.skip(`${title} (skipped: ${why})`, () => undefined))(

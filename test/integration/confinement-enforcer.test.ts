@@ -1,5 +1,5 @@
 /**
- * issue 5: with no LSM enforcer, sandbox creation fails with CONFINEMENT_UNAVAILABLE unless the
+ * with no LSM enforcer, sandbox creation fails with CONFINEMENT_UNAVAILABLE unless the
  * policy explicitly allows unconfined sandboxes. The enforcers are masked with
  * WARREN_FEATURES_DISABLE (this file runs in its own process).
  */

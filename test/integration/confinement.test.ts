@@ -1,5 +1,5 @@
 /**
- * issue 5: confinement end to end on a real node: the disk quota of the writable layer,
+ * confinement end to end on a real node: the disk quota of the writable layer,
  * rlimits from the profile, hot reload of the policy through `warren policy apply` (a running
  * sandbox's next exec gets the new seccomp choice), and the doctor/features report.
  */

@@ -1,5 +1,5 @@
 /**
- * Enforcement outlives the gateway (issue 4): a real `warren up` with sandbox
+ * Enforcement outlives the gateway: a real `warren up` with sandbox
  * networking is killed with SIGKILL while a sandbox keeps trying npm and pypi;
  * denials stay in force with no Warren process alive, and a restarted gateway
  * takes the sandbox's network over (GET/PATCH work, DNS answers again).

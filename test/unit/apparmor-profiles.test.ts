@@ -1,6 +1,6 @@
 /**
  * The AppArmor profiles in apparmor/ compile (apparmor_parser -Q -K: parse and compile only, no
- * kernel module needed), and each denies what issue 5 asks for.
+ * kernel module needed), and each denies what the sandbox confinement must deny (mounts, ptrace, raw sockets, kernel interfaces).
  */
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';

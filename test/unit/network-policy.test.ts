@@ -1,4 +1,4 @@
-/** The userspace mirror of the egress decision, host patterns and service ids (issue 4). */
+/** The userspace mirror of the egress decision, host patterns and service ids. */
 import test from 'ava';
 import { hostMatches, policyAllows, serviceId } from '../../src/shim/network/manager';
 import type { SandboxEgressPolicy } from '../../src/shim/network/egress';

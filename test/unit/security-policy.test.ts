@@ -1,5 +1,5 @@
 /**
- * The security team's policy directory (issue 5): validation with file and line, rejection of
+ * The security team's policy directory: validation with file and line, rejection of
  * malformed / half-written / symlinked / contradictory files as a whole, atomic apply with the
  * last good policy kept, and the audit log.
  */
@@ -157,7 +157,7 @@ test('confinement: nsexec arguments carry the same confinement as the addon spec
   t.deepEqual(args, ['--seccomp', '1', '--landlock', '7', '--ro', '/', '--rw', '/tmp', '--scope', '3', '--fsize', '1024', '--nofile', '64']);
 });
 
-test('services catalog and account network policies: valid forms are read, contradictions rejected (issue 4)', (t) => {
+test('services catalog and account network policies: valid forms are read, contradictions rejected', (t) => {
   const d = copy();
   writeFileSync(
     join(d, 'services.yaml'),

@@ -150,7 +150,7 @@ test('backends the node does not offer are NOT_SUPPORTED (501)', (t) => {
 });
 
 test('network services are validated into spec.network; lifetime fields are validated', (t) => {
-  // lifetime policies (issue 6): accepted into spec.lifetime
+  // lifetime policies: accepted into spec.lifetime
   t.deepEqual(validateCreateRequest({ ttlSeconds: 60 }, ctx).lifetime, { ttlSeconds: 60 });
   t.deepEqual(validateCreateRequest({ idleSeconds: 60, onIdle: 'stop' }, ctx).lifetime, { idleSeconds: 60, onIdle: 'stop' });
   t.is(validateCreateRequest({}, ctx).lifetime, undefined);

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "wn.h"
-#include "confine.h"  // issue 5
-#include "isolate.h"  // issue 3
-#include "bpf_egress.h"  // issue 4
+#include "confine.h"
+#include "isolate.h"
+#include "bpf_egress.h"
 
 namespace {
 
@@ -301,8 +301,8 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-#include "addon_confine.inc"  // issue 5: ParseConfine, LSM probes
-#include "addon_bpf.inc"      // issue 4: egress programs, maps, ring buffer
+#include "addon_confine.inc"  // ParseConfine, LSM probes
+#include "addon_bpf.inc"      // egress programs, maps, ring buffer
 
 // ---- processes -------------------------------------------------------------------
 
@@ -312,7 +312,7 @@ struct SpawnJob {
   std::string id, hostname, upper, work, rootfs, init, netns, shm_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
-  ConfineArgs confine_args;  // issue 5
+  ConfineArgs confine_args;
   wn_spawn_spec s{};
   wn_spawn_result r{};
   wn_error e{};
@@ -433,8 +433,8 @@ struct ExecJob {
   std::string cgroup, cwd;
   std::vector<std::string> argv, envv;
   std::vector<const char*> argv_ptrs, env_ptrs;
-  ConfineArgs confine_args;  // issue 5
-  wn_isolate iso{};          // issue 3
+  ConfineArgs confine_args;
+  wn_isolate iso{};
   std::vector<std::string> iso_strs;
   wn_exec_spec s{};
   wn_exec_result r{};
@@ -479,10 +479,10 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   s.sched_idle = sched_idle;
   s.status_pipe = status_pipe;
   s.confine = ParseConfine(env, o, j->confine_args);
-  // issue 5: cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
+  // cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
   // where the rules must be resolved)
   if (s.confine && !Has(o, "isolate")) LlAttach(j->cgroup, init_pid, j->confine_args.c);
-  // issue 3: FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
+  // FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
   wn_isolate& iso = j->iso;
   std::vector<std::string>& iso_strs = j->iso_strs;
   iso_strs.reserve(5 * WN_ISO_MAX_PATHS);
@@ -911,13 +911,11 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"umount", Umount},
       {"coreSchedSupported", CoreSchedSupported},
       {"setSchedIdle", SetSchedIdle},
-      // issue 5
       {"landlockAbi", LandlockAbi},
       {"seccompSupported", SeccompSupported},
       {"bpfLsmProbe", BpfLsmProbe},
       {"seccompFilterLength", SeccompFilterLength},
       {"landlockCacheDrop", LandlockCacheDrop},
-      // issue 4
       {"bpfLoadPinned", BpfLoadPinned},
       {"bpfAttachCgroup", BpfAttachCgroup},
       {"bpfObjGet", BpfObjGet},

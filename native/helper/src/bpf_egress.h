@@ -1,4 +1,4 @@
-/* Egress enforcement (issue 4): loading, pinning and attaching the programs of
+/* Egress enforcement: loading, pinning and attaching the programs of
  * bpf/sandbox_egress.bpf.c, and raw map/ring-buffer access. The map layouts are
  * encoded by TypeScript (src/native/bpf-layouts.ts, generated with the C header
  * from bpf/layouts.json); this layer only checks sizes. Addon-only: libbpf is

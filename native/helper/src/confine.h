@@ -1,5 +1,5 @@
 /*
- * Confinement of every sandbox process (issue 5): seccomp, Landlock, AppArmor
+ * Confinement of every sandbox process: seccomp, Landlock, AppArmor
  * change-onexec and rlimits. Applied by the spawn child (sandbox pid 1) and the
  * exec child (every process entered with nsexec) as the last steps before
  * execve, after the capability drop, the uid switch and no_new_privs.

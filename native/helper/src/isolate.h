@@ -1,5 +1,5 @@
 /*
- * Per-process isolation for FnCall invocations (issue 3), applied by the exec
+ * Per-process isolation for FnCall invocations, applied by the exec
  * child (nsexec.c) after it entered the sandbox's namespaces and before it
  * drops capabilities:
  *

@@ -22,8 +22,8 @@
  * finish exiting (zap_pid_ns_processes) until it is reaped.
  */
 #include "wn.h"
-#include "confine.h" /* issue 5 */
-#include "isolate.h" /* issue 3 */
+#include "confine.h"
+#include "isolate.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -90,8 +90,8 @@ enum exec_step {
   X_SCHED_IDLE,
   X_NNP,
   X_EXEC,
-  X_CONFINE, /* issue 5: index = WN_CF_* step */
-  X_ISOLATE, /* issue 3: index = WN_ISO_* step */
+  X_CONFINE, /* index = WN_CF_* step */
+  X_ISOLATE, /* index = WN_ISO_* step */
 };
 
 struct child_report {
@@ -199,7 +199,7 @@ static int exec_child(void *arg) {
   /* pid 1 of this pid namespace is the sandbox init */
   if (c->core_share && prctl(PR_SCHED_CORE, PR_SCHED_CORE_SHARE_FROM, 1, 0 /* PIDTYPE_PID */, 0) < 0)
     child_fail(c, X_CORE_SCHED, 0, errno);
-  /* issue 3: FnCall isolation (new IPC + private mount namespace, read-only root, fresh tmpfs, rlimits);
+  /* FnCall isolation (new IPC + private mount namespace, read-only root, fresh tmpfs, rlimits);
      needs the capabilities that are dropped next */
   if (s->isolate) {
     int iso_step = 0;
@@ -219,7 +219,7 @@ static int exec_child(void *arg) {
     if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) child_fail(c, X_SCHED_IDLE, 0, errno);
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(c, X_NNP, 0, errno);
-  /* issue 5: seccomp / Landlock / AppArmor / rlimits, the last step before execve */
+  /* seccomp / Landlock / AppArmor / rlimits, the last step before execve */
   if (s->confine) {
     int cf_step = 0;
     int crc = wn_confine_apply(s->confine, -1, &cf_step);
@@ -291,8 +291,8 @@ int wn_exec_spec_check(const wn_exec_spec *s, wn_error *e) {
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "bad stdio mode");
   if (s->stdio == WN_STDIO_PTY && (s->pty_cols < 1 || s->pty_cols > 10000 || s->pty_rows < 1 || s->pty_rows > 10000))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "pty cols/rows must be 1..10000");
-  if (wn_confine_check(s->confine, e) < 0) return -1; /* issue 5 */
-  if (s->isolate) { /* issue 3 */
+  if (wn_confine_check(s->confine, e) < 0) return -1;
+  if (s->isolate) {
     const char *why = wn_isolate_invalid(s->isolate);
     if (why) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "%s", why);
   }

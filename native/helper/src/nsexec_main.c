@@ -11,14 +11,14 @@
  * was killed). Setup failures print one line to stderr and exit 125 (bad
  * arguments: 2).
  *
- * Confinement (issue 5, see confine.h), applied last before execve:
+ * Confinement (confine.h), applied last before execve:
  *   --seccomp ALLOWMASK  the default filter with the WN_SC_ALLOW_* groups in the mask let through
  *   --landlock ABI       Landlock rules for that ABI: --rw PATH / --ro PATH (repeatable), --scope N
  *                        --rw-top 1 (every top-level directory except --protect PATH ones)
  *   --apparmor PROFILE   change profile on exec;  --fsize BYTES / --nofile N  rlimits
  */
 #include "wn.h"
-#include "confine.h" /* issue 5 */
+#include "confine.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
   if (!env) return 125;
   size_t envc = 0;
   uint64_t v;
-  wn_confine cf; /* issue 5 */
+  wn_confine cf;
   memset(&cf, 0, sizeof cf);
   cf.rlimit_fsize = cf.rlimit_nofile = -1;
   int i = 1;
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
       s.cwd = val;
     } else if (strcmp(a, "--env") == 0) {
       env[envc++] = val;
-    } else if (strcmp(a, "--seccomp") == 0 && parse_uint(val, WN_SC_ALLOW_ALL, &v) == 0) { /* issue 5 */
+    } else if (strcmp(a, "--seccomp") == 0 && parse_uint(val, WN_SC_ALLOW_ALL, &v) == 0) {
       cf.active = 1;
       cf.seccomp = wn_seccomp_filter((unsigned)v);
     } else if (strcmp(a, "--landlock") == 0 && parse_uint(val, 64, &v) == 0) {
@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
   s.argc = (size_t)(argc - i);
   s.envp = env;
   s.envc = envc;
-  if (cf.active) s.confine = &cf; /* issue 5 */
+  if (cf.active) s.confine = &cf;
 
   wn_error err;
   if (wn_exec_spec_check(&s, &err) < 0) {

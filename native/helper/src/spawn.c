@@ -18,7 +18,7 @@
  * pre-opened warren-init.
  */
 #include "wn.h"
-#include "confine.h" /* issue 5 */
+#include "confine.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -141,7 +141,7 @@ enum spawn_step {
   S_CAPS,
   S_NNP,
   S_EXEC,
-  S_CONFINE, /* issue 5: index = WN_CF_* step */
+  S_CONFINE, /* index = WN_CF_* step */
 };
 
 struct child_report {
@@ -273,7 +273,7 @@ static int sandbox_child(void *arg) {
   int rc = wn_caps_drop(wn_default_caps);
   if (rc < 0) child_fail(c, S_CAPS, 0, -rc);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(c, S_NNP, 0, errno);
-  /* issue 5: seccomp / Landlock / AppArmor / rlimits, the last step before exec */
+  /* seccomp / Landlock / AppArmor / rlimits, the last step before exec */
   if (s->confine) {
     int cf_step = 0;
     int crc = wn_confine_apply(s->confine, c->init_fd, &cf_step);
@@ -311,7 +311,7 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
   if (s->shm_dir != NULL && wn_check_abs_path(e, "shmDir", s->shm_dir) < 0) return -1;
   if (s->shm_bytes != 0 && (s->shm_bytes < 4096 || s->shm_bytes > (1ull << 40)))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
-  if (wn_confine_check(s->confine, e) < 0) return -1; /* issue 5 */
+  if (wn_confine_check(s->confine, e) < 0) return -1;
   return 0;
 }
 

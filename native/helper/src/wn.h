@@ -223,8 +223,8 @@ typedef struct wn_spawn_spec {
   /* Non-NULL: bind this host directory at /dev/shm instead of a tmpfs of its own, so shared memory
      counts against the same quota as the writable layer (a directory on the sandbox's disk tmpfs). */
   const char *shm_dir;
-  const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
-  const char *netns_path; /* issue 4: join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
+  const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
+  const char *netns_path; /* join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
 } wn_spawn_spec;
 
 typedef struct wn_spawn_result {
@@ -254,8 +254,8 @@ typedef struct wn_exec_spec {
   int pty_cols;   /* WN_STDIO_PTY */
   int pty_rows;
   int status_pipe; /* WN_STDIO_PIPES / WN_STDIO_PTY: extra pipe on the child's fd 3 */
-  const struct wn_confine *confine; /* issue 5: seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
-  const struct wn_isolate *isolate; /* issue 3: FnCall per-invocation isolation (isolate.h); NULL = none */
+  const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
+  const struct wn_isolate *isolate; /* FnCall per-invocation isolation (isolate.h); NULL = none */
 } wn_exec_spec;
 
 typedef struct wn_exec_result {

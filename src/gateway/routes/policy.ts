@@ -1,5 +1,5 @@
 /**
- * issue 5: the security policy over HTTP (admin only).
+ * the security policy over HTTP (admin only).
  *
  *   GET  /v1/policy        the policy in force: directory, file digests, since when, enforcer
  *   POST /v1/policy/apply  re-read the policy directory and swap it in atomically; 400

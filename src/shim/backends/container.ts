@@ -75,7 +75,7 @@ export class ContainerBackend implements HostProcessBackend {
   constructor(
     private readonly sandboxesDir: string,
     private readonly profileName?: string,
-    /** issue 4: sandboxes whose spec has `network` join a pooled netns with egress enforced. */
+    /** sandboxes whose spec has `network` join a pooled netns with egress enforced. */
     private readonly network: NetworkManager | null = null,
   ) {}
 
@@ -84,7 +84,7 @@ export class ContainerBackend implements HostProcessBackend {
     const upperDir = join(dir, 'upper');
     const workDir = join(dir, 'work');
     const rootfsDir = join(dir, 'rootfs');
-    // issue 5: confinement profile, enforcer check, disk quota of the writable layer
+    // confinement profile, enforcer check, disk quota of the writable layer
     const profileName = this.profileName ?? profileForOwner(spec.owner);
     assertConfinable();
     const diskMb = spec.diskMb ?? policyProfile(profileName).limits.diskMb;
@@ -107,7 +107,7 @@ export class ContainerBackend implements HostProcessBackend {
         mkdir(rootfsDir, { mode: 0o700 }),
         ...(shmDir !== undefined ? [mkdir(shmDir).then(() => chmod(shmDir, 0o1777))] : []),
       ]);
-      // issue 5: /work exists in every sandbox (the writable workspace, whatever the image has)
+      // /work exists in every sandbox (the writable workspace, whatever the image has)
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
       native.cgroupCreate(id, limitsOf(spec));
       cgroupCreated = true;
