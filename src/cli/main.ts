@@ -238,12 +238,9 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   }
   const warren = await startWarren(opts);
   progress.finish();
-  io.out(`Warren is listening on ${warren.url}\n`);
-  if (warren.e2bUrl) io.out(`E2B API on ${warren.e2bUrl} (E2B_API_URL=${warren.e2bUrl}/e2b E2B_SANDBOX_URL=${warren.e2bUrl})\n`);
-  if (warren.adminToken) {
-    io.out(`Admin token (shown once; saved in ${join(dataDir, 'admin.token')}, mode 0600):\n${warren.adminToken}\n`);
-  }
-  await new Promise<void>((resolve) => {
+  // The signal handlers are in place before the server says it is listening: a supervisor that
+  // sends SIGHUP or SIGTERM as soon as it reads that line must not meet the default action.
+  const stopped = new Promise<void>((resolve) => {
     let stopping = false;
     const stop = (sig: NodeJS.Signals) => {
       if (stopping) {
@@ -271,6 +268,12 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
       });
     });
   });
+  io.out(`Warren is listening on ${warren.url}\n`);
+  if (warren.e2bUrl) io.out(`E2B API on ${warren.e2bUrl} (E2B_API_URL=${warren.e2bUrl}/e2b E2B_SANDBOX_URL=${warren.e2bUrl})\n`);
+  if (warren.adminToken) {
+    io.out(`Admin token (shown once; saved in ${join(dataDir, 'admin.token')}, mode 0600):\n${warren.adminToken}\n`);
+  }
+  await stopped;
   // Idle keep-alive connections must not hold the process open after a clean stop.
   setTimeout(() => process.exit(0), 2000).unref();
   return 0;

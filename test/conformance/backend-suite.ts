@@ -122,8 +122,10 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
     const r = await shared.exec({ cmd: 'head -c 100000 /dev/zero', maxOutputBytes: 1000 });
     t.true(r.truncated);
     t.is(r.stdout.length, 1000);
-    // At the limit the output stops: the writer is stopped (SIGPIPE), it does not run on unread.
-    t.is(r.signal, 13);
+    // At the limit the output stops: the writer is stopped (SIGPIPE) or, if it was already done
+    // writing when the stop reached it (a microVM's guest learns of the limit from the host), it
+    // has ended on its own; an endless writer is the next test.
+    if (r.signal !== 13) t.is(r.exitCode, 0, `neither stopped by SIGPIPE nor ended: ${JSON.stringify({ signal: r.signal, exitCode: r.exitCode })}`);
   });
 
   t0(title('a writer that never stops is stopped at the output limit, not at its timeout'), async (t) => {
