@@ -13,9 +13,9 @@ import { rm } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { WarrenClient } from '../src/sdk';
 import { percentile, printTable, conditions } from './stats';
+import { startGateway } from './gateway';
 
 const execFileP = promisify(execFile);
 
@@ -130,7 +130,7 @@ async function main() {
   console.log(`image: ${IMAGE}; iterations: ${ITERATIONS}; density: ${DENSITY}; rtt iterations: ${RTT_ITERATIONS}`);
 
   // The gateway runs in its own process, as in production: the client's work does not share its event loop.
-  const warren = await startGatewayProcess(dataDir);
+  const warren = await startGateway(dataDir, { echo: true });
   const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
   const client = new WarrenClient({ url: warren.url, token });
   try {
@@ -191,28 +191,6 @@ async function main() {
   }
 }
 
-function startGatewayProcess(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
-  const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    const onData = (c: Buffer) => {
-      out += c.toString();
-      process.stderr.write(c);
-      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
-      if (m) {
-        child.stdout!.off('data', onData);
-        child.stderr!.off('data', onData);
-        child.stderr!.resume();
-        child.stdout!.resume();
-        resolve({ url: m[1]!, child });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`warren up exited with ${code}: ${out}`)));
-  });
-}
 
 main().catch((err) => {
   console.error(err);

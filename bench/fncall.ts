@@ -13,11 +13,12 @@
  * Conditions and ratios are printed; JSON goes to bench/results/fncall.json.
  * Targets: >= 70% of host throughput, >= 10x runc, p99 at c=64 <= 5x p50.
  */
-import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync, chmodSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
+import { startGateway } from './gateway';
 import { WarrenClient } from '../src/sdk';
 import type { InvokeOptions } from '../src/sdk/functions';
 import { conditions, percentile, printTable } from './stats';
@@ -61,27 +62,6 @@ function run(cmd: string, args: string[], opts: { cwd?: string } = {}): Promise<
   });
 }
 
-function startGateway(dataDir: string, env: Record<string, string> = {}): Promise<{ url: string; child: ChildProcess }> {
-  const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network'], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    const onData = (c: Buffer) => {
-      out += c.toString();
-      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
-      if (m) {
-        child.stdout!.off('data', onData);
-        child.stderr!.off('data', onData);
-        child.stdout!.resume();
-        child.stderr!.resume();
-        resolve({ url: m[1]!, child });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.once('exit', (code) => reject(new Error(`warren up exited with ${code}: ${out.slice(-2000)}`)));
-  });
-}
 
 function runcBundle(rootfs: string, workDir: string, args: string[]): string {
   const bundle = mkdtempSync(join(os.tmpdir(), 'warren-bench-fn-runc-'));
@@ -212,7 +192,7 @@ async function benchNetns(main: WarrenClient, py: string, mainDataDir: string): 
   // a persistent data dir of its own (layers stay mounted after the gateway stops: node state)
   const dir = `${mainDataDir}-nonet`;
   mkdirSync(dir, { recursive: true });
-  const gw = await startGateway(dir, { WARREN_FNCALL_NETNS: '0' });
+  const gw = await startGateway(dir, { args: ['--no-default-image'], env: { WARREN_FNCALL_NETNS: '0' } });
   const client = new WarrenClient({ url: gw.url, token: readFileSync(join(dir, 'admin.token'), 'utf8').trim(), connections: 128 });
   try {
     await client.functions.create({ name: 'nonet', min: POOL_SIZE, max: POOL_SIZE, maxQueue: 10_000 }, { wait: true });
@@ -263,7 +243,7 @@ async function main() {
   console.log(`iterations: ${ITER} (runc: ${RUNC_ITER}); concurrency: ${LEVELS.join(', ')}; pool: ${POOL_SIZE} warm containers, 1 CPU / 512 MiB / 128 pids each`);
   console.log(`warren: gateway in its own process, SDK over HTTP on loopback; host: ${hostPython} and the same C binary via child_process.execFile; runc: runc run per invocation, read-only judge rootfs, the work dir bind-mounted on /mnt`);
 
-  const gw = await startGateway(dataDir);
+  const gw = await startGateway(dataDir, { args: ['--no-default-image'] });
   const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
   const client = new WarrenClient({ url: gw.url, token, connections: 128 });
   const results: Record<string, unknown> = { conditions: conditions() };

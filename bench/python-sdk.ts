@@ -18,13 +18,14 @@
  * the machine's load does not change much.
  * Target: Python within 20% of TypeScript on both. JSON goes to bench/results/python-sdk.json.
  */
-import { execFile, spawn, type ChildProcess, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { execFile, spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import os, { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type ShellClient, WarrenClient } from '../src/sdk';
 import { conditions, percentile, printTable } from './stats';
+import { startGateway } from './gateway';
 
 const SHELL_N = Number(process.env.BENCH_SHELL_ITERATIONS ?? 300);
 const FN_N = Number(process.env.BENCH_ITERATIONS ?? 512);
@@ -146,27 +147,6 @@ class PythonWorker {
   }
 }
 
-function startGateway(dataDir: string): Promise<{ url: string; child: ChildProcess }> {
-  const cli = join(__dirname, '..', 'src', 'cli', 'main.js');
-  const child = spawn(process.execPath, [cli, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-network', '--node-id', `pb${process.pid.toString(36)}`], { stdio: ['ignore', 'pipe', 'pipe'] });
-  return new Promise((resolve, reject) => {
-    let out = '';
-    const onData = (c: Buffer) => {
-      out += c.toString();
-      const m = /listening on (http:\/\/[\d.:]+)/.exec(out);
-      if (m) {
-        child.stdout!.off('data', onData);
-        child.stderr!.off('data', onData);
-        child.stdout!.resume();
-        child.stderr!.resume();
-        resolve({ url: m[1]!, child });
-      }
-    };
-    child.stdout!.on('data', onData);
-    child.stderr!.on('data', onData);
-    child.on('exit', (code) => reject(new Error(`warren up exited ${code}: ${out}`)));
-  });
-}
 
 async function unmountUnder(dir: string): Promise<void> {
   const points = readFileSync('/proc/self/mountinfo', 'utf8')
@@ -186,7 +166,7 @@ async function main(): Promise<void> {
   console.log(`${BLOCKS} alternating blocks per measurement; shell: ${SHELL_N} sequential run("true") per block; fncall: ${FN_N} invocations of cmd ["true"] per block at concurrency ${CONC}, pool of ${POOL_SIZE} warm containers`);
   console.log(`load average at start: ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}`);
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-bench-py-'));
-  const gw = await startGateway(dataDir);
+  const gw = await startGateway(dataDir, { args: ['--node-id', `pb${process.pid.toString(36)}`] });
   const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
   const client = new WarrenClient({ url: gw.url, token, connections: CONC });
   let sandboxId: string | null = null;
