@@ -142,6 +142,14 @@ export interface BuildOptions {
 
 type Method = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
 
+/** uWebSockets (the gateway's HTTP server) closes an HTTP connection idle for 10 s; it is not configurable. */
+export const SERVER_IDLE_CLOSE_MS = 10_000;
+/** Idle connections are kept well under the server's close, with room for a loaded event loop. */
+const CLIENT_IDLE_KEEP_MS = 4_000;
+const IDEMPOTENT: ReadonlySet<Method> = new Set(['GET', 'PUT', 'DELETE']);
+/** Errors of a connection that ended before an answer began (undici's and the kernel's names). */
+const CONNECTION_LOST: ReadonlySet<string> = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET']);
+
 interface RequestOptions {
   query?: Record<string, string | number | string[] | undefined>;
   json?: unknown;
@@ -177,10 +185,13 @@ export class WarrenClient {
     this.url = opts.url.replace(/\/+$/, '');
     this.basePath = u.pathname.replace(/\/+$/, '');
     this.token = opts.token;
+    // The gateway closes a connection after SERVER_IDLE_CLOSE_MS without traffic. A client
+    // that keeps it longer can write a request into a socket the server is closing and get
+    // ECONNRESET for a request the gateway never saw, so idle connections are dropped first.
     this.pool = new Pool(u.origin, {
       connections: opts.connections ?? 32,
-      keepAliveTimeout: 30_000,
-      keepAliveMaxTimeout: 600_000,
+      keepAliveTimeout: CLIENT_IDLE_KEEP_MS,
+      keepAliveMaxTimeout: CLIENT_IDLE_KEEP_MS,
     });
     this.images = new ImagesApi(this);
     this.functions = new FunctionsApi(this);
@@ -197,9 +208,8 @@ export class WarrenClient {
     } else if (body !== undefined) {
       headers['content-type'] = 'application/octet-stream';
     }
-    let res;
-    try {
-      res = await this.pool.request({
+    const send = () =>
+      this.pool.request({
         method,
         path: this.basePath + path + queryString(opts.query),
         headers,
@@ -207,6 +217,17 @@ export class WarrenClient {
         headersTimeout: opts.headersTimeout ?? 300_000,
         bodyTimeout: opts.bodyTimeout ?? 300_000,
       });
+    let res;
+    try {
+      try {
+        res = await send();
+      } catch (err) {
+        // A connection the server closed while this request was being written: a request
+        // whose repetition has the same effect is sent once more, on a new connection.
+        // POST is never repeated here (an exec would run twice).
+        if (!IDEMPOTENT.has(method) || !CONNECTION_LOST.has((err as { code?: string }).code ?? '')) throw err;
+        res = await send();
+      }
     } catch (err) {
       const code = (err as { code?: string }).code;
       if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {

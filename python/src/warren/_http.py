@@ -35,6 +35,9 @@ from ._wire import Call
 
 CONNECT_TIMEOUT = 10.0
 WRITE_TIMEOUT = 120.0
+# The gateway's HTTP server closes a connection after 10 s idle; a pooled connection kept longer
+# can take a request the server never reads (a reset), so idle connections are dropped first.
+KEEPALIVE_EXPIRY = 5.0
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 5.0
 
@@ -104,7 +107,7 @@ class SyncTransport:
         self.http = httpx.Client(
             base_url=url,
             headers=_headers(token),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=30.0),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=KEEPALIVE_EXPIRY),
             trust_env=False,
         )
 
