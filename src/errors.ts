@@ -38,6 +38,13 @@ export const ErrorCodes = {
   ALREADY_EXISTS: 409,
   IMAGE_IN_USE: 409,
   SESSION_BUSY: 409,
+  /** A request with this idempotency key is still running and cannot be attached to from here. */
+  IDEMPOTENCY_IN_PROGRESS: 409,
+  /** The first run under this idempotency key was cut by a gateway restart; its outcome is unknown and it is not run again. */
+  IDEMPOTENCY_INTERRUPTED: 409,
+  // 422: the request contradicts an earlier one
+  /** An idempotency key sent again with a different request body. */
+  IDEMPOTENCY_KEY_REUSED: 422,
   // 413/429: too much
   PAYLOAD_TOO_LARGE: 413,
   RESOURCE_EXHAUSTED: 429,

@@ -42,6 +42,7 @@ commands:
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
      [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
      [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
+     [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
@@ -157,6 +158,15 @@ function parseEndpoint(text: string): { address: string; port: number } {
   return { address: m[1]!, port: m[2] === undefined ? 53 : Number(m[2]) };
 }
 
+/** "24h", "30m", "90s", "500ms", or a bare number of seconds. */
+export function parseDurationMs(text: string, flag: string): number {
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$/.exec(text.trim());
+  const unit = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+  const ms = m ? Math.round(Number(m[1]) * unit[(m[2] ?? 's') as keyof typeof unit]) : NaN;
+  if (!Number.isSafeInteger(ms) || ms < 1 || ms > 30 * 86_400_000) throw new UsageError(`${flag} expects a duration such as 24h, 30m, 90s or 500ms, at most 30d (got ${JSON.stringify(text)})`);
+  return ms;
+}
+
 async function cmdUp(args: string[], io: Io): Promise<number> {
   // A server whose log destination goes away (its stdout or stderr a pipe whose reader exited)
   // keeps serving; the lines it writes are lost instead of the write error ending the process.
@@ -183,6 +193,8 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'e2b-port': { type: 'string' },
     'shell-stall-timeout-ms': { type: 'string' },
     'shell-buffer-budget-mib': { type: 'string' },
+    'idempotency-window': { type: 'string' },
+    'idempotency-max-output-mib': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -224,6 +236,14 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   const budget = num(values, 'shell-buffer-budget-mib');
   if (stall !== undefined || budget !== undefined) {
     opts.shell = { ...(stall !== undefined ? { stallTimeoutMs: stall } : {}), ...(budget !== undefined ? { bufferBudgetBytes: budget * 1024 * 1024 } : {}) };
+  }
+  const idemWindow = values['idempotency-window'] === undefined ? undefined : parseDurationMs(values['idempotency-window'], '--idempotency-window');
+  const idemOutput = num(values, 'idempotency-max-output-mib');
+  if (idemOutput !== undefined && (!Number.isInteger(idemOutput) || idemOutput < 0 || idemOutput > 64)) {
+    throw new UsageError(`--idempotency-max-output-mib expects an integer in 0..64 (got ${values['idempotency-max-output-mib']})`);
+  }
+  if (idemWindow !== undefined || idemOutput !== undefined) {
+    opts.idempotency = { ...(idemWindow !== undefined ? { windowMs: idemWindow } : {}), ...(idemOutput !== undefined ? { maxStoredOutputBytes: idemOutput * 1024 * 1024 } : {}) };
   }
   if (values['no-network']) opts.network = false;
   else {

@@ -11,6 +11,7 @@ import { tracer } from '../telemetry';
 import { type Account, type Auth, type Quota, bearerFromHeader, can } from './auth';
 import { type Log, publicError, writeError } from './http';
 import type { Reclaimer } from './reclaim';
+import type { IdempotencyContext } from './idempotent-exec';
 import { type HostCapacity, validateSandboxId } from './validation';
 
 export interface GatewayContext {
@@ -25,6 +26,8 @@ export interface GatewayContext {
   defaultQuota?: Quota;
   /** Told when large buffers were freed, to give the memory back to the kernel. */
   reclaimer?: Reclaimer;
+  /** Idempotency keys of exec and shell commands (docs/idempotency.md). */
+  idempotency?: IdempotencyContext;
 }
 
 export function sandboxNotFound(id: string): WarrenError {

@@ -128,15 +128,25 @@ export function outputLine(stream: 'stdout' | 'stderr', chunk: Buffer, encoding:
 /**
  * Stream a running exec as NDJSON. Both output streams are written as they
  * come; when the client cannot take more, both pipes are paused (the command
- * blocks on them). A client that goes away kills the command.
+ * blocks on them). A client that goes away kills the command, unless
+ * `keepRunning` (an idempotent exec): then its output is drained unread.
  */
-export async function streamLiveNdjson(res: Response, live: LiveExec, encoding: OutputEncoding, log: (line: string) => void): Promise<ExecOutcome | null> {
+export async function streamLiveNdjson(
+  res: Response,
+  live: LiveExec,
+  encoding: OutputEncoding,
+  log: (line: string) => void,
+  opts: { keepRunning?: boolean } = {},
+): Promise<ExecOutcome | null> {
   res.status(200);
   res.header('content-type', NDJSON_CONTENT_TYPE);
   res.header('cache-control', 'no-store');
   let gone = false;
   const onGone = () => {
+    if (gone) return;
     gone = true;
+    // An idempotent exec goes on without its reader (a retry attaches to it): its output is drained.
+    if (opts.keepRunning) return;
     live.kill();
     live.stdout.destroy();
     live.stderr.destroy();
@@ -156,7 +166,7 @@ export async function streamLiveNdjson(res: Response, live: LiveExec, encoding: 
       src.pause();
       chain = chain.then(async () => {
         if (!gone && !(await writeChunk(res, line))) onGone();
-        if (!gone) src.resume();
+        if (!src.destroyed) src.resume();
       });
     });
     return new Promise<void>((resolve) => {

@@ -25,6 +25,19 @@ import { registerPolicyRoutes } from './routes/policy';
 import { type ShellOptions, registerShellRoutes } from './ws-shell';
 import { registerUiRoutes } from './routes/ui';
 import { startE2bSurface } from './e2b';
+import { IDEMPOTENCY_DEFAULTS, type IdempotencyOptions, IdempotencyStore } from './idempotency';
+import type { IdempotencyContext } from './idempotent-exec';
+
+/** Whether the node still knows sandbox `id` (any state): its idempotency keys are kept until it is gone. */
+function sandboxExists(ctx: GatewayContext, id: string): boolean {
+  try {
+    ctx.shim.getSandbox(id);
+    return true;
+  } catch (err) {
+    if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'NOT_FOUND')) return false;
+    throw err;
+  }
+}
 
 export interface GatewayOptions {
   shim: Shim;
@@ -44,6 +57,8 @@ export interface GatewayOptions {
   e2bPort?: number;
   /** Back-pressure limits of shell connections (docs/shell-protocol.md). */
   shell?: Pick<ShellOptions, 'highWaterBytes' | 'stallTimeoutMs' | 'bufferBudgetBytes'>;
+  /** Idempotency keys: window and stored output bound (docs/idempotency.md). */
+  idempotency?: IdempotencyOptions;
 }
 
 export interface Gateway {
@@ -84,6 +99,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   if (opts.defaultQuota !== undefined) ctx.defaultQuota = opts.defaultQuota;
   const reclaimer = createReclaimer();
   ctx.reclaimer = reclaimer;
+  const idem: IdempotencyContext = { store: new IdempotencyStore(opts.db, opts.idempotency), inflight: new Map() };
+  ctx.idempotency = idem;
+  // Execs that were running under the previous gateway process lost their pipes with it.
+  idem.store.markInterrupted();
+  const collectKeys = () => {
+    try {
+      idem.store.gc((id) => sandboxExists(ctx, id));
+    } catch (err) {
+      log(`idempotency: garbage collection failed: ${(err as Error).message}`);
+    }
+  };
+  collectKeys();
+  const gcTimer = setInterval(collectKeys, Math.min(IDEMPOTENCY_DEFAULTS.gcIntervalMs, idem.store.windowMs));
+  gcTimer.unref();
 
   const app = new HyperExpress.Server({
     auto_close: false,
@@ -130,6 +159,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     async close() {
       if (closed) return;
       closed = true;
+      clearInterval(gcTimer);
       shells.closeAll();
       reclaimer.close();
       app.close();

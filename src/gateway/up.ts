@@ -42,6 +42,8 @@ export interface StartOptions {
   e2bPort?: number;
   /** Back-pressure limits of shell connections. */
   shell?: GatewayOptions['shell'];
+  /** Idempotency keys: window, stored output bound (docs/idempotency.md). */
+  idempotency?: GatewayOptions['idempotency'];
 }
 
 export interface Warren {
@@ -86,6 +88,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
     if (opts.e2bPort !== undefined) gatewayOpts.e2bPort = opts.e2bPort;
     if (opts.shell !== undefined) gatewayOpts.shell = opts.shell;
+    if (opts.idempotency !== undefined) gatewayOpts.idempotency = opts.idempotency;
     const gateway = await createGateway(gatewayOpts);
     const openShimRef = shim;
     let closing: Promise<void> | null = null;

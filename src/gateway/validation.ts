@@ -427,7 +427,7 @@ export function validateQuotaRequest(body: unknown): QuotaRequest {
 
 // ---------------------------------------------------------------- exec
 
-export const EXEC_FIELDS = ['cmd', 'stdin', 'env', 'cwd', 'timeoutMs', 'user', 'maxOutputBytes', 'encoding'] as const;
+export const EXEC_FIELDS = ['cmd', 'stdin', 'env', 'cwd', 'timeoutMs', 'user', 'maxOutputBytes', 'encoding', 'idempotencyKey'] as const;
 
 /** How exec output is put into the answer: "utf8" (default) or "base64" (the exact bytes). */
 export function validateOutputEncoding(value: unknown): 'utf8' | 'base64' {

@@ -38,6 +38,16 @@ import type { CommandResult, SessionAttachment, SessionMode, SessionOutput } fro
 import { bearerFromHeader, bearerFromSubprotocols } from './auth';
 import { type GatewayContext, raceSafe, sandboxFor } from './context';
 import { publicError, sendError } from './http';
+import {
+  BoundedBytes,
+  type IdempotencyRecord,
+  type IdempotencyScope,
+  type IdempotencyStore,
+  type StoredResult,
+  bodyHash,
+  recordError,
+  validateIdempotencyKey,
+} from './idempotency';
 import type { Reclaimer } from './reclaim';
 import {
   LIMITS,
@@ -128,6 +138,74 @@ class ShellRegistry {
 }
 const RECENT_DONE = 64;
 
+/** What a shell connection needs for idempotent runs. */
+export interface ShellKeys {
+  store: IdempotencyStore;
+  account: string;
+  /** Another attachment to a session of this sandbox (to follow a keyed command started elsewhere). */
+  attach(sessionId: string, fromOffset: number): Promise<SessionAttachment>;
+}
+
+interface KeyedRun {
+  commandId: string;
+  /** Output offset when it was sent: output from here on is its own. */
+  from: number;
+  stdout: BoundedBytes;
+  stderr: BoundedBytes;
+}
+
+/**
+ * Follow a keyed command that another attachment (maybe of a gateway process
+ * that has died) sent: attach to its session from the offset where it began,
+ * collect its output, and wait for its status line (or the shell's exit, when
+ * the command ended the shell). The holder remembers its last 16 status lines
+ * apart from its ring, so a command whose line was dropped from the ring still
+ * has its exit code. Stores and returns the result; a session that is gone
+ * leaves the outcome unknown (IDEMPOTENCY_INTERRUPTED).
+ */
+async function collectKeyed(keys: ShellKeys, rec: IdempotencyRecord): Promise<StoredResult> {
+  const meta = rec.meta as { session?: string; commandId?: string; startOffset?: number };
+  const interrupted = (why: string): WarrenError => {
+    const error = { code: 'IDEMPOTENCY_INTERRUPTED', message: `the first run of this command cannot be followed: ${why}; its outcome is unknown and it is not run again under this key` };
+    keys.store.fail(rec.scope, error, 'interrupted');
+    return recordError({ ...rec, state: 'interrupted', error });
+  };
+  if (typeof meta.session !== 'string' || typeof meta.commandId !== 'string' || typeof meta.startOffset !== 'number') throw interrupted('its record is incomplete');
+  let att: SessionAttachment;
+  try {
+    att = await keys.attach(meta.session, meta.startOffset);
+  } catch (err) {
+    if (err instanceof WarrenError && (err.code === 'SESSION_NOT_FOUND' || err.code === 'SANDBOX_NOT_FOUND')) throw interrupted(`session ${meta.session} has ended`);
+    throw err;
+  }
+  const cap = keys.store.maxStoredOutputBytes;
+  const out = new BoundedBytes(cap);
+  const err = new BoundedBytes(cap);
+  const commandId = meta.commandId;
+  try {
+    const status = await new Promise<{ exitCode: number | null } | null>((resolve) => {
+      att.onOutput((o) => {
+        if (o.stream === 'stdout') out.push(o.data);
+        else if (o.stream === 'stderr') err.push(o.data);
+      });
+      att.onCommandDone((r) => {
+        if (r.commandId === commandId) resolve({ exitCode: r.exitCode });
+      });
+      att.onExit((st) => resolve({ exitCode: st.exitCode }));
+      // The status line may have been dropped from the ring: ask the holder's list of recent ones.
+      att.onLost?.(() => {
+        att.recentStatus?.(commandId, meta.startOffset!).then((st) => st && resolve({ exitCode: st.exitCode }), () => resolve(null));
+      });
+    });
+    if (status === null) throw interrupted(`the connection to session ${meta.session} ended`);
+    const outcome = { exitCode: status.exitCode, timedOut: false, commandId };
+    keys.store.finish(rec.scope, outcome, out.bytes(), err.bytes(), out.total, err.total);
+    return { outcome, stdout: out.bytes().subarray(0, cap), stderr: err.bytes().subarray(0, cap), stdoutBytes: out.total, stderrBytes: err.total };
+  } finally {
+    att.detach();
+  }
+}
+
 class ShellConnection {
   private ws: Websocket<unknown> | null = null;
   private pending: { data: string | Buffer; binary: boolean }[] = [];
@@ -146,6 +224,8 @@ class ShellConnection {
   private readonly recentDone: string[] = [];
   /** Next output offset the client has not been sent. */
   private nextOffset: number;
+  /** The keyed command this attachment is running: its output is kept for retries. */
+  private keyed: KeyedRun | null = null;
   private readonly openTimer: NodeJS.Timeout;
 
   constructor(
@@ -155,6 +235,7 @@ class ShellConnection {
     startOffset: number,
     private readonly registry: ShellRegistry,
     private readonly log: (line: string) => void,
+    private readonly keys: ShellKeys | null = null,
   ) {
     this.nextOffset = startOffset;
     this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, liveOffset: att.info.outputOffset, sandbox: sandboxId });
@@ -263,6 +344,8 @@ class ShellConnection {
   }
 
   private onOutput(out: SessionOutput): void {
+    const k = this.keyed;
+    if (k !== null && out.offset >= k.from && out.stream !== 'pty') (out.stream === 'stderr' ? k.stderr : k.stdout).push(out.data);
     if (this.closed) return;
     const end = out.offset + out.data.length;
     if (end <= this.nextOffset && out.data.length > 0) return; // already sent (replay overlap)
@@ -339,12 +422,16 @@ class ShellConnection {
       const m = expectObject(parsed, 'message');
       switch (m.type) {
         case 'run': {
-          rejectUnknown(m, ['type', 'id', 'cmd', 'timeoutMs']);
+          rejectUnknown(m, ['type', 'id', 'cmd', 'timeoutMs', 'idempotencyKey']);
           id = validateCommandId(m.id);
           if (this.mode !== 'command') throw new WarrenError('INVALID_ARGUMENT', 'run is only available in command mode (mode=command)');
           const cmd = expectString(m.cmd, 'cmd', { maxBytes: LIMITS.cmdBytes });
           const timeoutMs = m.timeoutMs === undefined ? undefined : expectNumber(m.timeoutMs, 'timeoutMs', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max, true);
           const cmdId = id;
+          if (m.idempotencyKey !== undefined) {
+            this.runKeyed(cmdId, cmd, timeoutMs, validateIdempotencyKey(m.idempotencyKey));
+            return;
+          }
           this.att.run(cmdId, cmd, timeoutMs).then(
             (res) => this.reportDone(cmdId, res),
             (err) => {
@@ -397,6 +484,73 @@ class ShellConnection {
       }
     } catch (err) {
       this.sendError(err, id);
+    }
+  }
+
+  /**
+   * `run` with an idempotency key. The first time, the command runs here and
+   * its result is stored. A key seen before answers the stored result, or, if
+   * the command is still running (in this gateway process over another
+   * attachment, or started by a gateway that has since died: the holder kept
+   * running it), attaches to the session from where the command began and
+   * waits for its status line. Either way the answer is a `done` frame with
+   * `"replayed":true` and the command's output in `stdout`/`stderr`.
+   */
+  private runKeyed(cmdId: string, cmd: string, timeoutMs: number | undefined, key: string): void {
+    const keys = this.keys;
+    if (keys === null) throw new WarrenError('NOT_SUPPORTED', 'idempotency keys are not available on this gateway');
+    const scope: IdempotencyScope = { account: keys.account, sandbox: this.sandboxId, key };
+    const hash = bodyHash({ session: this.att.info.id, cmd, timeoutMs });
+    if (this.keyed !== null) throw new WarrenError('SESSION_BUSY', `session ${this.att.info.id} is running command ${this.keyed.commandId}`, { commandId: this.keyed.commandId });
+    const from = this.att.info.outputOffset;
+    const begun = keys.store.begin(scope, 'shell', hash, { session: this.att.info.id, commandId: cmdId, startOffset: from });
+    if (!begun.first) {
+      void this.answerKeyed(cmdId, begun.record);
+      return;
+    }
+    const cap = keys.store.maxStoredOutputBytes;
+    const k: KeyedRun = { commandId: cmdId, from, stdout: new BoundedBytes(cap), stderr: new BoundedBytes(cap) };
+    this.keyed = k;
+    this.att.run(cmdId, cmd, timeoutMs).then(
+      (res) => {
+        if (this.keyed === k) this.keyed = null;
+        keys.store.finish(scope, { exitCode: res.exitCode, timedOut: res.timedOut, commandId: cmdId }, k.stdout.bytes(), k.stderr.bytes(), k.stdout.total, k.stderr.total);
+        this.reportDone(cmdId, res);
+      },
+      (err) => {
+        if (this.keyed === k) this.keyed = null;
+        // Refused before it started (busy, ended session): a retry may run it. Otherwise the
+        // holder has it (this attachment went away): a retry attaches to it there.
+        if (err instanceof WarrenError && err.status < 500) keys.store.release(scope);
+        if (!this.closed) this.sendError(err, cmdId);
+      },
+    );
+  }
+
+  private async answerKeyed(cmdId: string, rec: IdempotencyRecord): Promise<void> {
+    const keys = this.keys!;
+    try {
+      let result = rec.result;
+      if (rec.state === 'running') result = await collectKeyed(keys, rec);
+      else if (rec.state !== 'done' || result === undefined) throw recordError(rec);
+      const o = result.outcome;
+      const frame: Record<string, unknown> = {
+        type: 'done',
+        id: cmdId,
+        exitCode: o.exitCode ?? null,
+        timedOut: o.timedOut === true,
+        offset: Math.max(this.nextOffset, this.att.info.outputOffset),
+        replayed: true,
+        firstId: o.commandId ?? rec.meta.commandId,
+      };
+      const text = isUtf8(result.stdout) && isUtf8(result.stderr);
+      frame.stdout = result.stdout.toString(text ? 'utf8' : 'base64');
+      frame.stderr = result.stderr.toString(text ? 'utf8' : 'base64');
+      if (!text) frame.encoding = 'base64';
+      if (result.stdoutBytes > result.stdout.length || result.stderrBytes > result.stderr.length) frame.truncated = true;
+      this.sendJson(frame);
+    } catch (err) {
+      this.sendError(err, cmdId);
     }
   }
 
@@ -501,7 +655,10 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
         att.detach();
         return;
       }
-      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, registry, ctx.log);
+      const idem = ctx.idempotency;
+      const keys: ShellKeys | null =
+        idem === undefined ? null : { store: idem.store, account: account.id, attach: (sessionId, from) => raceSafe(ctx, info.id, () => ctx.shim.attachSession(info.id, sessionId, from)) };
+      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, registry, ctx.log, keys);
       // Select exactly our subprotocol; never echo the token back.
       if (proto.offered) req.headers['sec-websocket-protocol'] = SHELL_SUBPROTOCOL;
       else delete req.headers['sec-websocket-protocol'];

@@ -609,6 +609,7 @@ export class ShimNode implements Shim {
       onLost: (l) => att.onLost?.(l),
       pauseOutput: () => att.pauseOutput?.(),
       resumeOutput: () => att.resumeOutput?.(),
+      recentStatus: async (commandId, after) => (att.recentStatus ? att.recentStatus(commandId, after) : null),
       close: async () => {
         await this.lifecycle.ensureAwake(id);
         await att.close();

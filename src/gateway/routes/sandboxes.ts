@@ -6,6 +6,8 @@ import { type Account, type Usage, can, checkQuota, principalOf, requirePermissi
 import { type GatewayContext, authed, present, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
 import { sendCapturedJson, streamLiveNdjson, wantsNdjson } from '../exec-stream';
+import { idempotencyKeyOf } from '../idempotency';
+import { idempotentExec } from '../idempotent-exec';
 import {
   parseLabelFilter,
   validateCreateRequest,
@@ -188,6 +190,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       rejectUnknownQuery(queryOf(req), []);
       const info = sandboxFor(ctx, account, req.path_parameters.id);
       await raceSafe(ctx, info.id, () => ctx.shim.deleteSandbox(info.id));
+      ctx.idempotency?.store.dropSandbox(info.id);
       sendEmpty(res, 204);
     }),
   );
@@ -200,6 +203,11 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const body = await readJson(req);
       const execReq = validateExecRequest(body);
       const encoding = validateOutputEncoding((body as Record<string, unknown>).encoding);
+      const key = idempotencyKeyOf(req.headers['idempotency-key'], (body as Record<string, unknown>).idempotencyKey);
+      if (key !== undefined && ctx.idempotency !== undefined) {
+        await idempotentExec(ctx, ctx.idempotency, res, account, info.id, key, execReq, encoding, wantsNdjson(req.headers.accept));
+        return;
+      }
       if (wantsNdjson(req.headers.accept)) {
         await streamLiveNdjson(res, await raceSafe(ctx, info.id, () => ctx.shim.execLive(info.id, execReq)), encoding, ctx.log);
         return;
