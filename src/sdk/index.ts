@@ -58,7 +58,7 @@ export type {
   SessionInfo,
   SessionMode,
 } from '../shim/types';
-export { ShellClient, type ShellOptions, type ShellOutput, type CommandOutcome, type ShellExit } from './shell';
+export { ShellClient, type ShellOptions, type ShellOutput, type CommandOutcome, type ShellExit, type RunOptions } from './shell';
 export { NdjsonDecoder } from './ndjson';
 export * from './functions';
 
@@ -99,6 +99,38 @@ export interface ExecOptions {
   maxOutputBytes?: number;
   /** "base64": stdout/stderr are base64 of the exact bytes (see execBytes); default UTF-8 text. */
   encoding?: 'utf8' | 'base64';
+  /**
+   * A client request id (docs/idempotency.md): the command runs at most once
+   * for this key on this sandbox within the gateway's window; sending it again
+   * returns the first run's result (waiting for it while it runs). With a key,
+   * a lost connection or an unreachable gateway is retried automatically.
+   */
+  idempotencyKey?: string;
+  /** With idempotencyKey: how long to keep retrying after connection loss (default 120000 ms; 0: no retries). */
+  retryForMs?: number;
+}
+
+/** Errors after which a request with an idempotency key is simply sent again: the connection, not the command, failed. */
+function retriable(err: unknown): boolean {
+  return err instanceof WarrenError && (err.code === 'UNAVAILABLE' || err.code === 'TIMEOUT');
+}
+
+/**
+ * Send `attempt` until it succeeds, fails for a reason other than the
+ * connection, or `retryForMs` has passed (back-off 100 ms doubling to 2 s).
+ */
+async function withRetries<T>(retryForMs: number, attempt: () => Promise<T>): Promise<T> {
+  const deadline = Date.now() + retryForMs;
+  let delay = 100;
+  for (;;) {
+    try {
+      return await attempt();
+    } catch (err) {
+      if (!retriable(err) || Date.now() + delay > deadline) throw err;
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(delay * 2, 2000);
+    }
+  }
 }
 
 /** An exec result with the output as bytes. */
@@ -376,8 +408,21 @@ export class Sandbox {
 
   /** Run a command (a string runs through /bin/sh -c; an array is argv). */
   exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const { idempotencyKey, retryForMs, ...rest } = opts;
     const timeout = (opts.timeoutMs ?? 300_000) + 60_000;
-    return this.client.requestJson('POST', this.path('/exec'), { json: { cmd, ...opts }, headersTimeout: timeout, bodyTimeout: timeout });
+    const send = () =>
+      this.client
+        .requestJson<ExecResult>('POST', this.path('/exec'), {
+          json: { cmd, ...rest },
+          headersTimeout: timeout,
+          bodyTimeout: timeout,
+          ...(idempotencyKey !== undefined ? { headers: { 'idempotency-key': idempotencyKey } } : {}),
+        })
+        .catch((err: unknown) => {
+          // The connection broke while the answer was read.
+          throw err instanceof WarrenError ? err : new WarrenError('UNAVAILABLE', `the exec answer broke off: ${(err as Error).message}`);
+        });
+    return idempotencyKey === undefined ? send() : withRetries(retryForMs ?? 120_000, send);
   }
 
   /** Run a command and get its output as exact bytes (base64 on the wire: no loss for binary output). */
@@ -392,11 +437,37 @@ export class Sandbox {
    * listeners get it.
    */
   async execStream(cmd: string | string[], opts: ExecStreamOptions = {}): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
-    const { onStdout, onStderr, ...rest } = opts;
-    const timeout = (opts.timeoutMs ?? 300_000) + 60_000;
+    const { onStdout, onStderr, idempotencyKey, retryForMs, ...rest } = opts;
+    if (idempotencyKey === undefined) return this.execStreamOnce(cmd, rest, onStdout, onStderr);
+    // A retry replays the output from its start: what the listeners already got is skipped.
+    const delivered = { stdout: 0, stderr: 0 };
+    const skipping = (stream: 'stdout' | 'stderr', listener: ((chunk: Buffer) => void) | undefined) => {
+      let seen = 0;
+      return (chunk: Buffer) => {
+        const from = Math.max(0, delivered[stream] - seen);
+        seen += chunk.length;
+        if (from >= chunk.length) return;
+        const part = from > 0 ? chunk.subarray(from) : chunk;
+        delivered[stream] += part.length;
+        listener?.(part);
+      };
+    };
+    return withRetries(retryForMs ?? 120_000, () =>
+      this.execStreamOnce(cmd, rest, skipping('stdout', onStdout), skipping('stderr', onStderr), { 'idempotency-key': idempotencyKey }),
+    );
+  }
+
+  private async execStreamOnce(
+    cmd: string | string[],
+    rest: Omit<ExecStreamOptions, 'onStdout' | 'onStderr' | 'idempotencyKey' | 'retryForMs'>,
+    onStdout: ((chunk: Buffer) => void) | undefined,
+    onStderr: ((chunk: Buffer) => void) | undefined,
+    extraHeaders: Record<string, string> = {},
+  ): Promise<Omit<ExecResult, 'stdout' | 'stderr'>> {
+    const timeout = (rest.timeoutMs ?? 300_000) + 60_000;
     const res = await this.client.request('POST', this.path('/exec'), {
       json: { cmd, ...rest },
-      headers: { accept: 'application/x-ndjson' },
+      headers: { accept: 'application/x-ndjson', ...extraHeaders },
       headersTimeout: timeout,
       bodyTimeout: timeout,
     });
@@ -414,7 +485,12 @@ export class Sandbox {
         throw new WarrenError((m.error.code in ErrorCodes ? m.error.code : 'INTERNAL') as ErrorCode, m.error.message);
       }
     };
-    for await (const chunk of res.body) for (const v of decoder.push(chunk as Buffer)) handle(v);
+    try {
+      for await (const chunk of res.body) for (const v of decoder.push(chunk as Buffer)) handle(v);
+    } catch (err) {
+      if (err instanceof WarrenError) throw err;
+      throw new WarrenError('UNAVAILABLE', `the exec stream broke: ${(err as Error).message}`);
+    }
     for (const v of decoder.end()) handle(v);
     if (end === null) throw new WarrenError('UNAVAILABLE', 'the exec stream ended without an exit line');
     return end;

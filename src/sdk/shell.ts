@@ -35,6 +35,22 @@ export interface CommandOutcome {
   timedOut: boolean;
   /** Output bytes of this command the session's buffer dropped before this client took them (set when > 0: the client read too slowly). */
   lostBytes?: number;
+  /** Set when the gateway answered a run with an idempotency key that had already run: the first run's result. */
+  replayed?: boolean;
+  /** With replayed: the stored output was cut at the gateway's bound. */
+  truncated?: boolean;
+}
+
+export interface RunOptions {
+  timeoutMs?: number;
+  /**
+   * A client request id (docs/idempotency.md): within the gateway's window the
+   * command runs once in this session for this key. After a lost connection,
+   * re-attach (`sandbox.shell({ session, offset })`) and run it again with the
+   * same key: you get the first run's result (`replayed: true`), waiting for it
+   * if it is still running, also across a gateway restart.
+   */
+  idempotencyKey?: string;
 }
 
 export interface ShellExit {
@@ -234,13 +250,24 @@ export class ShellClient extends EventEmitter {
         const active = this.active;
         if (active && active.id === id) {
           this.active = null;
-          const outcome: CommandOutcome = {
-            exitCode: d.exitCode,
-            stdout: Buffer.concat(active.stdout).toString('utf8'),
-            stderr: Buffer.concat(active.stderr).toString('utf8'),
-            timedOut: d.timedOut,
-          };
-          if (active.lost > 0) outcome.lostBytes = active.lost;
+          const enc = m.encoding === 'base64' ? 'base64' : 'utf8';
+          const outcome: CommandOutcome =
+            m.replayed === true
+              ? {
+                  exitCode: d.exitCode,
+                  stdout: Buffer.from(String(m.stdout ?? ''), enc).toString('utf8'),
+                  stderr: Buffer.from(String(m.stderr ?? ''), enc).toString('utf8'),
+                  timedOut: d.timedOut,
+                  replayed: true,
+                  ...(m.truncated === true ? { truncated: true } : {}),
+                }
+              : {
+                  exitCode: d.exitCode,
+                  stdout: Buffer.concat(active.stdout).toString('utf8'),
+                  stderr: Buffer.concat(active.stderr).toString('utf8'),
+                  timedOut: d.timedOut,
+                };
+          if (active.lost > 0 && m.replayed !== true) outcome.lostBytes = active.lost;
           active.resolve(outcome);
         }
         this.emit('done', d);
@@ -284,18 +311,19 @@ export class ShellClient extends EventEmitter {
    * Command mode: run one command in the session's shell (state such as cwd
    * and variables persists between runs). Runs are queued one at a time.
    */
-  run(cmd: string, opts: { timeoutMs?: number } = {}): Promise<CommandOutcome> {
+  run(cmd: string, opts: RunOptions = {}): Promise<CommandOutcome> {
     const next = this.queue.then(() => this.runNow(cmd, opts));
     this.queue = next.catch(() => undefined);
     return next;
   }
 
-  private runNow(cmd: string, opts: { timeoutMs?: number }): Promise<CommandOutcome> {
+  private runNow(cmd: string, opts: RunOptions): Promise<CommandOutcome> {
     return new Promise<CommandOutcome>((resolve, reject) => {
       const id = `c${this.nextId++}`;
       this.active = { id, stdout: [], stderr: [], lost: 0, resolve, reject };
       const msg: Record<string, unknown> = { type: 'run', id, cmd };
       if (opts.timeoutMs !== undefined) msg.timeoutMs = opts.timeoutMs;
+      if (opts.idempotencyKey !== undefined) msg.idempotencyKey = opts.idempotencyKey;
       try {
         this.sendJson(msg);
       } catch (err) {
