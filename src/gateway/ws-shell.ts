@@ -529,6 +529,13 @@ class ShellConnection {
 
   private async answerKeyed(cmdId: string, rec: IdempotencyRecord): Promise<void> {
     const keys = this.keys!;
+    // This connection may see the first run's own status line (replayed, or live from the holder):
+    // its answer is the replayed done below, under the retry's id, not a second done.
+    const firstId = typeof rec.meta.commandId === 'string' ? rec.meta.commandId : undefined;
+    if (firstId !== undefined && !this.recentDone.includes(firstId)) {
+      this.recentDone.push(firstId);
+      if (this.recentDone.length > RECENT_DONE) this.recentDone.shift();
+    }
     try {
       let result = rec.result;
       if (rec.state === 'running') result = await collectKeyed(keys, rec);
@@ -541,7 +548,7 @@ class ShellConnection {
         timedOut: o.timedOut === true,
         offset: Math.max(this.nextOffset, this.att.info.outputOffset),
         replayed: true,
-        firstId: o.commandId ?? rec.meta.commandId,
+        firstId: o.commandId ?? firstId,
       };
       const text = isUtf8(result.stdout) && isUtf8(result.stderr);
       frame.stdout = result.stdout.toString(text ? 'utf8' : 'base64');

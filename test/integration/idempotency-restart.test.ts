@@ -1,0 +1,163 @@
+/**
+ * Idempotency keys across a gateway kill -9: a real `warren up` in a child
+ * process runs a keyed exec and a keyed shell command, is killed mid-run,
+ * and a second `warren up` on the same data dir answers the retries without
+ * running anything twice. Every command appends a line to a file, so the line
+ * counts prove how often it ran.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { skipReason } from '../../src/features';
+import { WarrenClient, type Sandbox } from '../../src/sdk';
+import { busyboxRootfs, countHostResources } from '../helpers/warren';
+import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { removeTree } from '../../src/shim/layers/sys';
+import { testUnless } from '../helpers/skip';
+import { elapse, waitFor } from '../helpers/wait';
+
+const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
+const it = testUnless(skip);
+
+async function lines(sb: Sandbox, file: string): Promise<number> {
+  return Number((await sb.exec(`cat ${file} 2>/dev/null | wc -l`)).stdout.trim());
+}
+
+interface Answer {
+  status: number;
+  replayed: boolean;
+  body: Record<string, unknown> & { error?: { code: string; message: string } };
+}
+
+async function execKeyed(url: string, token: string, id: string, key: string, body: Record<string, unknown>, accept?: string): Promise<Answer> {
+  const headers: Record<string, string> = { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'idempotency-key': key };
+  if (accept) headers.accept = accept;
+  const res = await fetch(`${url}/v1/sandboxes/${id}/exec`, { method: 'POST', headers, body: JSON.stringify(body) });
+  const text = await res.text();
+  const parsed = accept ? { lines: text.trim().split('\n').map((l) => JSON.parse(l) as unknown) } : (JSON.parse(text) as Answer['body']);
+  return { status: res.status, replayed: res.headers.get('idempotency-replayed') === 'true', body: parsed as Answer['body'] };
+}
+
+it('idempotency keys: a retry after a gateway kill -9 never runs the command twice; stored results, 422 on reuse, expiry', async (t) => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-idem-'));
+  const nodeId = `i${process.pid.toString(36)}`;
+  let child: ChildProcess | null = null;
+  let client: WarrenClient | null = null;
+  try {
+    const first = await startWarrenProcess(dataDir, nodeId);
+    child = first.child;
+    const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+    client = new WarrenClient({ url: first.url, token });
+    await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });
+    const sb = await client.createSandbox({ image: 'busybox', labels: { test: 'idem' } });
+
+    // A keyed exec and a keyed shell command, both cut by the kill while they sleep.
+    const execCmd = 'echo run >> /tmp/exec-runs; sleep 2; echo finished';
+    const pendingExec = sb.exec(execCmd, { idempotencyKey: 'exec-1', retryForMs: 0 }).then(
+      () => 'answered',
+      (err: { code?: string }) => err.code,
+    );
+    const shell = await sb.shell({ mode: 'command' });
+    await shell.run('cd /tmp');
+    const sessionId = shell.session;
+    const offset = shell.offset;
+    const shellCmd = 'echo run >> /tmp/shell-runs; sleep 1.5; echo shell-out; echo shell-err >&2; (exit 7)';
+    const pendingShell = shell.run(shellCmd, { idempotencyKey: 'shell-1' }).catch((err: { code?: string }) => err.code);
+    await waitFor(async () => (await lines(sb, '/tmp/exec-runs')) === 1 && (await lines(sb, '/tmp/shell-runs')) === 1, 10_000, 'both commands to start', 20);
+
+    await kill9(child);
+    child = null;
+    t.is(await pendingExec, 'UNAVAILABLE');
+    t.is(await pendingShell, 'UNAVAILABLE');
+    await client.close();
+
+    // New keys expire after 3 s on the restarted gateway (the keys above keep the window they were given).
+    const second = await startWarrenProcess(dataDir, nodeId, ['--idempotency-window', '3s']);
+    child = second.child;
+    const url = second.url;
+    client = new WarrenClient({ url, token });
+    const again = await client.getSandbox(sb.id);
+
+    // The exec's pipes ended with the gateway: its outcome is unknown, and it is not run again.
+    const cut = await execKeyed(url, token, sb.id, 'exec-1', { cmd: execCmd });
+    t.is(cut.status, 409);
+    t.is(cut.body.error?.code, 'IDEMPOTENCY_INTERRUPTED');
+    const cutAgain = await again.exec(execCmd, { idempotencyKey: 'exec-1' }).catch((err: { code?: string }) => err.code);
+    t.is(cutAgain, 'IDEMPOTENCY_INTERRUPTED');
+    t.is(await lines(again, '/tmp/exec-runs'), 1, 'the interrupted exec ran once');
+
+    // The shell command lives in the session holder: the retry gets its real result.
+    const reattached = await again.shell({ mode: 'command', session: sessionId, offset });
+    const r = await reattached.run(shellCmd, { idempotencyKey: 'shell-1' });
+    t.is(r.exitCode, 7);
+    t.is(r.stdout, 'shell-out\n');
+    t.is(r.stderr, 'shell-err\n');
+    t.true(r.replayed);
+    const r2 = await reattached.run(shellCmd, { idempotencyKey: 'shell-1' });
+    t.deepEqual([r2.exitCode, r2.stdout, r2.replayed], [7, 'shell-out\n', true]);
+    t.is((await reattached.run('cat /tmp/shell-runs | wc -l')).stdout.trim(), '1', 'the shell command ran once');
+    // Same key, another command: refused.
+    await t.throwsAsync(reattached.run('echo other', { idempotencyKey: 'shell-1' }), { code: 'IDEMPOTENCY_KEY_REUSED' as never });
+    await reattached.close();
+
+    // Retry after completion: the stored result, nothing runs.
+    const once = { cmd: 'echo run >> /tmp/once; printf "hello\\377"', maxOutputBytes: 1024 };
+    const a = await execKeyed(url, token, sb.id, 'k-2', once);
+    t.is(a.status, 200);
+    t.false(a.replayed);
+    const b = await execKeyed(url, token, sb.id, 'k-2', { maxOutputBytes: 1024, cmd: once.cmd, encoding: 'base64' });
+    t.is(b.status, 200);
+    t.true(b.replayed);
+    t.is(Buffer.from(String(b.body.stdout), 'base64').toString('latin1'), 'hello\xff', 'the exact bytes were stored');
+    t.is(b.body.exitCode, 0);
+    const c = await execKeyed(url, token, sb.id, 'k-2', once, 'application/x-ndjson');
+    const ndLines = (c.body as unknown as { lines: Array<{ type: string; data?: string; encoding?: string; exitCode?: number }> }).lines;
+    t.true(c.replayed);
+    t.deepEqual(ndLines.map((l) => l.type), ['stdout', 'exit']);
+    t.is(Buffer.from(ndLines[0]!.data!, ndLines[0]!.encoding === 'base64' ? 'base64' : 'utf8').toString('latin1'), 'hello\xff');
+    t.is(await lines(again, '/tmp/once'), 1, 'three answers, one run');
+
+    // Same key, different body: 422; the key in the body works like the header; bad keys: 400.
+    const d = await execKeyed(url, token, sb.id, 'k-2', { cmd: 'echo other' });
+    t.is(d.status, 422);
+    t.is(d.body.error?.code, 'IDEMPOTENCY_KEY_REUSED');
+    const bad = await fetch(`${url}/v1/sandboxes/${sb.id}/exec`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'idempotency-key': 'has space' },
+      body: JSON.stringify({ cmd: 'true' }),
+    });
+    t.is(bad.status, 400);
+    t.is(((await bad.json()) as { error: { code: string } }).error.code, 'INVALID_ARGUMENT');
+    const mismatch = await execKeyed(url, token, sb.id, 'k-x', { cmd: 'true', idempotencyKey: 'k-y' });
+    t.is(mismatch.status, 400);
+
+    // Concurrent duplicates attach to the running one (JSON and NDJSON alike).
+    const conc = { cmd: 'echo run >> /tmp/conc; sleep 0.5; echo done-once' };
+    const [x, y, z] = await Promise.all([
+      execKeyed(url, token, sb.id, 'k-3', conc),
+      execKeyed(url, token, sb.id, 'k-3', conc),
+      execKeyed(url, token, sb.id, 'k-3', conc, 'application/x-ndjson'),
+    ]);
+    t.deepEqual([x.status, y.status, z.status], [200, 200, 200]);
+    t.is(x.body.stdout, 'done-once\n');
+    t.is(y.body.stdout, 'done-once\n');
+    t.is(await lines(again, '/tmp/conc'), 1, 'three concurrent requests, one run');
+
+    // The window passes: the key is free, the command runs again.
+    await elapse(3200, 'the 3 s idempotency window of k-2 passes');
+    const e = await execKeyed(url, token, sb.id, 'k-2', { cmd: 'echo other-now' });
+    t.is(e.status, 200);
+    t.false(e.replayed);
+    t.is(e.body.stdout, 'other-now\n');
+
+    await client.deleteSandbox(sb.id);
+    const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
+    t.is(left.processes, 0);
+    t.is(left.cgroups, 0);
+  } finally {
+    if (child) await kill9(child);
+    await client?.close();
+    removeTree(dataDir);
+  }
+});
