@@ -11,11 +11,12 @@ import io
 import json
 import os
 import tarfile
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union, cast
 from urllib.parse import quote
 
 from . import _wire as w
-from ._errors import NotFoundError, WarrenError, bad_input, error_from_code
+from ._errors import NotFoundError, UnavailableError, WarrenError, bad_input, error_from_code
 from ._http import AsyncTransport, decode_json
 from ._models import (
     AccountInfo,
@@ -250,10 +251,30 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         user: Optional[str] = None,
         max_output_bytes: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        retry_for: float = 120.0,
     ) -> ExecResult:
-        """Run a command to completion (a string runs through ``/bin/sh -c``; a list is argv)."""
-        call = w.exec_call(self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, user=user, max_output_bytes=max_output_bytes)
-        return ExecResult.from_json(await self._c._json(call))
+        """Run a command to completion (a string runs through ``/bin/sh -c``; a list is argv).
+
+        ``idempotency_key``: a client request id (docs/idempotency.md). The gateway runs the
+        command at most once per key and sandbox within its window; sending it again returns the
+        first run's result (waiting for it while it runs). With a key, a lost connection or an
+        unreachable gateway is retried for up to ``retry_for`` seconds."""
+        call = w.exec_call(
+            self.id, cmd, stdin=stdin, env=env, cwd=cwd, timeout=timeout, user=user, max_output_bytes=max_output_bytes, idempotency_key=idempotency_key
+        )
+        if idempotency_key is None:
+            return ExecResult.from_json(await self._c._json(call))
+        deadline = time.monotonic() + w.check_number(retry_for, "retry_for", 0)
+        delay = 0.1
+        while True:
+            try:
+                return ExecResult.from_json(await self._c._json(call))
+            except UnavailableError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def exec_stream(
         self,

@@ -58,6 +58,7 @@ _STATUS_CODE: Dict[int, str] = {
     403: "FORBIDDEN",
     404: "NOT_FOUND",
     409: "ALREADY_EXISTS",
+    422: "IDEMPOTENCY_KEY_REUSED",
     413: "PAYLOAD_TOO_LARGE",
     429: "RESOURCE_EXHAUSTED",
     501: "NOT_SUPPORTED",
@@ -109,7 +110,8 @@ class NotFoundError(WarrenError):
 
 
 class ConflictError(WarrenError):
-    """409: the state does not allow it (not running, already exists, busy, in use)."""
+    """409: the state does not allow it (not running, already exists, busy, in use); 422: an
+    idempotency key sent again with a different request (IDEMPOTENCY_KEY_REUSED)."""
 
 
 class ResourceExhaustedError(WarrenError):
@@ -173,6 +175,7 @@ _BY_STATUS: Dict[int, Type[WarrenError]] = {
     403: AuthError,
     404: NotFoundError,
     409: ConflictError,
+    422: ConflictError,
     429: BackpressureError,
     501: NotSupportedError,
     503: UnavailableError,

@@ -57,14 +57,17 @@ def _timeout(seconds: float) -> httpx.Timeout:
 
 def _request_args(call: Call, seconds: float) -> Dict[str, Any]:
     args: Dict[str, Any] = {"params": call.query, "timeout": _timeout(seconds)}
+    headers: Dict[str, str] = dict(call.headers)
     if call.json is not None:
         args["content"] = json.dumps(call.json, separators=(",", ":")).encode("utf-8")
-        args["headers"] = {"content-type": "application/json"}
+        headers["content-type"] = "application/json"
     elif call.content is not None:
         args["content"] = call.content
-        args["headers"] = {"content-type": "application/octet-stream"}
+        headers["content-type"] = "application/octet-stream"
     elif call.method in ("POST", "PUT", "PATCH"):
         args["content"] = b""
+    if headers:
+        args["headers"] = headers
     return args
 
 
@@ -180,7 +183,7 @@ class AsyncTransport:
         seconds = call.timeout if call.timeout is not None else self.timeout
         deadline = time.monotonic() + seconds
         target = call.path + ("?" + urlencode(call.query) if call.query else "")
-        headers: Dict[str, str] = {}
+        headers: Dict[str, str] = dict(call.headers)
         body: Optional[bytes] = None
         if call.json is not None:
             body = json.dumps(call.json, separators=(",", ":")).encode("utf-8")

@@ -301,6 +301,8 @@ class CommandResult:
     timed_out: bool
     # Re-attach from here to replay nothing before the end of this command.
     offset: int
+    # A run with an idempotency key that had run before: this is the first run's result.
+    replayed: bool = False
 
     @property
     def ok(self) -> bool:

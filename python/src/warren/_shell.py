@@ -276,13 +276,22 @@ class AsyncShellSession:
                 self.offset = done_off
             run = self._active
             if run is not None and run.id == str(m.get("id")) and not run.future.done():
+                if m.get("replayed") is True:
+                    # The first run's result, stored by the gateway (docs/idempotency.md).
+                    b64 = m.get("encoding") == "base64"
+                    texts = [str(m.get(k, "")) for k in ("stdout", "stderr")]
+                    stdout, stderr = (base64.b64decode(x).decode("utf-8", "replace") if b64 else x for x in texts)
+                else:
+                    stdout = b"".join(run.stdout).decode("utf-8", "replace")
+                    stderr = b"".join(run.stderr).decode("utf-8", "replace")
                 run.future.set_result(
                     CommandResult(
                         exit_code=m.get("exitCode"),
-                        stdout=b"".join(run.stdout).decode("utf-8", "replace"),
-                        stderr=b"".join(run.stderr).decode("utf-8", "replace"),
+                        stdout=stdout,
+                        stderr=stderr,
                         timed_out=bool(m.get("timedOut")),
                         offset=self.offset,
+                        replayed=m.get("replayed") is True,
                     )
                 )
         elif t == "exit":
@@ -317,13 +326,23 @@ class AsyncShellSession:
         except websockets.exceptions.ConnectionClosed:
             raise self._closed_error() from None
 
-    async def run(self, cmd: Cmd, *, timeout: Optional[float] = None, on_output: Optional[OutputCallback] = None) -> CommandResult:
+    async def run(
+        self, cmd: Cmd, *, timeout: Optional[float] = None, on_output: Optional[OutputCallback] = None, idempotency_key: Optional[str] = None
+    ) -> CommandResult:
         """Run one command in the session's shell (cwd, variables, functions persist between
         runs). ``timeout`` (seconds) is enforced by the server, which kills the command and
         answers ``timed_out=True``. Runs are queued one at a time. Cancelling the calling task
-        kills the command (the session stays usable)."""
+        kills the command (the session stays usable).
+
+        ``idempotency_key`` (docs/idempotency.md): the command runs once per key in this session;
+        after a lost connection, re-attach (``session=``, ``offset=``) and run it again with the
+        same key to get the first run's result (``replayed=True``), also across a gateway restart."""
         text = shell_command(cmd)
         msg: Dict[str, Any] = {"type": "run", "cmd": text}
+        if idempotency_key is not None:
+            from ._wire import check_idempotency_key
+
+            msg["idempotencyKey"] = check_idempotency_key(idempotency_key)
         if timeout is not None:
             from ._wire import seconds_to_ms
 

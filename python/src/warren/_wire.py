@@ -70,6 +70,8 @@ class Call:
     idempotent: bool = False
     # Statuses that are not errors for this call (204 for deletes, for instance).
     expect: Tuple[int, ...] = (200, 201, 204)
+    # Extra request headers (Idempotency-Key).
+    headers: Dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -282,6 +284,7 @@ def exec_call(
     timeout: Optional[float],
     user: Optional[str],
     max_output_bytes: Optional[int],
+    idempotency_key: Optional[str] = None,
 ) -> Call:
     body: Dict[str, Any] = {"cmd": check_cmd(cmd)}
     if stdin is not None:
@@ -300,7 +303,20 @@ def exec_call(
         body["user"] = user
     if max_output_bytes is not None:
         body["maxOutputBytes"] = check_int(max_output_bytes, "max_output_bytes", *MAX_OUTPUT_RANGE)
-    return Call("POST", sandbox_path(sid, "/exec"), json=body, timeout=wait)
+    if idempotency_key is None:
+        return Call("POST", sandbox_path(sid, "/exec"), json=body, timeout=wait)
+    # With a key the gateway runs the command at most once (docs/idempotency.md): sending it
+    # again after a transport failure is safe, so the call counts as idempotent.
+    return Call("POST", sandbox_path(sid, "/exec"), json=body, timeout=wait, idempotent=True, headers={"idempotency-key": check_idempotency_key(idempotency_key)})
+
+
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:/+=-]{1,200}$")
+
+
+def check_idempotency_key(key: str) -> str:
+    if not isinstance(key, str) or not IDEMPOTENCY_KEY.match(key):
+        raise bad_input("INVALID_ARGUMENT", "idempotency_key must be 1..200 characters of [A-Za-z0-9_.:/+=-] (a UUID fits)", "idempotencyKey")
+    return key
 
 
 def file_mode_query(mode: Optional[int]) -> Query:
