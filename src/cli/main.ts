@@ -48,7 +48,7 @@ commands:
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
          [--net SERVICE[,SERVICE...]|none]               prints the sandbox id
   network ID [SERVICE=on|off]...                   a sandbox's services, address, DNS bindings and denials; change them live
-  exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] -- CMD [ARG...]
+  exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] [--idempotency-key K] -- CMD [ARG...]
   shell ID [--session S] [--mode pty|command]      interactive terminal (Ctrl-] detaches)
   ls [--label K=V]... [--json]
   rm ID...
@@ -400,6 +400,7 @@ async function cmdExec(args: string[], io: Io): Promise<number> {
     user: { type: 'string' },
     env: { type: 'string', multiple: true },
     stdin: { type: 'boolean' },
+    'idempotency-key': { type: 'string' },
   });
   if (values.help) return usage(io);
   const [id, ...rest] = positionals;
@@ -413,6 +414,7 @@ async function cmdExec(args: string[], io: Io): Promise<number> {
   if (values.user) opts.user = values.user;
   if (values.env) opts.env = keyValues(values.env, 'env');
   if (values.stdin) opts.stdin = await readAllStdin(1024 * 1024);
+  if (values['idempotency-key']) opts.idempotencyKey = values['idempotency-key'];
   const client = clientFor(values, io);
   try {
     const r = await client.sandbox(id).exec(argv, opts);
