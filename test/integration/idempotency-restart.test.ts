@@ -52,6 +52,43 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });
     const sb = await client.createSandbox({ image: 'busybox', labels: { test: 'idem' } });
 
+    // A client that goes away mid-run (JSON and NDJSON alike) does not stop a keyed exec: the retry attaches to it.
+    for (const accept of [undefined, 'application/x-ndjson']) {
+      const key = `gone-${accept ? 'nd' : 'json'}`;
+      const file = `/tmp/gone-${accept ? 'nd' : 'json'}`;
+      const gone = { cmd: `echo run >> ${file}; sleep 1; echo survived` };
+      const abort = new AbortController();
+      const headers: Record<string, string> = { authorization: `Bearer ${token}`, 'content-type': 'application/json', 'idempotency-key': key };
+      if (accept) headers.accept = accept;
+      const cut = fetch(`${first.url}/v1/sandboxes/${sb.id}/exec`, { method: 'POST', headers, body: JSON.stringify(gone), signal: abort.signal }).then(
+        async (res) => res.text(),
+        (err: Error) => err.name,
+      );
+      await waitFor(async () => (await lines(sb, file)) === 1, 10_000, 'the exec to start', 20);
+      abort.abort();
+      t.is(await cut, 'AbortError');
+      const back = await execKeyed(first.url, token, sb.id, key, gone);
+      t.is(back.status, 200);
+      t.is(back.body.stdout, 'survived\n', `${accept ?? 'json'}: the retry got the first run's result`);
+      t.is(await lines(sb, file), 1);
+    }
+
+    // A shell client that detaches mid-run: on re-attach the retry follows the same run to its end.
+    {
+      const sh = await sb.shell({ mode: 'command' });
+      const cmdText = 'echo run >> /tmp/detached; sleep 1; echo after-detach; (exit 4)';
+      const gone = sh.run(cmdText, { idempotencyKey: 'shell-detach' }).catch((err: { code?: string }) => err.code);
+      await waitFor(async () => (await lines(sb, '/tmp/detached')) === 1, 10_000, 'the shell command to start', 20);
+      const [session, offset] = [sh.session, sh.offset];
+      await sh.detach();
+      t.is(await gone, 'UNAVAILABLE');
+      const back = await sb.shell({ mode: 'command', session, offset });
+      const r = await back.run(cmdText, { idempotencyKey: 'shell-detach' });
+      t.deepEqual([r.exitCode, r.stdout, r.replayed], [4, 'after-detach\n', true]);
+      t.is(await lines(sb, '/tmp/detached'), 1);
+      await back.close();
+    }
+
     // A keyed exec and a keyed shell command, both cut by the kill while they sleep.
     const execCmd = 'echo run >> /tmp/exec-runs; sleep 2; echo finished';
     const pendingExec = sb.exec(execCmd, { idempotencyKey: 'exec-1', retryForMs: 0 }).then(
