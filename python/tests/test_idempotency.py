@@ -89,3 +89,19 @@ def test_keyed_shell_run_replays(node: WarrenServer) -> None:
                 assert sh.run("wc -l < /tmp/sh").stdout.strip() == "1"
         finally:
             sb.delete()
+
+
+def test_async_keyed_exec_runs_once(node: WarrenServer) -> None:
+    import asyncio
+
+    async def go() -> None:
+        async with node.aclient() as c:
+            sb = await c.create_sandbox(image="default")
+            try:
+                runs = await asyncio.gather(*(sb.exec("echo run >> /tmp/a; echo async", idempotency_key="py-async") for _ in range(3)))
+                assert [r.stdout for r in runs] == ["async\n"] * 3
+                assert (await sb.exec("wc -l < /tmp/a")).stdout.strip() == "1"
+            finally:
+                await sb.delete()
+
+    asyncio.run(go())
