@@ -14,6 +14,7 @@ import { WarrenClient, type Sandbox } from '../../src/sdk';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
 import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { removeTree } from '../../src/shim/layers/sys';
+import { openDatabase } from '../../src/state/db';
 import { testUnless } from '../helpers/skip';
 import { elapse, waitFor } from '../helpers/wait';
 
@@ -136,6 +137,7 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     t.is((await reattached.run('cat /tmp/shell-runs | wc -l')).stdout.trim(), '1', 'the shell command ran once');
     // Same key, another command: refused.
     await t.throwsAsync(reattached.run('echo other', { idempotencyKey: 'shell-1' }), { code: 'IDEMPOTENCY_KEY_REUSED' as never });
+    await t.throwsAsync(reattached.run('true', { idempotencyKey: 'bad key' }), { code: 'INVALID_ARGUMENT' as never });
     await reattached.close();
 
     // Retry after completion: the stored result, nothing runs.
@@ -188,10 +190,23 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     t.false(e.replayed);
     t.is(e.body.stdout, 'other-now\n');
 
+    const keysOf = (id: string): number => {
+      const db = openDatabase(join(dataDir, 'warren.db'));
+      try {
+        return (db.prepare('SELECT COUNT(*) AS n FROM idempotency_keys WHERE sandbox = ?').get(id) as { n: number }).n;
+      } finally {
+        db.close();
+      }
+    };
+    t.true(keysOf(sb.id) > 0, 'the keys are in the node database');
     await client.deleteSandbox(sb.id);
     const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
     t.is(left.processes, 0);
     t.is(left.cgroups, 0);
+    // The deleted sandbox's keys went with it.
+    await kill9(child);
+    child = null;
+    t.is(keysOf(sb.id), 0);
   } finally {
     if (child) await kill9(child);
     await client?.close();
