@@ -137,6 +137,7 @@ class ShellRegistry {
   }
 }
 const RECENT_DONE = 64;
+const SIGKILL = 9;
 
 /** What a shell connection needs for idempotent runs. */
 export interface ShellKeys {
@@ -164,7 +165,7 @@ interface KeyedRun {
  * leaves the outcome unknown (IDEMPOTENCY_INTERRUPTED).
  */
 async function collectKeyed(keys: ShellKeys, rec: IdempotencyRecord): Promise<StoredResult> {
-  const meta = rec.meta as { session?: string; commandId?: string; startOffset?: number };
+  const meta = rec.meta as { session?: string; commandId?: string; startOffset?: number; deadline?: number };
   const interrupted = (why: string): WarrenError => {
     const error = { code: 'IDEMPOTENCY_INTERRUPTED', message: `the first run of this command cannot be followed: ${why}; its outcome is unknown and it is not run again under this key` };
     keys.store.fail(rec.scope, error, 'interrupted');
@@ -182,9 +183,14 @@ async function collectKeyed(keys: ShellKeys, rec: IdempotencyRecord): Promise<St
   const out = new BoundedBytes(cap);
   const err = new BoundedBytes(cap);
   const commandId = meta.commandId;
+  const startOffset = meta.startOffset;
+  let timedOut = false;
+  const timers: NodeJS.Timeout[] = [];
   try {
     const status = await new Promise<{ exitCode: number | null } | null>((resolve) => {
+      let lastOutput = Date.now();
       att.onOutput((o) => {
+        lastOutput = Date.now();
         if (o.stream === 'stdout') out.push(o.data);
         else if (o.stream === 'stderr') err.push(o.data);
       });
@@ -194,14 +200,42 @@ async function collectKeyed(keys: ShellKeys, rec: IdempotencyRecord): Promise<St
       att.onExit((st) => resolve({ exitCode: st.exitCode }));
       // The status line may have been dropped from the ring: ask the holder's list of recent ones.
       att.onLost?.(() => {
-        att.recentStatus?.(commandId, meta.startOffset!).then((st) => st && resolve({ exitCode: st.exitCode }), () => resolve(null));
+        att.recentStatus?.(commandId, startOffset).then((st) => st && resolve({ exitCode: st.exitCode }), () => resolve(null));
       });
+      // Once a second: a holder that went away ends the wait (its INFO fails), and a status the
+      // holder remembers is taken once the replayed output has gone quiet.
+      const poll = setInterval(() => {
+        att.recentStatus?.(commandId, startOffset).then(
+          (st) => {
+            if (st !== null && Date.now() - lastOutput >= 1000) resolve({ exitCode: st.exitCode });
+          },
+          () => resolve(null),
+        );
+      }, 1000);
+      timers.push(poll);
+      // The timeout of the first run was the gateway's that sent it: enforced here too, with the
+      // same SIGKILL of what the command started (repeated for a while, for commands that fork).
+      if (typeof meta.deadline === 'number') {
+        const kill = (left: number): void => {
+          timedOut = true;
+          try {
+            if (att.abortCommand) att.abortCommand();
+            else att.signal(SIGKILL);
+          } catch {
+            return;
+          }
+          if (left > 0) timers.push(setTimeout(() => kill(left - 1), 250));
+        };
+        timers.push(setTimeout(() => kill(8), Math.max(0, meta.deadline - Date.now())));
+      }
     });
     if (status === null) throw interrupted(`the connection to session ${meta.session} ended`);
-    const outcome = { exitCode: status.exitCode, timedOut: false, commandId };
+    // As for a run sent here: what the shell reports after the kill is not the command's status.
+    const outcome = { exitCode: timedOut ? null : status.exitCode, timedOut, commandId };
     keys.store.finish(rec.scope, outcome, out.bytes(), err.bytes(), out.total, err.total);
     return { outcome, stdout: out.bytes().subarray(0, cap), stderr: err.bytes().subarray(0, cap), stdoutBytes: out.total, stderrBytes: err.total };
   } finally {
+    for (const tm of timers) clearTimeout(tm);
     att.detach();
   }
 }
@@ -503,7 +537,9 @@ class ShellConnection {
     const hash = bodyHash({ session: this.att.info.id, cmd, timeoutMs });
     if (this.keyed !== null) throw new WarrenError('SESSION_BUSY', `session ${this.att.info.id} is running command ${this.keyed.commandId}`, { commandId: this.keyed.commandId });
     const from = this.att.info.outputOffset;
-    const begun = keys.store.begin(scope, 'shell', hash, { session: this.att.info.id, commandId: cmdId, startOffset: from });
+    const meta: Record<string, unknown> = { session: this.att.info.id, commandId: cmdId, startOffset: from };
+    if (timeoutMs !== undefined) meta.deadline = Date.now() + timeoutMs;
+    const begun = keys.store.begin(scope, 'shell', hash, meta);
     if (!begun.first) {
       void this.answerKeyed(cmdId, begun.record);
       return;

@@ -610,6 +610,7 @@ export class ShimNode implements Shim {
       pauseOutput: () => att.pauseOutput?.(),
       resumeOutput: () => att.resumeOutput?.(),
       recentStatus: async (commandId, after) => (att.recentStatus ? att.recentStatus(commandId, after) : null),
+      abortCommand: () => whenAwake(() => att.abortCommand?.()),
       close: async () => {
         await this.lifecycle.ensureAwake(id);
         await att.close();

@@ -475,6 +475,8 @@ export interface SessionAttachment {
   /** Back-pressure: take no more output until resumeOutput(); the holder keeps it in its bounded ring meanwhile. */
   pauseOutput?(): void;
   resumeOutput?(): void;
+  /** Command mode: stop the running command as its timeout would (also one another attachment sent). */
+  abortCommand?(): void;
   /** How command `commandId` (whose status line ends past offset `after`) ended, from the holder's last 16 status lines; null when not (yet) known. */
   recentStatus?(commandId: string, after: number): Promise<{ exitCode: number; endOffset: number } | null>;
 }

@@ -102,12 +102,22 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     const offset = shell.offset;
     const shellCmd = 'echo run >> /tmp/shell-runs; sleep 1.5; echo shell-out; echo shell-err >&2; (exit 7)';
     const pendingShell = shell.run(shellCmd, { idempotencyKey: 'shell-1' }).catch((err: { code?: string }) => err.code);
-    await waitFor(async () => (await lines(sb, '/tmp/exec-runs')) === 1 && (await lines(sb, '/tmp/shell-runs')) === 1, 10_000, 'both commands to start', 20);
+    // A keyed shell command with a timeout that runs past the restart: the timeout still holds.
+    const slow = await sb.shell({ mode: 'command' });
+    const slowCmd = 'echo run >> /tmp/slow-runs; sleep 30; echo never';
+    const pendingSlow = slow.run(slowCmd, { idempotencyKey: 'shell-timeout', timeoutMs: 2500 }).catch((err: { code?: string }) => err.code);
+    await waitFor(
+      async () => (await lines(sb, '/tmp/exec-runs')) === 1 && (await lines(sb, '/tmp/shell-runs')) === 1 && (await lines(sb, '/tmp/slow-runs')) === 1,
+      10_000,
+      'the three commands to start',
+      20,
+    );
 
     await kill9(child);
     child = null;
     t.is(await pendingExec, 'UNAVAILABLE');
     t.is(await pendingShell, 'UNAVAILABLE');
+    t.is(await pendingSlow, 'UNAVAILABLE');
     await client.close();
 
     // New keys expire after 3 s on the restarted gateway (the keys above keep the window they were given).
@@ -139,6 +149,11 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     await t.throwsAsync(reattached.run('echo other', { idempotencyKey: 'shell-1' }), { code: 'IDEMPOTENCY_KEY_REUSED' as never });
     await t.throwsAsync(reattached.run('true', { idempotencyKey: 'bad key' }), { code: 'INVALID_ARGUMENT' as never });
     await reattached.close();
+    const slowBack = await again.shell({ mode: 'command', session: slow.session, offset: slow.offset });
+    const timedOut = await slowBack.run(slowCmd, { idempotencyKey: 'shell-timeout', timeoutMs: 2500 });
+    t.deepEqual([timedOut.timedOut, timedOut.exitCode, timedOut.replayed, timedOut.stdout], [true, null, true, ''], 'the first run was stopped at its timeout');
+    t.is((await slowBack.run('echo alive; cat /tmp/slow-runs | wc -l')).stdout, 'alive\n1\n', 'the session goes on; the command ran once');
+    await slowBack.close();
 
     // Retry after completion: the stored result, nothing runs.
     const once = { cmd: 'echo run >> /tmp/once; printf "hello\\377"', maxOutputBytes: 1024 };

@@ -246,6 +246,16 @@ export class ShellSession implements SessionAttachment {
     this.client.signal(signal, SignalTarget.FOREGROUND);
   }
 
+  /**
+   * Stop the command running in the session now, as a timeout does (the shell
+   * abandons the rest of it, what it started is killed), also when another
+   * attachment sent it. Repeat it for a command that forks while dying.
+   */
+  abortCommand(): void {
+    this.assertUsable();
+    this.client.sendFrames(encodeSignal(ABORT_SIGNAL, SignalTarget.SHELL), encodeSignal(SIGKILL, SignalTarget.FOREGROUND));
+  }
+
   /** Refresh INFO from the holder. */
   async refreshInfo(): Promise<HolderInfo> {
     const i = await this.client.info();
