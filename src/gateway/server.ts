@@ -111,7 +111,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   };
   collectKeys();
-  const gcTimer = setInterval(collectKeys, Math.min(IDEMPOTENCY_DEFAULTS.gcIntervalMs, idem.store.windowMs));
+  const gcTimer = setInterval(collectKeys, Math.max(1000, Math.min(IDEMPOTENCY_DEFAULTS.gcIntervalMs, idem.store.windowMs)));
   gcTimer.unref();
 
   const app = new HyperExpress.Server({
