@@ -66,6 +66,11 @@ export const ErrorCodes = {
   IMAGE_BUILD_FAILED: 500,
   TIMEOUT: 504,
   UNAVAILABLE: 503,
+  /**
+   * The node is out of a host resource (details.resource: fds, pids, namespaces, memory,
+   * cgroups): nothing new can start here until sandboxes end; everything else keeps working.
+   */
+  NODE_AT_CAPACITY: 503,
 } as const;
 
 export type ErrorCode = keyof typeof ErrorCodes;
@@ -116,7 +121,7 @@ export class WarrenError extends Error {
  * system errors carry the name in `code`, native WarrenErrors the number in
  * `errno`, tools print strerror text).
  */
-const ERRNO_CLASSES: ReadonlyArray<{ names: readonly string[]; numbers: readonly number[]; text: RegExp; code: ErrorCode; say: string }> = [
+const ERRNO_CLASSES: ReadonlyArray<{ names: readonly string[]; numbers: readonly number[]; text: RegExp; code: ErrorCode; say: string; resource?: string }> = [
   {
     names: ['ENOSPC', 'EDQUOT'],
     numbers: [28, 122],
@@ -126,8 +131,8 @@ const ERRNO_CLASSES: ReadonlyArray<{ names: readonly string[]; numbers: readonly
   },
   { names: ['EFBIG'], numbers: [27], text: /File too large/i, code: 'PAYLOAD_TOO_LARGE', say: 'file too large for the file system' },
   { names: ['EROFS'], numbers: [30], text: /Read-only file system/i, code: 'PERMISSION_DENIED', say: 'read-only file system' },
-  { names: ['EMFILE', 'ENFILE'], numbers: [24, 23], text: /Too many open files/i, code: 'UNAVAILABLE', say: 'the node is out of file descriptors; retry later' },
-  { names: ['ENOMEM'], numbers: [12], text: /Cannot allocate memory/i, code: 'UNAVAILABLE', say: 'the node is out of memory; retry later' },
+  { names: ['EMFILE', 'ENFILE'], numbers: [24, 23], text: /Too many open files/i, code: 'NODE_AT_CAPACITY', say: 'the node is out of file descriptors; retry later', resource: 'fds' },
+  { names: ['ENOMEM'], numbers: [12], text: /Cannot allocate memory/i, code: 'NODE_AT_CAPACITY', say: 'the node is out of memory; retry later', resource: 'memory' },
 ];
 
 /** Codes that say "the platform failed"; an errno of a user class under one of them is remapped. */
@@ -138,14 +143,16 @@ export function errnoError(errno: string | number, context: string): WarrenError
   const cls = ERRNO_CLASSES.find((c) => (typeof errno === 'number' ? c.numbers.includes(errno) : c.names.includes(errno)));
   if (!cls) return null;
   const name = typeof errno === 'number' ? cls.names[cls.numbers.indexOf(errno)]! : errno;
-  return new WarrenError(cls.code, `${cls.say} (${context}: ${name})`, { errno: name });
+  return new WarrenError(cls.code, `${cls.say} (${context}: ${name})`, cls.resource === undefined ? { errno: name } : { errno: name, resource: cls.resource });
 }
 
 /** The stable error for a tool's strerror text (e.g. tar's stderr), or null. */
 export function errorFromToolOutput(text: string, context: string): WarrenError | null {
   const cls = ERRNO_CLASSES.find((c) => c.text.test(text));
   if (!cls) return null;
-  return new WarrenError(cls.code, `${cls.say} (${context}: ${text.trim().slice(0, 300)})`, { errno: cls.names[0] });
+  const details: Record<string, unknown> = { errno: cls.names[0] };
+  if (cls.resource !== undefined) details.resource = cls.resource;
+  return new WarrenError(cls.code, `${cls.say} (${context}: ${text.trim().slice(0, 300)})`, details);
 }
 
 /**

@@ -13,6 +13,8 @@ import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/con
 import type { ImportProgress, Shim } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
+import { raiseHostLimits } from '../shim/host-tunables';
+import type { CapacityOptions } from '../shim/capacity';
 import { Auth, type Quota } from './auth';
 import { type GatewayOptions, createGateway } from './server';
 
@@ -44,6 +46,8 @@ export interface StartOptions {
   shell?: GatewayOptions['shell'];
   /** Idempotency keys: window, stored output bound (docs/idempotency.md). */
   idempotency?: GatewayOptions['idempotency'];
+  /** Reserves and caps of the node's host-capacity admission (default: WARREN_HOST_TASKS_MAX caps host tasks). */
+  capacity?: CapacityOptions;
 }
 
 export interface Warren {
@@ -75,6 +79,16 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.nodeId !== undefined) shimOpts.nodeId = opts.nodeId;
     if (opts.lifecycle !== undefined) shimOpts.lifecycle = opts.lifecycle;
     if (opts.log !== undefined) shimOpts.log = opts.log;
+    // kernel.pid_max and the namespace counts are raised for thousands of sandboxes; what cannot
+    // be raised (RLIMIT_NOFILE's hard limit without CAP_SYS_RESOURCE) is said here and in /v1/features.
+    for (const t of raiseHostLimits()) {
+      if (t.status === 'raised') opts.log?.(`warren: raised ${t.name} to ${t.value}`);
+      else if (t.status === 'short') opts.log?.(`warren: ${t.name} is ${t.value ?? '?'} (wanted ${t.wanted}): ${t.reason}`);
+    }
+    const capacity: CapacityOptions = { ...opts.capacity };
+    const tasksMax = Number(process.env.WARREN_HOST_TASKS_MAX);
+    if (capacity.tasksMax === undefined && Number.isInteger(tasksMax) && tasksMax > 0) capacity.tasksMax = tasksMax;
+    shimOpts.capacity = capacity;
     if (opts.network !== false) {
       const missing = (['egress-bpf', 'sandbox-network'] as const).map((f) => [f, feature(f)] as const).filter(([, st]) => !st.supported);
       if (missing.length === 0) shimOpts.network = opts.network ?? {};

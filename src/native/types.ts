@@ -210,9 +210,12 @@ export interface NativeAddon {
   /**
    * Call `callback` once when the process behind `pidfd` ends. For children of
    * this process the status is reaped (waitid P_PIDFD); for adopted processes
-   * it is unknown (exitCode and signal null). The pidfd stays owned by the caller.
+   * it is unknown (exitCode and signal null). The pidfd stays owned by the caller
+   * (the watcher holds a duplicate), unless `owned`: then the watcher keeps the
+   * caller's descriptor itself and closes it after the exit (also when the call
+   * throws), so a watched process costs one descriptor; the caller must not close it.
    */
-  watchExit(pidfd: number, callback: (status: ExitStatus) => void): void;
+  watchExit(pidfd: number, callback: (status: ExitStatus) => void, owned?: boolean): void;
   pidfdOpen(pid: number): number;
   pidfdSendSignal(pidfd: number, signal: number): void;
   /** Start time in clock ticks of `pid`, or 0 when it does not exist. */

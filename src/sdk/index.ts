@@ -325,6 +325,15 @@ export class WarrenClient {
     return r.sandboxes;
   }
 
+  /**
+   * One page of sandboxes in id order (`limit` 1..1000); pass the answer's `next` as `after`
+   * for the following page (absent on the last one).
+   */
+  async listSandboxesPage(page: { limit: number; after?: string }, filter: { labels?: Record<string, string>; owner?: string } = {}): Promise<{ sandboxes: SandboxInfo[]; next?: string }> {
+    const label = filter.labels ? Object.entries(filter.labels).map(([k, v]) => `${k}=${v}`) : undefined;
+    return this.requestJson<{ sandboxes: SandboxInfo[]; next?: string }>('GET', '/v1/sandboxes', { query: { label, owner: filter.owner, limit: String(page.limit), after: page.after } });
+  }
+
   async deleteSandbox(id: string): Promise<void> {
     await this.requestJson('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`);
   }

@@ -26,6 +26,8 @@ import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
 // FnCall warm pools (docs/fncall.md).
 import { FnCallManager } from './fncall/manager';
+import { type CapacityOptions, HostCapacity } from './capacity';
+import { hostTunables } from './host-tunables';
 import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
 import type {
@@ -73,6 +75,8 @@ export interface ShimOptions {
   /** sandbox networking with per-service egress (bridge, netns pool, eBPF, DNS).
    *  Absent: every sandbox is loopback-only and `network` in a create request is refused. */
   network?: NetworkConfig;
+  /** Reserves and caps of the host-capacity admission (capacity.ts). */
+  capacity?: CapacityOptions;
 }
 
 export type NetworkConfig = Partial<Omit<NetworkOptions, 'native' | 'nodeId' | 'policy' | 'log'>>;
@@ -121,6 +125,10 @@ export class ShimNode implements Shim {
   /** null when the node runs without sandbox networking. */
   readonly network: NetworkManager | null;
   private unsubscribePolicy: (() => void) | null = null;
+  /** Creates are refused with NODE_AT_CAPACITY before the host runs out of fds, pids, namespaces or memory. */
+  readonly capacity: HostCapacity;
+  /** Ids in order, for paginated lists (rebuilt lazily after a create or delete). */
+  private sortedIds: string[] | null = null;
 
   constructor(private readonly opts: ShimOptions) {
     this.nodeId = opts.nodeId ?? defaultNodeId();
@@ -147,6 +155,7 @@ export class ShimNode implements Shim {
     this.metrics.liveSandboxes.addCallback(this.observeLive);
     this.lifecycle = new LifecycleManager(this.lifecycleHost(), { dataDir: opts.dataDir, db: opts.db, layers: this.layers, log: this.log }, opts.lifecycle);
     this.access = new ContentAccess(this.layers, this.lifecycle.environments);
+    this.capacity = new HostCapacity(opts.capacity, () => this.sandboxes.size);
     this.functions = new FnCallManager({ dataDir: opts.dataDir, nodeId: this.nodeId, layers: this.layers, log: this.log, config: opts.fncall, onProgress: opts.onProgress });
   }
 
@@ -268,7 +277,7 @@ export class ShimNode implements Shim {
   }
 
   features(): FeatureReport {
-    return { ...featureReport(this.nodeId), backends: this.backends.status() };
+    return { ...featureReport(this.nodeId), backends: this.backends.status(), capacity: { ...this.capacity.report(), tunables: hostTunables() } };
   }
 
   private info(live: LiveSandbox): SandboxInfo {
@@ -318,6 +327,7 @@ export class ShimNode implements Shim {
   async createSandbox(spec: SandboxSpec, principal: Principal = { account: spec.owner, unpublished: 'all' }): Promise<SandboxInfo> {
     const backend = this.backends.get(spec.backend);
     const started = performance.now();
+    this.capacity.admit();
     const id = newSandboxId(this.nodeId);
     // the request's services, or the account's default; none at all = loopback only
     const services = this.network ? this.network.resolve(spec.network, spec.owner) : spec.network === undefined ? null : (() => {
@@ -361,6 +371,7 @@ export class ShimNode implements Shim {
       this.registry.update(id, 'running', box.runtime);
       const live: LiveSandbox = { record, box, state: 'running' };
       this.sandboxes.set(id, live);
+      this.sortedIds = null;
       this.lifecycle.track(id);
       this.watchEnd(live, box);
       if (box.pid !== undefined) span.setAttribute('warren.sandbox.pid', box.pid);
@@ -386,11 +397,57 @@ export class ShimNode implements Shim {
   listSandboxes(filter: { owner?: string; labels?: Record<string, string> } = {}): SandboxInfo[] {
     const out: SandboxInfo[] = [];
     for (const live of this.sandboxes.values()) {
-      if (filter.owner !== undefined && live.record.spec.owner !== filter.owner) continue;
-      if (filter.labels && !Object.entries(filter.labels).every(([k, v]) => live.record.spec.labels[k] === v)) continue;
-      out.push(this.info(live));
+      if (matches(live, filter)) out.push(this.info(live));
     }
     return out;
+  }
+
+  /**
+   * One page of the sandboxes matching `filter`, in id order, starting after the id `after`
+   * (which need not exist any more). `next` is the cursor of the following page, absent on the
+   * last. Only the page is turned into SandboxInfo, so a page costs the same at 10,000 sandboxes
+   * as at 10 (plus one sort after each change of the set).
+   */
+  listSandboxesPage(filter: { owner?: string; labels?: Record<string, string> }, page: { limit: number; after?: string }): { sandboxes: SandboxInfo[]; next?: string } {
+    if (this.sortedIds === null) this.sortedIds = [...this.sandboxes.keys()].sort();
+    const ids = this.sortedIds;
+    let lo = 0;
+    if (page.after !== undefined) {
+      // first id > after (binary search)
+      let hi = ids.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (ids[mid]! <= page.after) lo = mid + 1;
+        else hi = mid;
+      }
+    }
+    const out: SandboxInfo[] = [];
+    let i = lo;
+    for (; i < ids.length && out.length < page.limit; i++) {
+      const live = this.sandboxes.get(ids[i]!);
+      if (live !== undefined && matches(live, filter)) out.push(this.info(live));
+    }
+    let more = false;
+    for (let j = i; j < ids.length; j++) {
+      const live = this.sandboxes.get(ids[j]!);
+      if (live !== undefined && matches(live, filter)) {
+        more = true;
+        break;
+      }
+    }
+    return more && out.length > 0 ? { sandboxes: out, next: out[out.length - 1]!.id } : { sandboxes: out };
+  }
+
+  /** What an account's live sandboxes hold (for quotas), without building their SandboxInfo. */
+  sandboxUsage(owner: string): { sandboxes: number; cpu: number; memoryMb: number } {
+    const u = { sandboxes: 0, cpu: 0, memoryMb: 0 };
+    for (const live of this.sandboxes.values()) {
+      if (live.record.spec.owner !== owner || live.state === 'stopped' || live.state === 'failed') continue;
+      u.sandboxes++;
+      u.cpu += live.record.spec.cpu;
+      u.memoryMb += live.record.spec.memoryMb;
+    }
+    return u;
   }
 
   async deleteSandbox(id: string): Promise<void> {
@@ -410,6 +467,7 @@ export class ShimNode implements Shim {
       if (previous === 'running' || previous === 'paused' || previous === 'hibernated') this.layers.release(live.record.layers);
       this.registry.remove(id);
       this.sandboxes.delete(id);
+      this.sortedIds = null;
       this.lifecycle.forget(id);
     });
   }
@@ -755,6 +813,12 @@ export class ShimNode implements Shim {
     await this.functions.close();
     this.layers.close();
   }
+}
+
+function matches(live: LiveSandbox, filter: { owner?: string; labels?: Record<string, string> }): boolean {
+  if (filter.owner !== undefined && live.record.spec.owner !== filter.owner) return false;
+  if (filter.labels && !Object.entries(filter.labels).every(([k, v]) => live.record.spec.labels[k] === v)) return false;
+  return true;
 }
 
 /** The answer of a backend whose exec already returns bounded output, held like a captured one. */

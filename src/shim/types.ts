@@ -505,6 +505,8 @@ export interface FeatureReport {
   /** FnCall pools (/v1/functions): run on the container backend. */
   functions: { available: boolean; reason?: string };
   enforcer: string;
+  /** The host's ceilings as the node's admission sees them, and the tunables `warren up` raised or could not (docs/density.md). */
+  capacity?: Record<string, unknown>;
 }
 
 /** What the gateway calls. One per node. */
@@ -521,6 +523,10 @@ export interface Shim {
   createSandbox(spec: SandboxSpec, principal?: Principal): Promise<SandboxInfo>;
   getSandbox(id: string): SandboxInfo;
   listSandboxes(filter?: { owner?: string; labels?: Record<string, string> }): SandboxInfo[];
+  /** One page in id order after the cursor `after`; `next` names the next page's cursor. */
+  listSandboxesPage(filter: { owner?: string; labels?: Record<string, string> }, page: { limit: number; after?: string }): { sandboxes: SandboxInfo[]; next?: string };
+  /** Sandboxes, cpu and memory an account's live sandboxes hold (quota checks). */
+  sandboxUsage(owner: string): { sandboxes: number; cpu: number; memoryMb: number };
   deleteSandbox(id: string): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;

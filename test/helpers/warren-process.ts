@@ -13,10 +13,14 @@ export interface WarrenProcess {
 }
 
 /** Sandbox networking stays off unless the test gives its own bridge (one node per bridge and DNS address). */
-export function startWarrenProcess(dataDir: string, nodeId: string, extraArgs: string[] = [], log?: string[]): Promise<WarrenProcess> {
+/** `wrap`: a command the gateway runs under (e.g. ['prlimit', '--nofile=400:400', '--']); `env`: added to the environment. */
+export function startWarrenProcess(dataDir: string, nodeId: string, extraArgs: string[] = [], log?: string[], opts: { wrap?: string[]; env?: Record<string, string> } = {}): Promise<WarrenProcess> {
   const network = extraArgs.includes('--bridge') ? [] : ['--no-network'];
-  const child = spawn(process.execPath, [CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId, ...network, ...extraArgs], {
+  const argv = [process.execPath, CLI, 'up', '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', nodeId, ...network, ...extraArgs];
+  const cmd = [...(opts.wrap ?? []), ...argv];
+  const child = spawn(cmd[0]!, cmd.slice(1), {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...opts.env },
   });
   return new Promise((resolveUrl, reject) => {
     let out = '';

@@ -577,7 +577,7 @@ Napi::Value ExecAsync(const Napi::CallbackInfo& info) {
 
 struct Watcher {
   uv_poll_t poll;
-  int fd = -1;  // our dup of the caller's pidfd
+  int fd = -1;  // our dup of the caller's pidfd, or the caller's own one (owned)
   napi_env env = nullptr;
   AddonState* state = nullptr;
   Napi::FunctionReference callback;
@@ -631,12 +631,16 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
   RequireInit(env);
   int pidfd = ArgFd(info, 0, "pidfd");
   if (info.Length() < 2 || !info[1].IsFunction()) Invalid(env, "callback must be a function");
+  // owned: the watcher takes the caller's pidfd and closes it once the process has exited
+  // (one descriptor per watched process instead of two); the caller must not close it.
+  bool owned = info.Length() > 2 && ToBool(env, info[2], "owned");
   AddonState* st = State(env);
   uv_loop_t* loop = nullptr;
   if (napi_get_uv_event_loop(env, &loop) != napi_ok || loop == nullptr)
     ThrowCode(env, "NATIVE_ERROR", "no libuv loop", 0);
-  int fd = fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
-  if (fd < 0) ThrowCode(env, "NATIVE_ERROR", std::string("watchExit: dup pidfd: ") + wn_errno_name(errno), errno);
+  if (pidfd < 3) Invalid(env, "pidfd must not be a stdio descriptor");
+  int fd = owned ? pidfd : fcntl(pidfd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) ThrowCode(env, errno == EMFILE || errno == ENFILE ? "NODE_AT_CAPACITY" : "NATIVE_ERROR", std::string("watchExit: dup pidfd: ") + wn_errno_name(errno), errno);
   auto w = std::make_unique<Watcher>();
   w->fd = fd;
   w->env = env;

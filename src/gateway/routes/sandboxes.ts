@@ -23,13 +23,7 @@ const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
 
 /** Live sandboxes (running, paused, hibernated, creating) of an account, plus creations in flight. */
 export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
-  const u: Usage = { sandboxes: 0, cpu: 0, memoryMb: 0 };
-  for (const s of ctx.shim.listSandboxes({ owner: accountId })) {
-    if (s.state === 'stopped' || s.state === 'failed') continue;
-    u.sandboxes++;
-    u.cpu += s.limits.cpu;
-    u.memoryMb += s.limits.memoryMb;
-  }
+  const u: Usage = ctx.shim.sandboxUsage(accountId);
   const r = reservations.get(ctx)?.get(accountId);
   if (r) {
     u.sandboxes += r.sandboxes;
@@ -67,6 +61,20 @@ function jobFilter(req: { path_query: string }, account: Account): { labels: Rec
   const ownerParam = queryOne(q, 'owner');
   if (!can(account, 'allSandboxes')) return { labels, owner: account.id };
   return ownerParam === undefined ? { labels } : { labels, owner: ownerParam };
+}
+
+/** Largest page of GET /v1/sandboxes. */
+export const MAX_PAGE = 1000;
+
+/** ?limit=&after= of a paginated list, or null for the whole list (no limit given). */
+function parsePage(limit: string | undefined, after: string | undefined): { limit: number; after?: string } | null {
+  if (limit === undefined) {
+    if (after !== undefined) throw new WarrenError('INVALID_ARGUMENT', '`after` needs `limit` (the page size, 1..1000)', { field: 'after' });
+    return null;
+  }
+  if (!/^\d{1,4}$/.test(limit) || Number(limit) < 1 || Number(limit) > MAX_PAGE) throw new WarrenError('INVALID_ARGUMENT', `limit must be an integer 1..${MAX_PAGE}`, { field: 'limit' });
+  if (after !== undefined && !/^[a-z0-9][a-z0-9-]{0,62}$/.test(after)) throw new WarrenError('INVALID_ARGUMENT', '`after` must be a sandbox id (the `next` of the previous page)', { field: 'after' });
+  return after === undefined ? { limit: Number(limit) } : { limit: Number(limit), after };
 }
 
 export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
@@ -159,9 +167,10 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes',
     authed(ctx, (req, res, account) => {
       const q = queryOf(req);
-      rejectUnknownQuery(q, ['label', 'owner']);
+      rejectUnknownQuery(q, ['label', 'owner', 'limit', 'after']);
       const labels = parseLabelFilter(q.getAll('label'));
       const ownerParam = queryOne(q, 'owner');
+      const page = parsePage(queryOne(q, 'limit'), queryOne(q, 'after'));
       const owner = can(account, 'allSandboxes') ? ownerParam : account.id;
       if (ownerParam !== undefined && owner !== ownerParam) {
         // Non-admins asking for another owner's sandboxes see none.
@@ -171,6 +180,12 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       const filter: { owner?: string; labels?: Record<string, string> } = {};
       if (owner !== undefined) filter.owner = owner;
       if (labels !== undefined) filter.labels = labels;
+      if (page !== null) {
+        // A page at a time (?limit=, then ?after=<next>): cost independent of the node's size.
+        const p = ctx.shim.listSandboxesPage(filter, page);
+        sendJson(res, 200, { sandboxes: p.sandboxes.map((s) => present(account, s)), ...(p.next !== undefined ? { next: p.next } : {}) });
+        return;
+      }
       const list = ctx.shim.listSandboxes(filter).filter((s) => can(account, 'allSandboxes') || s.owner === account.id);
       sendJson(res, 200, { sandboxes: list.map((s) => present(account, s)) });
     }),

@@ -39,6 +39,7 @@ import { dumpSandbox, restoreSandbox } from '../lifecycle/criu';
 import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
 import { LimitedPipe, OutputCapture, captureInto } from '../exec-output';
+import { capacityErrorOf } from '../capacity';
 import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
 import { assertConfinable, confineFor, confineForSandbox, forgetSandbox, nsexecConfineArgs, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
@@ -140,7 +141,7 @@ export class ContainerBackend implements HostProcessBackend {
       if (net) await this.network!.tearDown(id, net).catch(() => undefined);
       if (diskMounted) unmountDisk(dir);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
-      throw err;
+      throw capacityErrorOf(err) ?? err;
     }
   }
 
@@ -295,14 +296,20 @@ export class ContainerSandbox implements HostProcessSandbox {
     readonly id: string,
     private readonly spec: SandboxSpec,
     readonly runtime: ContainerRuntime,
-    private readonly pidfd: number,
+    pidfd: number,
     private readonly network: NetworkManager | null = null,
   ) {
+    // The watcher owns pid 1's pidfd (closed once pid 1 has ended): the one descriptor of the
+    // gateway per sandbox (docs/density.md).
     this.ended = new Promise((resolve) => {
-      native.watchExit(pidfd, () => {
-        this.alive = false;
-        resolve();
-      });
+      native.watchExit(
+        pidfd,
+        () => {
+          this.alive = false;
+          resolve();
+        },
+        true,
+      );
     });
     this.sessions = {
       shellCommand: async (opts) => this.shellCommand(opts),
@@ -327,9 +334,9 @@ export class ContainerSandbox implements HostProcessSandbox {
           checkpoint: async () => {
             const dir = join(this.runtime.dir, 'checkpoint');
             await dumpSandbox({ pid: this.runtime.pid, dir, logDir: this.runtime.dir });
-            // The dump killed the tree: drop our handle on the old pid 1 without removing the upper dir.
+            // The dump killed the tree (the watcher releases the old pid 1's pidfd as it ends);
+            // the upper dir stays for the restore.
             this.alive = false;
-            native.close(this.pidfd);
             return { dir };
           },
         }
@@ -599,9 +606,8 @@ export class ContainerSandbox implements HostProcessSandbox {
     await destroyCgroup(this.id);
     forgetSandbox(this.id);
     if (this.runtime.network !== undefined && this.network !== null) await this.network.tearDown(this.id, this.runtime.network as SandboxNetworkRuntime);
-    // pid 1 is gone once its cgroup is empty; wait for the exit to be observed so the pidfd is released.
+    // pid 1 is gone once its cgroup is empty; the watcher releases its pidfd as it observes the exit.
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
-    native.close(this.pidfd);
     if (this.runtime.diskMb !== undefined && this.runtime.diskMb !== null) unmountDisk(this.runtime.dir);
     await rm(this.runtime.dir, { recursive: true, force: true });
   }
