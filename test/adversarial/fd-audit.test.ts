@@ -2,6 +2,7 @@
  * No descriptor of the gateway reaches a sandbox: every process in a sandbox's cgroup (pid 1,
  * execs, background jobs, the shell-session holder and its shell) is checked against the
  * gateway's own descriptors, including one the gateway inherited from whoever started it.
+ * The gateway itself holds one descriptor per sandbox: a pidfd of its pid 1.
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
@@ -73,7 +74,26 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
       }
     }
     await shell.close();
-    await sb.delete();
+
+    // The gateway's descriptors per sandbox: exactly one, a pidfd of its pid 1 (fdinfo names the pid).
+    const more = [sb, await client.createSandbox({ image: 'busybox' }), await client.createSandbox({ image: 'busybox' })];
+    const pidOf = new Map<number, string>();
+    for (const s of more) pidOf.set((await client.getSandbox(s.id)).info!.pid!, s.id);
+    const held = new Map<number, number>();
+    for (const [fd, target] of fdTargets(child.pid!)) {
+      if (target !== 'anon_inode:[pidfd]') continue;
+      const m = /^Pid:\s+(-?\d+)/m.exec(readFileSync(`/proc/${child.pid}/fdinfo/${fd}`, 'utf8'));
+      if (m) held.set(Number(m[1]), (held.get(Number(m[1])) ?? 0) + 1);
+    }
+    for (const [pid, id] of pidOf) t.is(held.get(pid), 1, `the gateway holds one pidfd of ${id}'s pid 1`);
+    t.is([...held.keys()].filter((p) => !pidOf.has(p)).length, 0, `no other pidfds: ${JSON.stringify([...held])}`);
+    for (const pid of pidOf.keys()) {
+      // pid 1 keeps only its stdio, on /dev/null
+      const own = fdTargets(pid);
+      t.deepEqual([...own.keys()].sort(), ['0', '1', '2']);
+      t.true([...own.values()].every((v) => v === '/dev/null'), JSON.stringify([...own]));
+    }
+    for (const s of more) await s.delete();
   } finally {
     await client?.close().catch(() => undefined);
     await kill9(child);
