@@ -1,7 +1,9 @@
 /**
  * npm run bench: create -> first exec latency (concurrency 1 and 16) against
  * `runc run` of the same rootfs in the same run, exec round trip through a
- * shell WebSocket, and idle density (host memory per idle sandbox).
+ * shell WebSocket, and idle density (host memory per idle sandbox, time to create and delete
+ * them all, create latency with none and with all of them alive, list and exec at that size).
+ * BENCH_DENSITY=10000 (any value from 2000 on) runs the density section alone.
  *
  * Everything goes through the real gateway on loopback with the SDK, as a user
  * would see it. Conditions are printed first; results are printed as a table
@@ -100,26 +102,79 @@ function memAvailableBytes(): number {
   return Number(m![1]) * 1024;
 }
 
-async function idleDensity(client: WarrenClient) {
+function rssBytes(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) * 1024 : 0;
+}
+
+const IDLE_SPEC = { image: IMAGE, cpu: 0.1, memoryMb: 64, priority: 'idle' as const };
+
+/** create → delete cycles one at a time: the create latency at the node's current population. */
+async function createLatency(client: WarrenClient, n: number): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    const sb = await client.createSandbox(IDLE_SPEC);
+    out.push(performance.now() - t0);
+    await client.deleteSandbox(sb.id);
+  }
+  return out;
+}
+
+async function idleDensity(client: WarrenClient, gatewayPid: number) {
+  const atZero = await createLatency(client, 30);
   execFileSync('sync');
   writeFileSync('/proc/sys/vm/drop_caches', '3');
   await new Promise((r) => setTimeout(r, 500));
   const before = memAvailableBytes();
+  const rssBefore = rssBytes(gatewayPid);
   const ids: string[] = [];
   const t0 = performance.now();
+  let lastReport = t0;
   await runPool(DENSITY, 8, async () => {
-    const sb = await client.createSandbox({ image: IMAGE, cpu: 0.1, memoryMb: 64, priority: 'idle' });
+    const sb = await client.createSandbox(IDLE_SPEC);
     ids.push(sb.id);
+    if (performance.now() - lastReport > 10_000) {
+      lastReport = performance.now();
+      console.error(`  ${ids.length} sandboxes alive after ${((lastReport - t0) / 1000).toFixed(0)} s`);
+    }
   });
   const createS = (performance.now() - t0) / 1000;
   await new Promise((r) => setTimeout(r, 1000));
   writeFileSync('/proc/sys/vm/drop_caches', '3');
   await new Promise((r) => setTimeout(r, 500));
   const after = memAvailableBytes();
+  const rssAfter = rssBytes(gatewayPid);
   const sample = await client.getSandbox(ids[0]!);
   const alive = (await client.listSandboxes()).filter((s) => s.state === 'running').length;
+  // per-node calls at this population: a page of the list, the whole list, an exec
+  const tp = performance.now();
+  await client.listSandboxesPage({ limit: 100 });
+  const pageMs = performance.now() - tp;
+  const tl = performance.now();
+  await client.listSandboxes();
+  const listMs = performance.now() - tl;
+  const te = performance.now();
+  await client.sandbox(ids[ids.length - 1]!).exec(['true']);
+  const execMs = performance.now() - te;
+  const atN = await createLatency(client, 30);
+  const td = performance.now();
   await runPool(ids.length, 8, (i) => client.deleteSandbox(ids[i]!));
-  return { count: ids.length, alive, perSandboxBytes: (before - after) / ids.length, createS, sampleState: sample.state };
+  const deleteS = (performance.now() - td) / 1000;
+  return {
+    count: ids.length,
+    alive,
+    perSandboxBytes: (before - after) / ids.length,
+    gatewayRssPerSandboxBytes: (rssAfter - rssBefore) / ids.length,
+    createS,
+    deleteS,
+    createP50AtZero: percentile(atZero, 50),
+    createP50AtN: percentile(atN, 50),
+    listPageMs: pageMs,
+    listAllMs: listMs,
+    execAtNMs: execMs,
+    sampleState: sample.state,
+  };
 }
 
 async function main() {
@@ -143,8 +198,10 @@ async function main() {
 
     const rows: Array<Record<string, string>> = [];
     const results: Record<string, unknown> = {};
-    const bundle = existsSync('/usr/sbin/runc') || existsSync('/usr/bin/runc') ? prepareRuncBundle(rootfs) : null;
-    for (const concurrency of [1, 16]) {
+    // density mode (BENCH_DENSITY >= 2000): only the density section, the others would take as long again
+    const densityOnly = DENSITY >= 2000;
+    const bundle = !densityOnly && (existsSync('/usr/sbin/runc') || existsSync('/usr/bin/runc')) ? prepareRuncBundle(rootfs) : null;
+    for (const concurrency of densityOnly ? [] : [1, 16]) {
       const w = await warrenCreateExec(client, concurrency);
       const r = bundle ? await runcRun(bundle, concurrency) : [];
       const wp50 = percentile(w.firstExec, 50);
@@ -169,21 +226,37 @@ async function main() {
       };
     }
     if (bundle) await rm(bundle, { recursive: true, force: true });
-    console.log('\n# create → first exec (through the REST API, SDK on loopback)');
-    printTable(rows);
+    if (!densityOnly) {
+      console.log('\n# create → first exec (through the REST API, SDK on loopback)');
+      printTable(rows);
 
-    const rtt = await shellRoundTrip(client);
-    console.log('\n# exec round trip of `true` through a shell WebSocket (command mode)');
-    printTable([{ iterations: String(rtt.length), p50: `${percentile(rtt, 50).toFixed(2)} ms`, p99: `${percentile(rtt, 99).toFixed(2)} ms` }]);
-    results.shellRtt = { p50: percentile(rtt, 50), p99: percentile(rtt, 99) };
+      const rtt = await shellRoundTrip(client);
+      console.log('\n# exec round trip of `true` through a shell WebSocket (command mode)');
+      printTable([{ iterations: String(rtt.length), p50: `${percentile(rtt, 50).toFixed(2)} ms`, p99: `${percentile(rtt, 99).toFixed(2)} ms` }]);
+      results.shellRtt = { p50: percentile(rtt, 50), p99: percentile(rtt, 99) };
+    }
 
-    const d = await idleDensity(client);
-    console.log(`\n# idle density (${d.count} idle sandboxes alive at once)`);
-    printTable([{ sandboxes: String(d.alive), 'host memory per sandbox': `${(d.perSandboxBytes / 1024 / 1024).toFixed(2)} MiB`, 'time to create all': `${d.createS.toFixed(1)} s` }]);
+    const d = await idleDensity(client, warren.child.pid!);
+    console.log(`\n# idle density (${d.count} idle \`${IMAGE}\` sandboxes, memoryMb 64, priority idle, alive at once; created 8 at a time)`);
+    printTable([
+      {
+        sandboxes: String(d.alive),
+        'host memory per sandbox': `${(d.perSandboxBytes / 1024 / 1024).toFixed(2)} MiB`,
+        'of it gateway RSS': `${(d.gatewayRssPerSandboxBytes / 1024).toFixed(1)} KiB`,
+        'time to create all': `${d.createS.toFixed(1)} s`,
+        'create p50 at 0 alive': `${d.createP50AtZero.toFixed(1)} ms`,
+        [`create p50 at ${d.count} alive`]: `${d.createP50AtN.toFixed(1)} ms`,
+        'list page (100)': `${d.listPageMs.toFixed(1)} ms`,
+        'list all': `${d.listAllMs.toFixed(0)} ms`,
+        'exec at N': `${d.execAtNMs.toFixed(1)} ms`,
+        'delete all': `${d.deleteS.toFixed(1)} s`,
+      },
+    ]);
     results.density = d;
 
     mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
-    writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'create-exec.json'), JSON.stringify({ conditions: conditions(), results }, null, 2));
+    const name = densityOnly ? `create-exec-density-${DENSITY}.json` : 'create-exec.json';
+    writeFileSync(join(__dirname, '..', '..', 'bench', 'results', name), JSON.stringify({ conditions: conditions(), results }, null, 2));
   } finally {
     for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
     await client.close();
