@@ -37,6 +37,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Kernel limits a node of 10,000 sandboxes needs (docs/density.md); `warren up` raises the same
+# ones at start and reports what it could not (src/shim/host-tunables.ts). Never lowered.
+cat > /etc/sysctl.d/90-warren.conf <<'SYSCTL'
+kernel.pid_max = 4194304
+kernel.threads-max = 80000
+user.max_pid_namespaces = 20000
+user.max_mnt_namespaces = 20000
+user.max_net_namespaces = 20000
+user.max_ipc_namespaces = 20000
+user.max_uts_namespaces = 20000
+user.max_cgroup_namespaces = 20000
+SYSCTL
+while read -r key _ value; do
+  [ -n "$key" ] || continue
+  current=$(sysctl -n "$key" 2>/dev/null || echo 0)
+  if [ "$current" -lt "$value" ]; then sysctl -q -w "$key=$value" || echo "setup: cannot raise $key to $value" >&2; fi
+done < /etc/sysctl.d/90-warren.conf
+
 # The unprivileged user jailed microVM monitors drop to (src/shim/backends/microvm/vmm.ts).
 id warren-vmm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin warren-vmm
 
