@@ -1,5 +1,5 @@
 /**
- * Density at a size CI affords: WARREN_DENSITY_N (default 2,000) idle sandboxes alive at once in
+ * Density at a size CI affords: WARREN_DENSITY_N (default 1,000) idle sandboxes alive at once in
  * one real `warren up`, then all deleted, with exact counts before and after: processes, mounts,
  * cgroups and network namespaces on the host, and the gateway's own descriptors (one pidfd per
  * sandbox while they live, none after). A page of the list and an exec in the newest sandbox are
@@ -15,7 +15,7 @@ import { busyboxRootfs, countHostResources } from '../helpers/warren';
 import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 
-const N = Number(process.env.WARREN_DENSITY_N ?? 2000);
+const N = Number(process.env.WARREN_DENSITY_N ?? 1000);
 const it = testUnless(skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces'));
 
 /** The gateway's descriptors other than sockets (client connections come and go with the client's pool). */
