@@ -95,6 +95,8 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
     }
     for (const s of more) await s.delete();
   } finally {
+    // a failed assertion must not leave the sandboxes running after the gateway is gone
+    for (const s of (await client?.listSandboxes().catch(() => [])) ?? []) await client?.deleteSandbox(s.id).catch(() => undefined);
     await client?.close().catch(() => undefined);
     await kill9(child);
     removeTree(dataDir);

@@ -46,6 +46,8 @@ async function withGateway(t: { teardown(fn: () => Promise<void> | void): void }
   const w = await startWarrenProcess(dataDir, nodeId, [], undefined, opts);
   const client = new WarrenClient({ url: w.url, token: readFileSync(join(dataDir, 'admin.token'), 'utf8').trim() });
   t.teardown(async () => {
+    // a failed assertion must not leave the sandboxes running after the gateway is gone
+    for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
     await client.close().catch(() => undefined);
     await kill9(w.child);
     removeTree(dataDir);
