@@ -50,6 +50,7 @@ ERROR_CODES: Dict[str, int] = {
     "IMAGE_BUILD_FAILED": 500,
     "TIMEOUT": 504,
     "UNAVAILABLE": 503,
+    "NODE_AT_CAPACITY": 503,
 }
 
 _STATUS_CODE: Dict[int, str] = {
