@@ -254,6 +254,7 @@ typedef struct wn_exec_spec {
   int pty_cols;   /* WN_STDIO_PTY */
   int pty_rows;
   int status_pipe; /* WN_STDIO_PIPES / WN_STDIO_PTY: extra pipe on the child's fd 3 */
+  int status_socket; /* instead: a SOCK_SEQPACKET socket pair, one end on the child's fd 3 */
   const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const struct wn_isolate *isolate; /* FnCall per-invocation isolation (isolate.h); NULL = none */
 } wn_exec_spec;

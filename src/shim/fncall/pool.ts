@@ -56,6 +56,8 @@ export class Pool {
   private readonly latencies: number[] = [];
   private latencyPos = 0;
   invocations = 0;
+  /** zygoteRuns of containers already discarded. */
+  private retiredZygoteRuns = 0;
   replaced = 0;
   rejected = 0;
 
@@ -202,6 +204,7 @@ export class Pool {
   }
 
   private forget(c: PoolContainer): void {
+    if (this.containers.has(c)) this.retiredZygoteRuns += c.zygoteRuns;
     this.containers.delete(c);
     const i = this.idle.indexOf(c);
     if (i >= 0) this.idle.splice(i, 1);
@@ -318,6 +321,7 @@ export class Pool {
       maxQueue: s.maxQueue,
       warm: this.idle.length,
       interpreters: this.idle.filter((c) => c.warmSince !== null).length,
+      zygoteRuns: this.retiredZygoteRuns + [...this.containers].reduce((n, c) => n + c.zygoteRuns, 0),
       busy: this.containers.size - this.idle.length,
       starting: this.starting,
       queued: this.waiters.length,
