@@ -171,6 +171,8 @@ export class PoolContainer {
   private tmpfsBytes = 0;
   /** Invocations forked from a zygote. */
   zygoteRuns = 0;
+  /** No program has run since the container was made or last reset and verified. */
+  private pristine = true;
   readonly createdAt = Date.now();
   lastUsed = Date.now();
   uses = 0;
@@ -287,6 +289,13 @@ export class PoolContainer {
   private makeScratchDirs(): void {
     for (const t of SCRATCH_TARGETS) {
       const p = `${SCRATCH_DIR}/${t.dir}`;
+      // after a reset nothing runs in the container: a directory already as it should be stays
+      try {
+        const st = lstatSync(`${this.root}${p}`);
+        if (st.isDirectory() && st.uid === RUN_UID && st.gid === RUN_GID && (st.mode & 0o7777) === t.mode) continue;
+      } catch {
+        /* made below */
+      }
       try {
         native.mkdirInRoot(this.root, p, 0o755, false);
       } catch (err) {
@@ -342,7 +351,10 @@ export class PoolContainer {
    */
   private openRequestFile(full: string, mode: 'r' | 'w', fileMode = 0): number {
     const base = PoolContainer.baseOf(full);
-    return native.openInRoot(`${this.root}${base}`, full.slice(base.length + 1), mode, fileMode, RUN_CREDS);
+    // Right after a verified reset no program has run since the writable directories were emptied,
+    // so nothing can be planted there: the input files are written without taking the run user's
+    // identity (which costs a thread per call). Everything after a program ran uses it.
+    return native.openInRoot(`${this.root}${base}`, full.slice(base.length + 1), mode, fileMode, this.pristine && mode === 'w' ? undefined : RUN_CREDS);
   }
 
   /** Write the invocation's input files under /work or the scratch directories (owned by the run user). */
@@ -370,8 +382,9 @@ export class PoolContainer {
       cur = `${cur}/${part}`;
       try {
         const rel = cur.slice(base.length + 1);
-        native.mkdirInRoot(`${this.root}${base}`, rel, 0o755, false, RUN_CREDS);
-        const fd = native.openInRoot(`${this.root}${base}`, rel, 'dir', 0, RUN_CREDS);
+        const creds = this.pristine ? undefined : RUN_CREDS;
+        native.mkdirInRoot(`${this.root}${base}`, rel, 0o755, false, creds);
+        const fd = native.openInRoot(`${this.root}${base}`, rel, 'dir', 0, creds);
         try {
           fchownSync(fd, RUN_UID, RUN_GID);
         } finally {
@@ -423,6 +436,7 @@ export class PoolContainer {
     }
     if (this.warming) await this.warming;
     if (this.zygoteStarting) await this.zygoteStarting;
+    this.pristine = false;
     const z = this.zygoteFor(o);
     const warm = await this.takeWarm(z !== null ? { ...o, warmPython: undefined } : o);
     resetMemoryPeak(this.id);
@@ -755,6 +769,7 @@ export class PoolContainer {
       return { ok: false, reason: `reset failed: ${(err as Error).message}` };
     }
     if (zygoteEnabled() && !this.zygote?.alive) await this.startZygote();
+    this.pristine = true;
     this.lastUsed = Date.now();
     this.uses++;
     return { ok: true };
