@@ -199,6 +199,11 @@ export class PoolContainer {
     return !this.dead;
   }
 
+  /** Host pid of the python3 zygote, or null without one. */
+  get zygotePid(): number | null {
+    return this.zygote?.alive ? this.zygote.pid : null;
+  }
+
   get ended(): Promise<void> {
     return this.box.ended;
   }

@@ -366,9 +366,9 @@ export class Pool {
     this.releaseLayers = null;
   }
 
-  /** The containers of this pool: id (also the cgroup name) and host pid of each pid 1. */
-  containerList(): Array<{ id: string; pid: number; idle: boolean }> {
-    return [...this.containers].map((c) => ({ id: c.id, pid: c.pid, idle: this.idle.includes(c) }));
+  /** The containers of this pool: id (also the cgroup name), host pid of each pid 1 and of its python3 zygote. */
+  containerList(): Array<{ id: string; pid: number; idle: boolean; zygotePid: number | null }> {
+    return [...this.containers].map((c) => ({ id: c.id, pid: c.pid, idle: this.idle.includes(c), zygotePid: c.zygotePid }));
   }
 }
 
