@@ -235,6 +235,12 @@ export interface NativeAddon {
   zygoteSpawn(fd: number, payload: Buffer): { stdin: number; stdout: number; stderr: number };
   /** Call `callback` for every reply on a zygote channel; kind 0 (the zygote is gone) is the last call. */
   zygoteWatch(fd: number, callback: (reply: ZygoteReply) => void): void;
+  /**
+   * Bring the swapped-out pages of process `pid` back (native/helper/src/prefetch.c), on the thread
+   * pool: 'touch' reads each swapped page (it is faulted in and mapped), 'willneed' asks for swap
+   * readahead (process_madvise MADV_WILLNEED). Resolves with the bytes asked for.
+   */
+  prefetchAsync(pid: number, mode: 'touch' | 'willneed'): Promise<{ bytes: number }>;
   pidfdOpen(pid: number): number;
   pidfdSendSignal(pidfd: number, signal: number): void;
   /** Start time in clock ticks of `pid`, or 0 when it does not exist. */

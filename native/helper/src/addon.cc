@@ -580,6 +580,34 @@ Napi::Value ExecAsync(const Napi::CallbackInfo& info) {
       [](Napi::Env env, ExecJob& j) -> Napi::Value { return ExecResult(env, j.r); });
 }
 
+// ---- prefetch ---------------------------------------------------------------------------
+
+struct PrefetchJob {
+  pid_t pid = 0;
+  int mode = 0;
+  uint64_t bytes = 0;
+  wn_error e{};
+  int rc = 0;
+};
+
+Napi::Value PrefetchAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PrefetchJob>();
+  j->pid = static_cast<pid_t>(ToInt(env, ArgOrUndefined(info, 0), "pid", 1, WN_PID_MAX));
+  std::string mode = ToStr(env, ArgOrUndefined(info, 1), "mode", 16);
+  if (mode == "touch") j->mode = WN_PREFETCH_TOUCH;
+  else if (mode == "willneed") j->mode = WN_PREFETCH_WILLNEED;
+  else Invalid(env, "mode must be 'touch' or 'willneed'");
+  return Queue(
+      env, std::move(j), [](PrefetchJob& p) { return wn_prefetch(p.pid, p.mode, &p.bytes, &p.e); },
+      [](Napi::Env env, PrefetchJob& p) -> Napi::Value {
+        Napi::Object out = Napi::Object::New(env);
+        out.Set("bytes", Napi::Number::New(env, static_cast<double>(p.bytes)));
+        return out;
+      });
+}
+
 // ---- watchExit ------------------------------------------------------------------------
 
 struct Watcher {
@@ -919,6 +947,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"watchExit", WatchExit},
       {"zygoteSpawn", ZygoteSpawn},
       {"zygoteWatch", ZygoteWatch},
+      {"prefetchAsync", PrefetchAsync},
       {"pidfdOpen", PidfdOpen},
       {"pidfdSendSignal", PidfdSendSignal},
       {"processStartTime", ProcessStartTime},
