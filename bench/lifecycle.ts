@@ -65,10 +65,20 @@ async function main(): Promise<void> {
         const t0 = performance.now();
         writeNow(join(frzDir, 'freezer.state'), 'FROZEN');
         while (readFileSync(join(frzDir, 'freezer.state'), 'utf8').trim() !== 'FROZEN') await sleep(0);
-        try {
-          writeNow(join(memDir, 'memory.limit_in_bytes'), String(MIB));
-        } catch {
-          writeNow(join(memDir, 'memory.limit_in_bytes'), String(Math.ceil((usage() + MIB) / 65536) * 65536));
+        // as the kernel allows: EBUSY while it is still making progress is asked again (as pause does)
+        for (let last = Infinity, i = 0; ; i++) {
+          try {
+            writeNow(join(memDir, 'memory.limit_in_bytes'), String(MIB));
+            break;
+          } catch {
+            const u = usage();
+            if (i < 8 && last - u > 4 * MIB) {
+              last = u;
+              continue;
+            }
+            writeNow(join(memDir, 'memory.limit_in_bytes'), String(Math.ceil((u + MIB) / 65536) * 65536));
+            break;
+          }
         }
         return { ms: performance.now() - t0, before, after: usage() };
       };

@@ -241,7 +241,8 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
 async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Promise<number> {
   const file = join(dir, 'memory.limit_in_bytes');
   let target = MIB;
-  for (let attempt = 0; attempt < 4; attempt++) {
+  let last = Number.MAX_SAFE_INTEGER;
+  for (let attempt = 0; attempt < 8; attempt++) {
     try {
       await ops.write(file, String(target));
       return target;
@@ -249,6 +250,12 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
       if (errnoOf(err) !== 'EBUSY') throw err;
     }
     const usage = (await readNumber(ops, join(dir, 'memory.usage_in_bytes'))) ?? limitBytes;
+    // Still going down (recently used pages are moved to the inactive list first, a write at a
+    // time): ask again. Stuck: settle a little above what is left.
+    if (target === MIB && last - usage > 4 * MIB) {
+      last = usage;
+      continue;
+    }
     target = Math.ceil((usage + (attempt + 1) * MIB) / (64 * 1024)) * 64 * 1024;
     if (target >= limitBytes) break;
   }
