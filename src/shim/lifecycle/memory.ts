@@ -242,6 +242,7 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
   const file = join(dir, 'memory.limit_in_bytes');
   let target = MIB;
   let last = Number.MAX_SAFE_INTEGER;
+  let settle = 0;
   for (let attempt = 0; attempt < 8; attempt++) {
     try {
       await ops.write(file, String(target));
@@ -256,7 +257,8 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
       last = usage;
       continue;
     }
-    target = Math.ceil((usage + (attempt + 1) * MIB) / (64 * 1024)) * 64 * 1024;
+    settle++;
+    target = Math.ceil((usage + settle * MIB) / (64 * 1024)) * 64 * 1024;
     if (target >= limitBytes) break;
   }
   await ops.write(file, String(limitBytes));
