@@ -243,6 +243,7 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
   let target = MIB;
   let last = Number.MAX_SAFE_INTEGER;
   let settle = 0;
+  let forced = false;
   for (let attempt = 0; attempt < 8; attempt++) {
     try {
       await ops.write(file, String(target));
@@ -254,6 +255,14 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
     // Still going down (recently used pages are moved to the inactive list first, a write at a
     // time): ask again. Stuck: settle a little above what is left.
     if (target === MIB && last - usage > 4 * MIB) {
+      last = usage;
+      continue;
+    }
+    // The limit write gives up at the first reclaim round without progress (all pages on the
+    // active list, as after a full re-read); force_empty keeps going through a few such rounds.
+    if (target === MIB && !forced) {
+      forced = true;
+      await ops.write(join(dir, 'memory.force_empty'), '0').catch(() => undefined);
       last = usage;
       continue;
     }
