@@ -176,3 +176,33 @@ maybe('forks keep the limits of the request: output, wall clock, CPU, memory and
   const ok = await forked('print("still fine")\n');
   t.is(ok.stdout, 'still fine\n');
 });
+
+maybe('an invocation cannot reach the zygote: no signal, no memory, no environment, no new namespace', async (t) => {
+  const attack = `import os, signal, ctypes
+z = os.getppid()
+res = {}
+for sig in (signal.SIGKILL, signal.SIGSTOP, 0):
+    try:
+        os.kill(z, sig)
+        res[str(sig)] = 'sent'
+    except OSError as e:
+        res[str(sig)] = e.errno
+for f in ('mem', 'environ', 'maps'):
+    try:
+        with open(f'/proc/{z}/{f}', 'rb') as fh:
+            fh.read(1)
+        res[f] = 'read'
+    except OSError as e:
+        res[f] = e.errno
+libc = ctypes.CDLL(None, use_errno=True)
+res['unshare'] = [libc.unshare(0x10000000), ctypes.get_errno()]
+res['ptrace'] = [libc.ptrace(16, z, 0, 0), ctypes.get_errno()]
+print(sorted(res.items()))
+`;
+  const r = await forked(attack);
+  t.is(r.status, 'ok', r.stderr);
+  // EPERM (1) for signals, EACCES (13) or EPERM for its /proc files, EPERM from seccomp for unshare and ptrace
+  t.is(r.stdout, "[('0', 1), ('19', 1), ('9', 1), ('environ', 13), ('maps', 13), ('mem', 13), ('ptrace', [-1, 1]), ('unshare', [-1, 1])]\n");
+  const again = await forked('print("zygote still serving")\n');
+  t.is(again.stdout, 'zygote still serving\n');
+});
