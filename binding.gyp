@@ -13,7 +13,8 @@
         "native/helper/src/clone.c",
         "native/helper/src/confine.c",
         "native/helper/src/seccomp.c",
-        "native/helper/src/bpf_egress.c"
+        "native/helper/src/bpf_egress.c",
+        "native/helper/src/prefetch.c"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",

@@ -8,6 +8,7 @@ APT_PACKAGES=(
   build-essential python3 make g++ pkg-config   # node-gyp and the static helpers
   clang llvm libbpf-dev bpftool                 # bpf/ programs
   libseccomp-dev                                # seccomp filters in the native helper
+  python3-dev                                   # headers of the FnCall python3 zygote's fork server (native/helper/zygote)
   apparmor                                      # apparmor_parser: CI compiles apparmor/ profiles (-Q -K)
   erofs-utils                                   # layer images (mkfs.erofs)
   debootstrap                                   # the default Debian image

@@ -12,7 +12,7 @@ import * as path from 'node:path';
 import { WarrenError } from '../errors';
 import type { ConfineSpec, NativeAddon } from './types';
 
-export type HelperBinary = 'warren-init' | 'warren-nsexec' | 'warren-session';
+export type HelperBinary = 'warren-init' | 'warren-nsexec' | 'warren-session' | 'warren_zygote.so';
 
 interface RawAddon extends NativeAddon {
   init(errorClass: typeof WarrenError): void;
@@ -102,6 +102,11 @@ function withConfine<T extends { confine?: ConfineSpec | null }>(spec: T, id: un
   return c === null ? spec : { ...spec, confine: c };
 }
 
+/** The confinement the provider gives the processes of sandbox `id` (null: none). */
+export function confinementOf(id: string): ConfineSpec | null {
+  return confinementProvider === null ? null : confinementProvider(id);
+}
+
 /** The native addon, loaded on first property access. */
 export const native: NativeAddon = new Proxy({} as NativeAddon, {
   get(_target, prop) {
@@ -129,7 +134,7 @@ export function bpfObject(name: 'sandbox_egress'): string {
 }
 
 export function helperBinary(name: HelperBinary): string {
-  if (name !== 'warren-init' && name !== 'warren-nsexec' && name !== 'warren-session') {
+  if (name !== 'warren-init' && name !== 'warren-nsexec' && name !== 'warren-session' && name !== 'warren_zygote.so') {
     throw new WarrenError('INVALID_ARGUMENT', `unknown helper binary ${String(name)}`);
   }
   const dir = process.env.WARREN_HELPER_DIR

@@ -126,6 +126,8 @@ export interface ExecSpec {
   pty?: { cols: number; rows: number };
   /** Extra pipe from the child's fd 3 to the caller (used by shell sessions for exit markers). */
   statusPipe?: boolean;
+  /** Instead of the pipe: a SOCK_SEQPACKET socket pair, one end on the child's fd 3, the other in `status` (the python3 zygote's channel). */
+  statusSocket?: boolean;
   /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
   /** FnCall: isolate this one process (and its children) from the rest of the sandbox; see ExecIsolation. */
@@ -167,6 +169,18 @@ export interface ExecProcess {
   status?: number;
   /** Master side of the terminal in pty mode. */
   ptyFd?: number;
+}
+
+/** A reply of the python3 zygote: 1 started (pid in our namespace, a pidfd we own), 2 failed, 3 exited, 0 gone. */
+export interface ZygoteReply {
+  kind: 0 | 1 | 2 | 3;
+  pid?: number;
+  pidfd?: number;
+  step?: number;
+  index?: number;
+  errno?: number;
+  exitCode?: number | null;
+  signal?: number | null;
 }
 
 export interface ExitStatus {
@@ -216,6 +230,20 @@ export interface NativeAddon {
    * throws), so a watched process costs one descriptor; the caller must not close it.
    */
   watchExit(pidfd: number, callback: (status: ExitStatus) => void, owned?: boolean): void;
+  /**
+   * The FnCall python3 zygote (native/helper/zygote/zygote.c): send one fork request (`payload`, the
+   * zygote's record format) with three new pipes over the zygote's channel `fd`; returns the
+   * caller's ends (non-blocking). The replies arrive through zygoteWatch.
+   */
+  zygoteSpawn(fd: number, payload: Buffer): { stdin: number; stdout: number; stderr: number };
+  /** Call `callback` for every reply on a zygote channel; kind 0 (the zygote is gone) is the last call. */
+  zygoteWatch(fd: number, callback: (reply: ZygoteReply) => void): void;
+  /**
+   * Bring the swapped-out pages of process `pid` back (native/helper/src/prefetch.c), on the thread
+   * pool: 'touch' reads each swapped page (it is faulted in and mapped), 'willneed' asks for swap
+   * readahead (process_madvise MADV_WILLNEED). Resolves with the bytes asked for.
+   */
+  prefetchAsync(pid: number, mode: 'touch' | 'willneed'): Promise<{ bytes: number }>;
   pidfdOpen(pid: number): number;
   pidfdSendSignal(pidfd: number, signal: number): void;
   /** Start time in clock ticks of `pid`, or 0 when it does not exist. */

@@ -1,6 +1,6 @@
 /**
- * python3 invocations run in an interpreter started ahead of time, after the container's reset
- * (PoolContainer.prewarmPython). It must be indistinguishable from `python3 -B main.py` started
+ * With the zygote off (WARREN_FNCALL_ZYGOTE=0), python3 invocations run in an interpreter started
+ * ahead of time, after the container's reset (PoolContainer.prewarmPython). It must be indistinguishable from `python3 -B main.py` started
  * on demand, must never carry anything from one invocation to the next, and must never sit next
  * to another invocation's processes.
  */
@@ -10,6 +10,8 @@ import { type FnFixture, integrationSkipReason, openFnFixture } from './fncall-f
 import { testUnless } from '../helpers/skip';
 import { waitFor } from '../helpers/wait';
 
+// The prewarmed interpreter is the fallback when python3 does not fork from a zygote.
+process.env.WARREN_FNCALL_ZYGOTE = '0';
 const skip = integrationSkipReason();
 let f: FnFixture;
 

@@ -81,15 +81,17 @@ test('v2: any other reclaim failure thaws the sandbox and throws CGROUP_ERROR', 
   t.deepEqual(f.frozen, [true, false]);
 });
 
-test('v1: lower the limit to 1 MiB; on EBUSY settle just above what is left; resume restores the limit', async (t) => {
+test('v1: lower the limit to 1 MiB, again while usage still falls and after force_empty; on EBUSY settle just above what is left; resume restores the limit', async (t) => {
   const f = fake(1, { usage: 200 * MIB, after: 3 * MIB, busyBelow: 4 * MIB });
   const r = await pauseCgroup('s1', 512 * MIB, { ops: f.ops });
   t.deepEqual(
     f.writes.map(([k]) => k),
-    ['memory.limit_in_bytes', 'memory.limit_in_bytes'],
+    ['memory.limit_in_bytes', 'memory.limit_in_bytes', 'memory.force_empty', 'memory.limit_in_bytes', 'memory.limit_in_bytes'],
   );
   t.is(f.writes[0]![1], String(MIB));
-  t.is(Number(f.writes[1]![1]), 4 * MIB, 'usage (3 MiB) + 1 MiB, rounded to 64 KiB');
+  t.is(f.writes[1]![1], String(MIB), 'usage fell from 200 to 3 MiB: asked again');
+  t.is(f.writes[3]![1], String(MIB), 'after force_empty: asked again');
+  t.is(Number(f.writes[4]![1]), 4 * MIB, 'no more progress: usage (3 MiB) + 1 MiB, rounded to 64 KiB');
   t.is(r.pausedLimitBytes, 4 * MIB);
   t.is(r.reclaim, 'limit');
   t.is(r.releasedBytes, 197 * MIB);

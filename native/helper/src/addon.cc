@@ -11,6 +11,9 @@
 #include <malloc.h>
 #include <poll.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -30,11 +33,13 @@ namespace {
 constexpr const char* kVersion = "0.1.0";
 
 struct Watcher;
+struct ZWatcher;
 
 // Per-environment state (worker threads each get their own); freed with the env.
 struct AddonState {
   Napi::FunctionReference error_ctor;
   std::set<Watcher*> watchers;
+  std::set<ZWatcher*> zwatchers;
   bool closing = false;
 };
 
@@ -456,6 +461,7 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   gid_t gid = static_cast<gid_t>(ToInt(env, o.Get("gid"), "gid", 0, 4294967294LL));
   bool sched_idle = ToBool(env, o.Get("schedIdle"), "schedIdle");
   bool status_pipe = Has(o, "statusPipe") && ToBool(env, o.Get("statusPipe"), "statusPipe");
+  bool status_socket = Has(o, "statusSocket") && ToBool(env, o.Get("statusSocket"), "statusSocket");
 
   wn_exec_spec& s = j->s;
   s.stdio = WN_STDIO_PIPES;
@@ -478,6 +484,7 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   s.gid = gid;
   s.sched_idle = sched_idle;
   s.status_pipe = status_pipe;
+  s.status_socket = status_socket;
   s.confine = ParseConfine(env, o, j->confine_args);
   // cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
   // where the rules must be resolved)
@@ -573,6 +580,34 @@ Napi::Value ExecAsync(const Napi::CallbackInfo& info) {
       [](Napi::Env env, ExecJob& j) -> Napi::Value { return ExecResult(env, j.r); });
 }
 
+// ---- prefetch ---------------------------------------------------------------------------
+
+struct PrefetchJob {
+  pid_t pid = 0;
+  int mode = 0;
+  uint64_t bytes = 0;
+  wn_error e{};
+  int rc = 0;
+};
+
+Napi::Value PrefetchAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PrefetchJob>();
+  j->pid = static_cast<pid_t>(ToInt(env, ArgOrUndefined(info, 0), "pid", 1, WN_PID_MAX));
+  std::string mode = ToStr(env, ArgOrUndefined(info, 1), "mode", 16);
+  if (mode == "touch") j->mode = WN_PREFETCH_TOUCH;
+  else if (mode == "willneed") j->mode = WN_PREFETCH_WILLNEED;
+  else Invalid(env, "mode must be 'touch' or 'willneed'");
+  return Queue(
+      env, std::move(j), [](PrefetchJob& p) { return wn_prefetch(p.pid, p.mode, &p.bytes, &p.e); },
+      [](Napi::Env env, PrefetchJob& p) -> Napi::Value {
+        Napi::Object out = Napi::Object::New(env);
+        out.Set("bytes", Napi::Number::New(env, static_cast<double>(p.bytes)));
+        return out;
+      });
+}
+
 // ---- watchExit ------------------------------------------------------------------------
 
 struct Watcher {
@@ -663,6 +698,8 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
   st->watchers.insert(w.release());
   return env.Undefined();
 }
+
+#include "addon_zygote.inc"  // zygoteSpawn, zygoteWatch
 
 // ---- small process helpers ------------------------------------------------------------
 
@@ -875,6 +912,14 @@ void Cleanup(AddonState* st) {
     uv_poll_stop(&w->poll);
     uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), WatcherClosed);
   }
+  std::set<ZWatcher*> zs;
+  zs.swap(st->zwatchers);
+  for (ZWatcher* w : zs) {
+    w->callback.Reset();
+    w->async.reset();
+    uv_poll_stop(&w->poll);
+    uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), ZWatcherClosed);
+  }
 }
 
 Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
@@ -904,6 +949,9 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"spawnSandboxAsync", SpawnSandboxAsync},
       {"execAsync", ExecAsync},
       {"watchExit", WatchExit},
+      {"zygoteSpawn", ZygoteSpawn},
+      {"zygoteWatch", ZygoteWatch},
+      {"prefetchAsync", PrefetchAsync},
       {"pidfdOpen", PidfdOpen},
       {"pidfdSendSignal", PidfdSendSignal},
       {"processStartTime", ProcessStartTime},

@@ -28,6 +28,9 @@ enum {
   WN_SC_ALLOW_USERFAULTFD = 1 << 2, /* userfaultfd */
   WN_SC_ALLOW_PERF = 1 << 3,        /* perf_event_open */
   WN_SC_ALLOW_ALL = 0xf,
+  /* Internal, never from a policy: unshare(2) for the FnCall python3 zygote, whose children make
+     their user, IPC and network namespaces themselves (every child then stacks the full filter). */
+  WN_SC_ZYGOTE = 1 << 4,
 };
 
 #define WN_CONFINE_MAX_PATHS 32

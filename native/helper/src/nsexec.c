@@ -37,6 +37,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -454,10 +455,10 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
     c.n_child_fds = 3;
     c.want_ctty = 1;
   }
-  if (s->stdio != WN_STDIO_INHERIT && s->status_pipe) {
+  if (s->stdio != WN_STDIO_INHERIT && (s->status_pipe || s->status_socket)) {
     int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0) {
-      wn_fail_errno(e, WN_SPAWN_ERROR, "pipe2");
+    if (s->status_socket ? socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p) < 0 : pipe2(p, O_CLOEXEC) < 0) {
+      wn_fail_errno(e, WN_SPAWN_ERROR, s->status_socket ? "socketpair" : "pipe2");
       goto out;
     }
     c.child_fds[3] = p[1];

@@ -81,7 +81,7 @@ struct built {
   struct sock_fprog prog;
   int ready;
 };
-static struct built g_cache[WN_SC_ALLOW_ALL + 1];
+static struct built g_cache[(WN_SC_ALLOW_ALL | WN_SC_ZYGOTE) + 1];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* A tiny assembler: jumps name labels, resolved once the layout is known. */
@@ -111,7 +111,8 @@ static int build(unsigned allow, struct sock_filter *out) {
 #define ADD(list)                                                                   \
   for (size_t i_ = 0; i_ < sizeof(list) / sizeof(list[0]); i_++) \
     if (n < MAX_DENY) nrs[n++] = list[i_];
-  ADD(k_denied);
+  for (size_t i_ = 0; i_ < sizeof(k_denied) / sizeof(k_denied[0]); i_++)
+    if (n < MAX_DENY && !((allow & WN_SC_ZYGOTE) && k_denied[i_] == SYS_unshare)) nrs[n++] = k_denied[i_];
   if (!(allow & WN_SC_ALLOW_PTRACE)) ADD(k_ptrace);
   if (!(allow & WN_SC_ALLOW_IO_URING)) ADD(k_io_uring);
   if (!(allow & WN_SC_ALLOW_USERFAULTFD)) ADD(k_userfaultfd);
@@ -200,7 +201,7 @@ static int build(unsigned allow, struct sock_filter *out) {
 }
 
 const struct sock_fprog *wn_seccomp_filter(unsigned allow) {
-  allow &= WN_SC_ALLOW_ALL;
+  allow &= WN_SC_ALLOW_ALL | WN_SC_ZYGOTE;
   struct built *b = &g_cache[allow];
   if (__atomic_load_n(&b->ready, __ATOMIC_ACQUIRE)) return &b->prog;
   pthread_mutex_lock(&g_lock);

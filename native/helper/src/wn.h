@@ -254,6 +254,7 @@ typedef struct wn_exec_spec {
   int pty_cols;   /* WN_STDIO_PTY */
   int pty_rows;
   int status_pipe; /* WN_STDIO_PIPES / WN_STDIO_PTY: extra pipe on the child's fd 3 */
+  int status_socket; /* instead: a SOCK_SEQPACKET socket pair, one end on the child's fd 3 */
   const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const struct wn_isolate *isolate; /* FnCall per-invocation isolation (isolate.h); NULL = none */
 } wn_exec_spec;
@@ -263,6 +264,10 @@ typedef struct wn_exec_result {
   int pidfd;
   int stdin_fd, stdout_fd, stderr_fd, status_fd, pty_fd; /* -1 when absent */
 } wn_exec_result;
+
+/* Bring a process's swapped-out pages back (prefetch.c); *bytes: what was asked for. */
+enum { WN_PREFETCH_TOUCH = 0, WN_PREFETCH_WILLNEED = 1 };
+int wn_prefetch(pid_t pid, int mode, uint64_t *bytes, wn_error *e);
 
 int wn_exec_spec_check(const wn_exec_spec *s, wn_error *e);
 int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);

@@ -34,7 +34,7 @@ import type {
   SnapshotFacet,
 } from '../types';
 import { RootFiles } from './container-files';
-import { pauseCgroup, resumeCgroup } from '../lifecycle/memory';
+import { forgetPrefetch, pauseCgroup, resumeCgroup } from '../lifecycle/memory';
 import { dumpSandbox, restoreSandbox } from '../lifecycle/criu';
 import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
@@ -605,6 +605,7 @@ export class ContainerSandbox implements HostProcessSandbox {
   private async doDestroy(): Promise<void> {
     await destroyCgroup(this.id);
     forgetSandbox(this.id);
+    forgetPrefetch(this.id);
     if (this.runtime.network !== undefined && this.network !== null) await this.network.tearDown(this.id, this.runtime.network as SandboxNetworkRuntime);
     // pid 1 is gone once its cgroup is empty; the watcher releases its pidfd as it observes the exit.
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);

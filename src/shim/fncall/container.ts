@@ -19,16 +19,17 @@
  * - The environment is built from scratch for every exec.
  */
 import { BoundedCollector, pumpInto } from '../output';
-import { fchmodSync, fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync } from 'node:fs';
+import { fchmodSync, fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import { Socket } from 'node:net';
 import { WarrenError } from '../../errors';
-import { native } from '../../native';
+import { helperBinary, native } from '../../native';
 import type { ExecProcess, ExitStatus } from '../../native/types';
 import { DEFAULT_PATH } from '../backends/registry';
 import type { HostProcessBackend, HostProcessSandbox, ResolvedLayer, SandboxSpec } from '../types';
 import type { InputFile, LimitHit, StepResult, InvokeStatus } from './types';
+import { PYTHON_ZYGOTE_BOOTSTRAP, PythonZygote, ZYGOTE_DIR, ZYGOTE_MODULE, zygoteCanRun } from './zygote';
 
 export const WORK_DIR = '/work';
 /**
@@ -69,6 +70,17 @@ export function containerPathOf(p: string): string | null {
 function freshNetns(): boolean {
   return process.env.WARREN_FNCALL_NETNS !== '0';
 }
+/** Whether python3 invocations fork from a zygote (on unless WARREN_FNCALL_ZYGOTE=0). */
+export function zygoteEnabled(): boolean {
+  return process.env.WARREN_FNCALL_ZYGOTE !== '0';
+}
+/** The environment every step starts from (the zygote's own). */
+function baseEnv(): Record<string, string> {
+  return { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody' };
+}
+/** The fork server module, read once per process. */
+let zygoteModule: Buffer | null = null;
+
 /** nobody:nogroup */
 export const RUN_UID = 65534;
 export const RUN_GID = 65534;
@@ -93,6 +105,8 @@ export interface StepOptions {
   cpu: number;
   /** A python3 interpreter started ahead of time may run this step (language python3, no env). */
   warmPython?: { script: string };
+  /** The step is `python3 -B main.py` in /work: it may be forked from the container's zygote. */
+  zygote?: boolean;
 }
 
 /** What a prewarmed interpreter was started with; it is used only when a step matches. */
@@ -150,6 +164,15 @@ export class PoolContainer {
   /** A python3 interpreter waiting for the next invocation (see prewarmPython). */
   private warm: { proc: ExecProcess; spec: WarmSpec; exited: Promise<ExitStatus>; ready: boolean; since: number } | null = null;
   private warming: Promise<void> | null = null;
+  /** The python3 zygote (zygote.ts), or null (off, not started, or it failed). */
+  private zygote: PythonZygote | null = null;
+  private zygoteStarting: Promise<void> | null = null;
+  private zygoteFailures = 0;
+  private tmpfsBytes = 0;
+  /** Invocations forked from a zygote. */
+  zygoteRuns = 0;
+  /** No program has run since the container was made or last reset and verified. */
+  private pristine = true;
   readonly createdAt = Date.now();
   lastUsed = Date.now();
   uses = 0;
@@ -174,6 +197,11 @@ export class PoolContainer {
 
   get alive(): boolean {
     return !this.dead;
+  }
+
+  /** Host pid of the python3 zygote, or null without one. */
+  get zygotePid(): number | null {
+    return this.zygote?.alive ? this.zygote.pid : null;
   }
 
   get ended(): Promise<void> {
@@ -202,14 +230,54 @@ export class PoolContainer {
         }
       }
       c.writeRootFile('/etc/hosts', Buffer.from(ETC_HOSTS), 0o644);
+      c.tmpfsBytes = scratchBytes;
+      if (zygoteEnabled()) {
+        zygoteModule ??= readFileSync(helperBinary('warren_zygote.so'));
+        try {
+          native.mkdirInRoot(c.root, ZYGOTE_DIR, 0o755, false);
+        } catch (err) {
+          if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+        }
+        c.writeRootFile(`${ZYGOTE_DIR}/main.py`, Buffer.from(PYTHON_ZYGOTE_BOOTSTRAP), 0o644);
+        c.writeRootFile(ZYGOTE_MODULE, zygoteModule, 0o644);
+      }
       await c.mountWork(workBytes, scratchBytes);
       c.makeScratchDirs();
       c.baseline = snapshot(c.upperDir);
+      if (zygoteEnabled()) await c.startZygote();
     } catch (err) {
       await box.destroy().catch(() => undefined);
       throw err;
     }
     return c;
+  }
+
+  /** Start the python3 zygote (after a failure or its death, at the next reset). */
+  private startZygote(): Promise<void> {
+    if (this.dead || this.zygote?.alive || this.zygoteFailures >= 3) return Promise.resolve();
+    this.zygoteStarting ??= (async () => {
+      try {
+        this.zygote = await PythonZygote.start(this.box.pid, this.id, baseEnv(), {
+          writable: [WORK_DIR],
+          binds: SCRATCH_TARGETS.map((t) => ({ source: `${SCRATCH_DIR}/${t.dir}`, target: t.path })),
+          tmpfsBytes: this.tmpfsBytes,
+        });
+      } catch {
+        this.zygote = null;
+        this.zygoteFailures++;
+      } finally {
+        this.zygoteStarting = null;
+      }
+    })();
+    return this.zygoteStarting;
+  }
+
+  /** The zygote when it can run this step exactly as a fresh `python3 -B main.py` would. */
+  private zygoteFor(o: StepOptions): PythonZygote | null {
+    if (o.zygote !== true || this.zygote === null || !this.zygote.alive) return null;
+    if (o.argv.length !== 3 || o.argv[0] !== 'python3' || o.argv[1] !== '-B' || o.argv[2] !== 'main.py') return null;
+    if (!zygoteCanRun(o.env) || o.tmpfsBytes !== this.tmpfsBytes) return null;
+    return this.zygote;
   }
 
   private writeRootFile(path: string, data: Buffer, mode: number): void {
@@ -226,7 +294,18 @@ export class PoolContainer {
   private makeScratchDirs(): void {
     for (const t of SCRATCH_TARGETS) {
       const p = `${SCRATCH_DIR}/${t.dir}`;
-      native.mkdirInRoot(this.root, p, 0o755, false);
+      // after a reset nothing runs in the container: a directory already as it should be stays
+      try {
+        const st = lstatSync(`${this.root}${p}`);
+        if (st.isDirectory() && st.uid === RUN_UID && st.gid === RUN_GID && (st.mode & 0o7777) === t.mode) continue;
+      } catch {
+        /* made below */
+      }
+      try {
+        native.mkdirInRoot(this.root, p, 0o755, false);
+      } catch (err) {
+        if (!(err instanceof WarrenError && err.errno === 17)) throw err;
+      }
       const fd = native.openInRoot(this.root, p, 'dir', 0);
       try {
         fchownSync(fd, RUN_UID, RUN_GID);
@@ -277,7 +356,10 @@ export class PoolContainer {
    */
   private openRequestFile(full: string, mode: 'r' | 'w', fileMode = 0): number {
     const base = PoolContainer.baseOf(full);
-    return native.openInRoot(`${this.root}${base}`, full.slice(base.length + 1), mode, fileMode, RUN_CREDS);
+    // Right after a verified reset no program has run since the writable directories were emptied,
+    // so nothing can be planted there: the input files are written without taking the run user's
+    // identity (which costs a thread per call). Everything after a program ran uses it.
+    return native.openInRoot(`${this.root}${base}`, full.slice(base.length + 1), mode, fileMode, this.pristine && mode === 'w' ? undefined : RUN_CREDS);
   }
 
   /** Write the invocation's input files under /work or the scratch directories (owned by the run user). */
@@ -305,8 +387,9 @@ export class PoolContainer {
       cur = `${cur}/${part}`;
       try {
         const rel = cur.slice(base.length + 1);
-        native.mkdirInRoot(`${this.root}${base}`, rel, 0o755, false, RUN_CREDS);
-        const fd = native.openInRoot(`${this.root}${base}`, rel, 'dir', 0, RUN_CREDS);
+        const creds = this.pristine ? undefined : RUN_CREDS;
+        native.mkdirInRoot(`${this.root}${base}`, rel, 0o755, false, creds);
+        const fd = native.openInRoot(`${this.root}${base}`, rel, 'dir', 0, creds);
         try {
           fchownSync(fd, RUN_UID, RUN_GID);
         } finally {
@@ -357,13 +440,40 @@ export class PoolContainer {
       this.memoryMb = o.memoryMb;
     }
     if (this.warming) await this.warming;
-    const warm = await this.takeWarm(o);
+    if (this.zygoteStarting) await this.zygoteStarting;
+    this.pristine = false;
+    const z = this.zygoteFor(o);
+    const warm = await this.takeWarm(z !== null ? { ...o, warmPython: undefined } : o);
     resetMemoryPeak(this.id);
     const before = native.cgroupStats(this.id);
     const started = performance.now();
     let proc: ExecProcess;
+    let forked: Promise<ExitStatus> | null = null;
     try {
-      proc = warm?.proc ?? (await this.spawnStep(o.argv, o.env, { fileSizeBytes: o.fileSizeBytes, tmpfsBytes: o.tmpfsBytes, maxCpuMs: o.cpuMs }));
+      if (z !== null) {
+        try {
+          const f = await z.spawn({
+            env: { ...baseEnv(), ...o.env },
+            uid: RUN_UID,
+            gid: RUN_GID,
+            cwd: WORK_DIR,
+            ipc: true,
+            net: freshNetns(),
+            rlimits: { cpuSeconds: Math.ceil(o.cpuMs / 1000) + 1, fileSizeBytes: o.fileSizeBytes, coreBytes: 0, openFiles: 1024 },
+          });
+          proc = f.proc;
+          forked = f.exited;
+          this.zygoteRuns++;
+        } catch {
+          // a zygote that cannot fork is not used again in this container; this step starts on its own
+          this.zygoteFailures = 3;
+          void this.zygote?.kill();
+          this.zygote = null;
+          proc = await this.spawnStep(o.argv, o.env, { fileSizeBytes: o.fileSizeBytes, tmpfsBytes: o.tmpfsBytes, maxCpuMs: o.cpuMs });
+        }
+      } else {
+        proc = warm?.proc ?? (await this.spawnStep(o.argv, o.env, { fileSizeBytes: o.fileSizeBytes, tmpfsBytes: o.tmpfsBytes, maxCpuMs: o.cpuMs }));
+      }
     } catch (err) {
       if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && (err.errno === 2 || err.errno === 13)) {
         const msg = `warren: ${o.argv[0]}: ${err.errno === 2 ? 'command not found' : 'permission denied'}\n`;
@@ -399,7 +509,7 @@ export class PoolContainer {
     else stdin.end();
 
     // one watcher per pidfd: the exit status goes to whoever reaps first
-    const exited = warm?.exited ?? new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
+    const exited = forked ?? warm?.exited ?? new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
     const wallTimer = setTimeout(() => kill('wallMs'), o.wallMs);
     // CPU time: the container runs one invocation at a time, so its cgroup's usage is the invocation's.
     // Check when the budget could first be spent at full speed, then again for what is left.
@@ -479,7 +589,7 @@ export class PoolContainer {
 
   /** One isolated, unprivileged, confined process in the container (docs/fncall.md). */
   private spawnStep(argv: string[], extraEnv: Record<string, string>, limits: WarmSpec): Promise<ExecProcess> {
-    const env = { PATH: DEFAULT_PATH, HOME: WORK_DIR, TMPDIR: '/tmp', LANG: 'C.UTF-8', USER: 'nobody', ...extraEnv };
+    const env = { ...baseEnv(), ...extraEnv };
     return native.execAsync({
       initPid: this.box.pid,
       cgroup: this.id,
@@ -577,7 +687,8 @@ export class PoolContainer {
     try {
       for (;;) {
         if (this.dead) return false;
-        const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid);
+        const zpid = this.zygote?.alive ? this.zygote.pid : -1;
+        const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid && p !== zpid);
         if (others.length === 0) return true;
         if (Date.now() > deadline) return false;
         if (!frozen && others.length > 1) {
@@ -638,15 +749,32 @@ export class PoolContainer {
       }
       const st = lstatSync(work);
       if (!st.isDirectory() || st.uid !== RUN_UID) return { ok: false, reason: '/work was replaced' };
+      // The scratch directories are emptied, not made anew: the zygote's mount namespace binds them.
       const scratch = `${this.root}${SCRATCH_DIR}`;
-      await Promise.all(readdirSync(scratch).map((e) => rm(join(scratch, e), { recursive: true, force: true })));
-      if (readdirSync(scratch).length !== 0) return { ok: false, reason: 'the scratch filesystem could not be emptied' };
+      const targets = new Set(SCRATCH_TARGETS.map((t) => t.dir));
+      await Promise.all(readdirSync(scratch).filter((e) => !targets.has(e)).map((e) => rm(join(scratch, e), { recursive: true, force: true })));
+      const dirs = SCRATCH_TARGETS.map((t) => join(scratch, t.dir));
+      const shm = this.zygote?.alive ? `/proc/${this.zygote.pid}/root/dev/shm` : null;
+      if (shm !== null) dirs.push(shm);
+      for (const d of dirs) {
+        let entries: string[];
+        try {
+          entries = readdirSync(d);
+        } catch {
+          if (d === shm) continue; // the zygote ended just now; it is started anew below
+          throw new Error(`${d} is missing`);
+        }
+        await Promise.all(entries.map((e) => rm(join(d, e), { recursive: true, force: true })));
+        if (readdirSync(d).length !== 0) return { ok: false, reason: 'the scratch filesystem could not be emptied' };
+      }
       this.makeScratchDirs();
       const now = snapshot(this.upperDir);
       if (now !== this.baseline) return { ok: false, reason: 'the root filesystem changed outside /work' };
     } catch (err) {
       return { ok: false, reason: `reset failed: ${(err as Error).message}` };
     }
+    if (zygoteEnabled() && !this.zygote?.alive) await this.startZygote();
+    this.pristine = true;
     this.lastUsed = Date.now();
     this.uses++;
     return { ok: true };
@@ -659,6 +787,7 @@ export class PoolContainer {
       void this.discardWarm(this.warm);
       this.warm = null;
     }
+    if (this.zygote !== null) void this.zygote.kill();
     return this.box.destroy();
   }
 }

@@ -17,7 +17,7 @@ import { fnCallBackend } from '../backends/registry';
 import type { HostProcessBackend } from '../types';
 import type { LayerStore } from '../layers/store';
 import { check, verdictOf } from './checkers';
-import { type PoolContainer, type StepOptions, internalError } from './container';
+import { type PoolContainer, type StepOptions, internalError, zygoteEnabled } from './container';
 import { DEFAULT_COMPILE_TIMEOUT_MS, LANGUAGES, UNAVAILABLE, aliasesOf, expandArgv } from './languages';
 import { TOOLKITS, poolLanguages, poolLayerStack, toolkitClosure, toolkitLayerName } from './toolkits';
 import { Pool } from './pool';
@@ -326,7 +326,7 @@ export class FnCallManager {
     const t0 = performance.now();
     let c: PoolContainer;
     const l = pool.spec.limits;
-    pool.noteInvocation(opts.python === true && process.env.WARREN_FNCALL_PREWARM !== '0' ? { fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: l.maxTimeoutMs } : null);
+    pool.noteInvocation(opts.python === true && process.env.WARREN_FNCALL_PREWARM !== '0' && !zygoteEnabled() ? { fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: l.maxTimeoutMs } : null);
     try {
       c = await pool.acquire({ bypassQueueLimit: opts.wait, python: opts.python === true });
     } catch (err) {
@@ -377,8 +377,10 @@ export class FnCallManager {
   }
 
   /** python3 runs may use an interpreter started ahead of time (PoolContainer.prewarmPython). */
-  private warmOptions(language: InvokeRequest['language']): Partial<Pick<StepOptions, 'warmPython'>> {
-    if (language !== 'python3' || process.env.WARREN_FNCALL_PREWARM === '0') return {};
+  private warmOptions(language: InvokeRequest['language']): Partial<Pick<StepOptions, 'warmPython' | 'zygote'>> {
+    if (language !== 'python3') return {};
+    if (zygoteEnabled()) return { zygote: true };
+    if (process.env.WARREN_FNCALL_PREWARM === '0') return {};
     return { warmPython: { script: LANGUAGES.python3.source } };
   }
 
@@ -497,7 +499,7 @@ export class FnCallManager {
           }
           // Between tests of one submission: no process survives, files (the binary) stay.
           if (!(await c.killLeftovers())) run = internalError('processes survived the kill');
-          else if (req.language === 'python3' && index + 1 < req.tests.length) void c.prewarmPython({ fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: pool.spec.limits.maxTimeoutMs });
+          else if (req.language === 'python3' && index + 1 < req.tests.length && !zygoteEnabled()) void c.prewarmPython({ fileSizeBytes: l.fileSizeBytes, tmpfsBytes: l.tmpfsBytes, maxCpuMs: pool.spec.limits.maxTimeoutMs });
           let verdict = verdictOf(run.status);
           if (verdict === 'AC' && !check(req.checker, run.stdout, t.expected)) verdict = 'WA';
           const tr: JudgeTestResult = {

@@ -56,6 +56,8 @@ export class Pool {
   private readonly latencies: number[] = [];
   private latencyPos = 0;
   invocations = 0;
+  /** zygoteRuns of containers already discarded. */
+  private retiredZygoteRuns = 0;
   replaced = 0;
   rejected = 0;
 
@@ -202,6 +204,7 @@ export class Pool {
   }
 
   private forget(c: PoolContainer): void {
+    if (this.containers.has(c)) this.retiredZygoteRuns += c.zygoteRuns;
     this.containers.delete(c);
     const i = this.idle.indexOf(c);
     if (i >= 0) this.idle.splice(i, 1);
@@ -318,6 +321,7 @@ export class Pool {
       maxQueue: s.maxQueue,
       warm: this.idle.length,
       interpreters: this.idle.filter((c) => c.warmSince !== null).length,
+      zygoteRuns: this.retiredZygoteRuns + [...this.containers].reduce((n, c) => n + c.zygoteRuns, 0),
       busy: this.containers.size - this.idle.length,
       starting: this.starting,
       queued: this.waiters.length,
@@ -362,9 +366,9 @@ export class Pool {
     this.releaseLayers = null;
   }
 
-  /** The containers of this pool: id (also the cgroup name) and host pid of each pid 1. */
-  containerList(): Array<{ id: string; pid: number; idle: boolean }> {
-    return [...this.containers].map((c) => ({ id: c.id, pid: c.pid, idle: this.idle.includes(c) }));
+  /** The containers of this pool: id (also the cgroup name), host pid of each pid 1 and of its python3 zygote. */
+  containerList(): Array<{ id: string; pid: number; idle: boolean; zygotePid: number | null }> {
+    return [...this.containers].map((c) => ({ id: c.id, pid: c.pid, idle: this.idle.includes(c), zygotePid: c.zygotePid }));
   }
 }
 

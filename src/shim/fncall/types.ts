@@ -158,6 +158,8 @@ export interface PoolStats {
   warm: number;
   /** Idle containers whose python3 interpreter is already started, waiting for its program. */
   interpreters: number;
+  /** python3 invocations forked from a container's zygote (docs/fncall.md), since the pool started. */
+  zygoteRuns: number;
   busy: number;
   starting: number;
   queued: number;

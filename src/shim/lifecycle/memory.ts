@@ -12,7 +12,12 @@
  *   is left. memory+swap (`memory.memsw.limit_in_bytes`) stays at the
  *   sandbox's limit, so swapped pages never exceed what the sandbox was given.
  *
- * Resume restores the limit and thaws; pages come back from swap on touch.
+ * Resume restores the limit and thaws, then prefetches: every swapped-out page of
+ * the sandbox's processes is read back in the background (native prefetchAsync:
+ * 'touch' faults each one in and maps it again, so the sandbox's own first touch
+ * costs nothing; 'willneed' only asks for swap readahead). Neither cgroup v1 nor
+ * v2 has a cgroup-level swap-in, so it is done per process. WARREN_RESUME_PREFETCH
+ * = touch (default) | willneed | off.
  *
  * The reclaiming writes block in the kernel for as long as reclaim takes
  * (about a second for 200 MiB), so they are done with asynchronous file
@@ -49,6 +54,50 @@ export interface PauseReport {
 export interface ResumeReport {
   thawMs: number;
   durationMs: number;
+  /** The background prefetch started after the thaw ('off': none). */
+  prefetch: PrefetchMode;
+}
+
+export type PrefetchMode = 'touch' | 'willneed' | 'off';
+
+export interface PrefetchReport {
+  mode: PrefetchMode;
+  /** Bytes read back (touch) or advised (willneed). */
+  bytes: number;
+  processes: number;
+  /** From the thaw to the last process done. */
+  durationMs: number;
+}
+
+/** The prefetch in flight (or last done) per sandbox, for callers that wait for all memory to be resident. */
+const prefetches = new Map<string, Promise<PrefetchReport>>();
+
+export function prefetchMode(): PrefetchMode {
+  const v = process.env.WARREN_RESUME_PREFETCH;
+  return v === 'off' || v === '0' ? 'off' : v === 'willneed' ? 'willneed' : 'touch';
+}
+
+/** The latest resume's prefetch of sandbox `id`, if one was started (it never rejects). */
+export function prefetchDone(id: string): Promise<PrefetchReport> | undefined {
+  return prefetches.get(id);
+}
+
+/** Forget a sandbox's prefetch record (destroy). */
+export function forgetPrefetch(id: string): void {
+  prefetches.delete(id);
+}
+
+/** Read the swapped-out memory of every process of cgroup `id` back. */
+export async function prefetchCgroup(id: string, mode: Exclude<PrefetchMode, 'off'>): Promise<PrefetchReport> {
+  const t0 = performance.now();
+  let pids: number[] = [];
+  try {
+    pids = native.cgroupProcs(id);
+  } catch {
+    /* gone */
+  }
+  const done = await Promise.all(pids.map((p) => native.prefetchAsync(p, mode).catch(() => ({ bytes: 0 }))));
+  return { mode, bytes: done.reduce((n, d) => n + d.bytes, 0), processes: pids.length, durationMs: round(performance.now() - t0) };
 }
 
 /**
@@ -192,7 +241,10 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
 async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Promise<number> {
   const file = join(dir, 'memory.limit_in_bytes');
   let target = MIB;
-  for (let attempt = 0; attempt < 4; attempt++) {
+  let last = Number.MAX_SAFE_INTEGER;
+  let settle = 0;
+  let forced = false;
+  for (let attempt = 0; attempt < 8; attempt++) {
     try {
       await ops.write(file, String(target));
       return target;
@@ -200,7 +252,22 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
       if (errnoOf(err) !== 'EBUSY') throw err;
     }
     const usage = (await readNumber(ops, join(dir, 'memory.usage_in_bytes'))) ?? limitBytes;
-    target = Math.ceil((usage + (attempt + 1) * MIB) / (64 * 1024)) * 64 * 1024;
+    // Still going down (recently used pages are moved to the inactive list first, a write at a
+    // time): ask again. Stuck: settle a little above what is left.
+    if (target === MIB && last - usage > 4 * MIB) {
+      last = usage;
+      continue;
+    }
+    // The limit write gives up at the first reclaim round without progress (all pages on the
+    // active list, as after a full re-read); force_empty keeps going through a few such rounds.
+    if (target === MIB && !forced) {
+      forced = true;
+      await ops.write(join(dir, 'memory.force_empty'), '0').catch(() => undefined);
+      last = usage;
+      continue;
+    }
+    settle++;
+    target = Math.ceil((usage + settle * MIB) / (64 * 1024)) * 64 * 1024;
     if (target >= limitBytes) break;
   }
   await ops.write(file, String(limitBytes));
@@ -208,7 +275,7 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
 }
 
 /** Restore the memory limit and thaw. */
-export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBytes: number | undefined, ops: CgroupOps = nativeCgroupOps): Promise<ResumeReport> {
+export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBytes: number | undefined, ops: CgroupOps = nativeCgroupOps, prefetch: PrefetchMode = prefetchMode()): Promise<ResumeReport> {
   check(id);
   const started = performance.now();
   const { version, dir } = memoryDir(ops, id);
@@ -223,7 +290,8 @@ export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBy
   const t = performance.now();
   ops.freeze(id, false);
   const now = performance.now();
-  return { thawMs: round(now - t), durationMs: round(now - started) };
+  if (prefetch !== 'off' && ops === nativeCgroupOps) prefetches.set(id, prefetchCgroup(id, prefetch));
+  return { thawMs: round(now - t), durationMs: round(now - started), prefetch: ops === nativeCgroupOps ? prefetch : 'off' };
 }
 
 function round(ms: number): number {

@@ -1,0 +1,77 @@
+/**
+ * Resume prefetch (src/shim/lifecycle/memory.ts, native prefetch.c): after a pause pushed a
+ * sandbox's memory into zram, the resume reads it back in the background. When the prefetch has
+ * finished, the memory is resident again (charged to the sandbox, out of swap, and for 'touch'
+ * mapped into the process: its own first touch faults nothing in), and the data are intact.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { skipReason } from '../../src/features';
+import { native } from '../../src/native';
+import { prefetchDone } from '../../src/shim/lifecycle/memory';
+import { spec, withShim } from '../helpers/warren';
+import { memhogBinary, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
+import { testUnless } from '../helpers/skip';
+import { waitForValue } from '../helpers/wait';
+
+const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer') ?? zramSkipReason() ?? memhogSkipReason();
+const it = testUnless(skip).serial;
+const MIB = 1024 * 1024;
+
+/** Resident and swapped memory of the sandbox's memhog, from the host (/proc/<pid>/status). */
+function hogMemory(cgroup: string): { rss: number; swap: number; pid: number } {
+  for (const pid of native.cgroupProcs(cgroup)) {
+    let status: string;
+    try {
+      status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    } catch {
+      continue;
+    }
+    if (!/^Name:\s+memhog$/m.test(status)) continue;
+    const kb = (k: string) => Number(new RegExp(`^${k}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? 0) * 1024;
+    return { rss: kb('VmRSS'), swap: kb('VmSwap'), pid };
+  }
+  throw new Error('memhog is not running');
+}
+
+for (const mode of ['touch', 'willneed'] as const) {
+  it(`prefetch '${mode}': after resume the swapped-out memory comes back in the background, intact`, async (t) => {
+    await withZramSwap(512, async () => {
+      await withShim(t, async ({ shim }) => {
+        process.env.WARREN_RESUME_PREFETCH = mode;
+        try {
+          const sb = await shim.createSandbox(spec({ memoryMb: 256 }));
+          await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
+          await shim.exec(sb.id, { cmd: '(memhog 96 /tmp/hog 50 >/dev/null 2>&1 &)' });
+          await waitForValue(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout, (s) => s === 'ready\n', 20_000, 'memhog to fill its memory', 50);
+          const paused = await shim.pauseSandbox(sb.id);
+          t.true(paused.releasedBytes > 80 * MIB, `released ${(paused.releasedBytes / MIB).toFixed(1)} MiB`);
+          const out = hogMemory(sb.id);
+          t.true(out.swap > 80 * MIB, `in swap while paused: ${(out.swap / MIB).toFixed(1)} MiB`);
+
+          const r = await shim.resumeSandbox(sb.id);
+          t.is(r.state, 'running');
+          const pf = prefetchDone(sb.id);
+          if (pf === undefined) throw new Error('the resume started no prefetch');
+          const report = await pf;
+          t.is(report.mode, mode);
+          t.true(report.bytes > 80 * MIB, `prefetched ${(report.bytes / MIB).toFixed(1)} MiB`);
+          const memDir = join(native.cgroupLayout().roots.memory ?? native.cgroupLayout().roots.unified!, sb.id);
+          const charged = Number(readFileSync(join(memDir, native.cgroupLayout().version === 1 ? 'memory.usage_in_bytes' : 'memory.current'), 'utf8'));
+          t.true(charged > 90 * MIB, `resident (charged to the sandbox) after the prefetch: ${(charged / MIB).toFixed(1)} MiB`);
+          const back = hogMemory(sb.id);
+          if (mode === 'touch') {
+            // mapped again: the process's own resident set holds it, nothing of it is in swap
+            t.true(back.rss > 90 * MIB, `VmRSS ${(back.rss / MIB).toFixed(1)} MiB`);
+            t.true(back.swap < 8 * MIB, `VmSwap ${(back.swap / MIB).toFixed(1)} MiB`);
+          }
+          const check = await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 });
+          t.is(check.stdout, 'ok\n', 'every page came back with its pattern');
+          await shim.deleteSandbox(sb.id);
+        } finally {
+          delete process.env.WARREN_RESUME_PREFETCH;
+        }
+      });
+    });
+  });
+}
