@@ -68,6 +68,7 @@ struct layer {
   unsigned char *digests;    /* 32 * nchunks */
   unsigned char *verified;   /* per chunk: cache file checked by this daemon */
   struct centry **entries;   /* per chunk: cache entry or NULL */
+  time_t *bad;               /* per chunk: when it last failed verification (0: never) */
   uint64_t fetched_bytes, fetches, hits;
 };
 
@@ -198,7 +199,7 @@ static char *dupstr(const char *s) {
 
 static void layer_free(struct layer *l) {
   if (!l) return;
-  free(l->url); free(l->auth); free(l->cainfo); free(l->digests); free(l->verified); free(l->entries); free(l);
+  free(l->url); free(l->auth); free(l->cainfo); free(l->digests); free(l->verified); free(l->entries); free(l->bad); free(l);
 }
 
 static struct layer *layer_find(const char *hex) {
@@ -242,7 +243,8 @@ static struct layer *layer_load(const char *hex, int quiet) {
   l->digests = malloc((size_t)n * 32);
   l->verified = calloc(n, 1);
   l->entries = calloc(n, sizeof *l->entries);
-  if (!l->digests || !l->verified || !l->entries) { layer_free(l); return NULL; }
+  l->bad = calloc(n, sizeof *l->bad);
+  if (!l->digests || !l->verified || !l->entries || !l->bad) { layer_free(l); return NULL; }
   snprintf(p, sizeof p, "%s/%s.chunks", g.desc, hex);
   int fd = open(p, O_RDONLY | O_CLOEXEC);
   ssize_t got = fd < 0 ? -1 : read(fd, l->digests, (size_t)n * 32);
@@ -358,6 +360,9 @@ static int get_chunk(struct layer *l, uint32_t idx) {
     }
     cache_drop(e);
   }
+  /* The kernel retries a failed readahead page by page: a chunk that just failed
+   * verification fails again at once instead of being fetched once per page. */
+  if (l->bad[idx] && time(NULL) - l->bad[idx] < 10) return -EIO;
   int r = fetch_range(l, off, len, g.buf);
   if (r < 0) return r;
   sha256(g.buf, len, d);
@@ -366,6 +371,7 @@ static int get_chunk(struct layer *l, uint32_t idx) {
     hex_of(l->digests + 32 * (size_t)idx, want);
     hex_of(d, got);
     g.verify_failures++;
+    l->bad[idx] = time(NULL);
     logf_("%s: chunk %u (bytes %" PRIu64 "-%" PRIu64 ") fails verification: sha256 %s, expected %s; the registry's blob is corrupt", l->hex, idx, off,
           off + len - 1, got, want);
     return -EIO;

@@ -367,6 +367,7 @@ export async function withTestStore<T>(fn: (ctx: TestStore) => Promise<T>, opts:
     store.close();
     try {
       store.unmountUnused();
+      await store.closeLazy();
     } catch {
       /* removeTree below detaches whatever is left */
     }
