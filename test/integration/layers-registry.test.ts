@@ -317,3 +317,49 @@ test.serial('bad references and non-Warren manifests are refused with clear code
     await t.throwsAsync(pullImage(a, `127.0.0.1:1/warren/x:v1`, { mode: 'eager' }), { code: 'REGISTRY_ERROR' });
   });
 });
+
+lazyTest.serial('a sandbox on a lazily pulled image runs exec; deleting it and closing the node leaves nothing', async (t) => {
+  const { ShimNode } = await import('../../src/shim/node');
+  const { openDatabase } = await import('../../src/state/db');
+  const { busyboxRootfs, spec } = await import('../helpers/warren');
+  const loops = loopDevices();
+  let ref = '';
+  await withStore(t, async (a) => {
+    // busybox plus data the sandbox never reads: a lazy node fetches busybox, not the rest.
+    const root = join(tree, '..', `${tree.split('/').pop()}-bb`);
+    cpSync(await busyboxRootfs(), root, { recursive: true, verbatimSymlinks: true });
+    mkdirSync(join(root, 'opt'), { recursive: true });
+    writeFileSync(join(root, 'opt/unused'), randomBytes(4 << 20));
+    await a.importDirectory(root, { name: 'bb', compression: 'lz4' });
+    rmSync(root, { recursive: true, force: true });
+    ref = `${proxy.host}/warren/busybox:lazy`;
+    await pushImage(a, 'bb', ref);
+  });
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-lazy-node-'));
+  const db = openDatabase(join(dataDir, 'warren.db'));
+  const node = new ShimNode({ dataDir, db, nodeId: 'lz' + process.pid.toString(36) });
+  let pid = 0;
+  try {
+    await node.start();
+    await proxy.reset();
+    const img = await node.importImage({ name: 'bb-lazy', source: { type: 'registry', ref, mode: 'lazy' } });
+    t.deepEqual(node.layerStates(img.layers).map((s) => s.state), ['lazy']);
+    const sb = await node.createSandbox(spec({ image: 'bb-lazy' }));
+    const r = await node.exec(sb.id, { cmd: ['/bin/sh', '-c', 'cat /etc/hostname; echo ok > /tmp/x; cat /tmp/x'] });
+    t.is(r.exitCode, 0, r.stderr);
+    t.is(r.stdout, 'busybox\nok\n');
+    const c = await proxy.counts();
+    t.log(`busybox layer ${img.sizeBytes} bytes; create + exec fetched ${c.blobBytes} bytes in ${c.rangeRequests} range requests`);
+    t.true(c.blobBytes < img.sizeBytes * 0.6, 'the data the sandbox does not read was not downloaded');
+    pid = node.layers.lazyStats()!.pid;
+    await node.deleteSandbox(sb.id);
+  } finally {
+    for (const s of node.listSandboxes()) await node.deleteSandbox(s.id).catch(() => undefined);
+    await node.close();
+    db.close();
+  }
+  if (pid) await waitFor(() => !pidAlive(pid), 5000, 'warren-lazyfs to exit at node shutdown');
+  t.is(readMountInfo().filter((m) => m.mountPoint.startsWith(dataDir) || m.source.startsWith(dataDir)).length, 0, 'no mount left after node shutdown');
+  t.is(loopDevices(), loops);
+  rmSync(dataDir, { recursive: true, force: true });
+});

@@ -21,6 +21,7 @@ import { spawn } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { WarrenError } from '../../errors';
+import { feature } from '../../features';
 import { readMountInfo, type LayerMounter, type MountInfo } from './sys';
 
 export const LAZYFS_FSTYPE = 'fuse.warren-lazyfs';
@@ -67,18 +68,10 @@ export function lazyfsBinary(): string | null {
   return existsSync(p) ? p : null;
 }
 
-/** Why lazy layers cannot work on this machine, or null when they can. */
+/** Why lazy layers cannot work on this machine, or null when they can (the feature probe). */
 export function lazyUnavailableReason(): string | null {
-  if (!lazyfsBinary()) return 'warren-lazyfs is not built (libfuse3-dev, libcurl4-openssl-dev and libssl-dev are needed)';
-  if (!existsSync('/dev/fuse')) return '/dev/fuse is missing';
-  let fs = '';
-  try {
-    fs = readFileSync('/proc/filesystems', 'utf8');
-  } catch {
-    /* unknown */
-  }
-  if (!/\bfuse\b/.test(fs)) return 'the kernel has no FUSE file system';
-  return null;
+  const f = feature('lazy-layers');
+  return f.supported ? null : (f.reason ?? 'unsupported');
 }
 
 function sleep(ms: number): Promise<void> {
