@@ -51,6 +51,9 @@
 #include <unistd.h>
 
 #define MAX_CHUNK (16u << 20)
+/* Sequential misses fetch growing runs of chunks in one request, up to this many bytes:
+ * a file read front to back costs a few round trips instead of one per chunk. */
+#define MAX_RUN_BYTES (1u << 20)
 #define MAX_LAYERS 4096
 
 struct centry {
@@ -70,6 +73,8 @@ struct layer {
   struct centry **entries;   /* per chunk: cache entry or NULL */
   time_t *bad;               /* per chunk: when it last failed verification (0: never) */
   uint64_t fetched_bytes, fetches, hits;
+  uint32_t next_seq;         /* the chunk after the last fetched range (sequential detection) */
+  uint32_t window;           /* chunks per fetch while reads are sequential */
 };
 
 static struct {
@@ -81,6 +86,7 @@ static struct {
   uint64_t fetches, fetched_bytes, hits, verify_failures, fetch_errors, evictions;
   CURL *curl;
   unsigned char *buf; /* one chunk */
+  unsigned char *run; /* a run of chunks being fetched */
 } g;
 
 static void logf_(const char *fmt, ...) {
@@ -329,8 +335,14 @@ static int fetch_range(struct layer *l, uint64_t off, uint32_t len, unsigned cha
   return -EIO;
 }
 
-/* Chunk `idx` of `l` into g.buf, verified. Returns its length or -EIO. */
-static int get_chunk(struct layer *l, uint32_t idx) {
+static uint32_t chunk_len(const struct layer *l, uint32_t idx) {
+  uint64_t off = (uint64_t)idx * l->chunk;
+  return (uint32_t)((l->size - off) < l->chunk ? (l->size - off) : l->chunk);
+}
+
+/* Chunk `idx` of `l` into g.buf, verified. Returns its length or -EIO.
+ * `want` = how many chunks from idx on the current read needs. */
+static int get_chunk(struct layer *l, uint32_t idx, uint32_t want) {
   uint64_t off = (uint64_t)idx * l->chunk;
   uint32_t len = (uint32_t)((l->size - off) < l->chunk ? (l->size - off) : l->chunk);
   unsigned char d[32];
@@ -363,8 +375,49 @@ static int get_chunk(struct layer *l, uint32_t idx) {
   /* The kernel retries a failed readahead page by page: a chunk that just failed
    * verification fails again at once instead of being fetched once per page. */
   if (l->bad[idx] && time(NULL) - l->bad[idx] < 10) return -EIO;
+  /* How many chunks to fetch: what this read needs, or more while misses are sequential;
+   * never past a chunk already cached or one that just failed. */
+  if (idx == l->next_seq && idx != 0) l->window = l->window ? l->window * 2 : 2;
+  else l->window = 1;
+  uint32_t max_run = MAX_RUN_BYTES / l->chunk ? MAX_RUN_BYTES / l->chunk : 1;
+  if (l->window > max_run) l->window = max_run;
+  uint32_t n = want > l->window ? want : l->window;
+  if (n > max_run) n = max_run;
+  uint32_t k = 1;
+  while (k < n && idx + k < l->nchunks && !l->entries[idx + k] && !l->bad[idx + k]) k++;
+  if (k > 1) {
+    uint64_t run_len = 0;
+    for (uint32_t i = 0; i < k; i++) run_len += chunk_len(l, idx + i);
+    int r = fetch_range(l, off, (uint32_t)run_len, g.run);
+    if (r < 0) return r;
+    l->next_seq = idx + k;
+    int result = -EIO;
+    uint64_t pos = 0;
+    for (uint32_t i = 0; i < k; i++) {
+      uint32_t cl = chunk_len(l, idx + i);
+      sha256(g.run + pos, cl, d);
+      if (memcmp(d, l->digests + 32 * (size_t)(idx + i), 32) != 0) {
+        char want_hex[65], got_hex[65];
+        hex_of(l->digests + 32 * (size_t)(idx + i), want_hex);
+        hex_of(d, got_hex);
+        g.verify_failures++;
+        l->bad[idx + i] = time(NULL);
+        logf_("%s: chunk %u (bytes %" PRIu64 "-%" PRIu64 ") fails verification: sha256 %s, expected %s; the registry's blob is corrupt", l->hex, idx + i,
+              (uint64_t)(idx + i) * l->chunk, (uint64_t)(idx + i) * l->chunk + cl - 1, got_hex, want_hex);
+      } else {
+        if (i == 0) {
+          memcpy(g.buf, g.run, cl);
+          result = (int)cl;
+        }
+        cache_store(l, idx + i, g.run + pos, cl);
+      }
+      pos += cl;
+    }
+    return result;
+  }
   int r = fetch_range(l, off, len, g.buf);
   if (r < 0) return r;
+  l->next_seq = idx + 1;
   sha256(g.buf, len, d);
   if (memcmp(d, l->digests + 32 * (size_t)idx, 32) != 0) {
     char want[65], got[65];
@@ -486,7 +539,8 @@ static int lz_read(const char *path, char *out, size_t size, off_t off, struct f
   while (done < size) {
     uint64_t pos = (uint64_t)off + done;
     uint32_t idx = (uint32_t)(pos / l->chunk);
-    int n = get_chunk(l, idx);
+    uint32_t last = (uint32_t)(((uint64_t)off + size - 1) / l->chunk);
+    int n = get_chunk(l, idx, last - idx + 1);
     if (n < 0) return done > 0 ? (int)done : n;
     uint32_t in = (uint32_t)(pos - (uint64_t)idx * l->chunk);
     size_t take = (size_t)n - in;
@@ -587,7 +641,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   g.buf = malloc(MAX_CHUNK);
-  if (!g.buf) return 1;
+  g.run = malloc(MAX_RUN_BYTES > MAX_CHUNK ? MAX_RUN_BYTES : MAX_CHUNK);
+  if (!g.buf || !g.run) return 1;
   mkdir(g.cache, 0700);
   cache_scan();
 
