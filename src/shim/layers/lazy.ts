@@ -130,6 +130,11 @@ export class LazyLayers {
     }
   }
 
+  /** Whether the FUSE mount is there (served or not). */
+  fuseMounted(): boolean {
+    return this.fuseMounts().length > 0;
+  }
+
   /** Whether a daemon serves the FUSE mount now. */
   running(): boolean {
     return this.daemonPid() !== 0 && this.fuseMounts().length > 0;
@@ -266,7 +271,7 @@ export class LazyLayers {
     rmSync(join(this.cacheDir, hex), { recursive: true, force: true });
   }
 
-  /** The daemon's counters, or null when it does not run. */
+  /** The daemon's counters, or null when it does not run. A synchronous read of the FUSE mount: for tests, benchmarks and tools, not the gateway's request path. */
   stats(): LazyStats | null {
     if (!this.running()) return null;
     try {

@@ -637,7 +637,8 @@ export class LayerStore {
       const st = this.state(`sha256:${hex}`);
       if (st.refs === 0) this.unmountAll(st);
     }
-    if (this.lazy.erofsMountsOnFuse().length === 0 && (this.lazy.running() || existsSync(this.lazy.mnt))) await this.lazy.stop();
+    // Only mountinfo and the pid file are consulted: touching the FUSE mount itself would wait for the daemon.
+    if (this.lazy.erofsMountsOnFuse().length === 0 && (this.lazy.running() || this.lazy.fuseMounted())) await this.lazy.stop();
   }
 
   /** Record a layer that is read from a registry (no blob here). */
