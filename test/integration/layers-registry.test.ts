@@ -28,7 +28,7 @@ const lazyTest = testUnless(reason ?? lazyUnavailableReason());
 let registry: TestRegistry;
 let proxy: CountingProxy;
 let tree = '';
-const BIG = 6 << 20;
+const BIG = 3 << 20;
 
 test.before(async () => {
   registry = await startRegistry();
