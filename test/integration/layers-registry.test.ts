@@ -15,7 +15,7 @@ import { chunkIndex } from '../../src/shim/layers/artifact';
 import { lazyUnavailableReason } from '../../src/shim/layers/lazy';
 import { isImageStaged, pullImage, pushImage, stageImage, stagedLayers } from '../../src/shim/layers/remote';
 import type { LayerStore } from '../../src/shim/layers/store';
-import { readMountInfo } from '../../src/shim/layers/sys';
+import { readMountInfo, removeTree } from '../../src/shim/layers/sys';
 import { loopDevices, withTestStore } from '../helpers/images';
 import { registryReason, startCountingProxy, startRegistry, type CountingProxy, type TestRegistry } from '../helpers/registry';
 import { testUnless } from '../helpers/skip';
@@ -358,8 +358,11 @@ lazyTest.serial('a sandbox on a lazily pulled image runs exec; deleting it and c
     await node.close();
     db.close();
   }
-  if (pid) await waitFor(() => !pidAlive(pid), 5000, 'warren-lazyfs to exit at node shutdown');
-  t.is(readMountInfo().filter((m) => m.mountPoint.startsWith(dataDir) || m.source.startsWith(dataDir)).length, 0, 'no mount left after node shutdown');
-  t.is(loopDevices(), loops);
-  rmSync(dataDir, { recursive: true, force: true });
+  try {
+    if (pid) await waitFor(() => !pidAlive(pid), 5000, 'warren-lazyfs to exit at node shutdown');
+    t.is(readMountInfo().filter((m) => m.mountPoint.startsWith(dataDir) || m.source.startsWith(dataDir)).length, 0, 'no mount left after node shutdown');
+    t.is(loopDevices(), loops);
+  } finally {
+    removeTree(dataDir);
+  }
 });
