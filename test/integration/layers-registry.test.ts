@@ -366,3 +366,21 @@ lazyTest.serial('a sandbox on a lazily pulled image runs exec; deleting it and c
     removeTree(dataDir);
   }
 });
+
+const skopeoTest = testUnless(reason ?? (existsSync('/usr/bin/skopeo') ? null : 'skopeo is not installed (apt-get install skopeo)'));
+
+skopeoTest.serial('staging with skopeo copy: the artifact copies as it is and counts as staged', async (t) => {
+  const { execFileSync } = await import('node:child_process');
+  const { stagedRef } = await import('../../src/shim/layers/remote');
+  await withStore(t, async (a) => {
+    const dir = treeFor('skopeo1');
+    const img = await a.importDirectory(dir, { name: 'skopeo1', compression: 'lz4' });
+    rmSync(dir, { recursive: true, force: true });
+    await pushImage(a, 'skopeo1', `${proxy.host}/src/skopeo1:v1`);
+    const repo = `${proxy.host}/overflow/skopeo`;
+    t.false(await isImageStaged(img, repo));
+    const dest = stagedRef(repo, img).replace(/^http:\/\//, '');
+    execFileSync('skopeo', ['copy', '--src-tls-verify=false', '--dest-tls-verify=false', `docker://${proxy.host}/src/skopeo1:v1`, `docker://${dest}`], { stdio: 'pipe' });
+    t.true(await isImageStaged(img, repo));
+  });
+});
