@@ -20,6 +20,8 @@ APT_PACKAGES=(
   python3-httpx python3-websockets              # the Python SDK (python/)
   python3-pytest                                # its tests (scripts/test.sh)
   python3-setuptools python3-mypy               # pip install ./python offline; lint type-checks it
+  docker-registry skopeo                        # OCI registry of layer tests and benchmarks (the CNCF distribution registry); staging copies
+  fuse3 libfuse3-dev libcurl4-openssl-dev libssl-dev   # warren-lazyfs (native/lazyfs): layers mounted from a registry, read on demand
   # microvm backend: QEMU (microvm machine), and Debian's cloud kernel as the guest kernel. Installing
   # the kernel also pulls initramfs-tools, kmod and linux-base, writes /boot/{vmlinuz,initrd.img,config,
   # System.map}-*-cloud-amd64 and the /vmlinuz and /initrd.img links (no bootloader is installed or

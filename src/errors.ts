@@ -71,6 +71,10 @@ export const ErrorCodes = {
    * cgroups): nothing new can start here until sandboxes end; everything else keeps working.
    */
   NODE_AT_CAPACITY: 503,
+  /** An OCI registry refused a request, answered nonsense, or could not be reached. */
+  REGISTRY_ERROR: 502,
+  /** Bytes from a registry do not match their digest (a corrupt blob or chunk): nothing of them is used. */
+  LAYER_CORRUPT: 502,
 } as const;
 
 export type ErrorCode = keyof typeof ErrorCodes;

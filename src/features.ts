@@ -40,6 +40,7 @@ export type FeatureName =
   | 'runc'
   | 'debootstrap'
   | 'mkfs-erofs'
+  | 'lazy-layers'
   | 'egress-bpf'
   | 'sandbox-network';
 
@@ -245,6 +246,16 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
   runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
   debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
   'mkfs-erofs': () => (hasBinary('mkfs.erofs') ? yes() : no('erofs-utils is not installed', 'images cannot be imported')),
+  // layers mounted from a registry without their blob: warren-lazyfs (FUSE) under a file-backed EROFS mount
+  'lazy-layers': () => {
+    const pulls = 'pulls from registries download whole layers (eager)';
+    if (!feature('erofs-file-backed').supported) return no('file-backed EROFS mounts are unsupported', pulls);
+    const { lazyfsBinary } = require('./shim/layers/lazy') as typeof import('./shim/layers/lazy');
+    if (!lazyfsBinary()) return no('warren-lazyfs is not built (libfuse3-dev, libcurl4-openssl-dev and libssl-dev are needed)', pulls);
+    if (!existsSync('/dev/fuse')) return no('/dev/fuse is missing', pulls);
+    if (!/\bfuse\b/.test(readText('/proc/filesystems') ?? '')) return no('the kernel has no FUSE file system', pulls);
+    return yes('pulls are lazy by default: layer bytes are fetched from the registry when read');
+  },
   // per-service egress needs the cgroup programs (cgroup2 + BPF) and the node network tools
   'egress-bpf': () => {
     if (!feature('cgroup2-bpf-hierarchy').supported) return no('no cgroup2 hierarchy to attach the programs to', 'sandboxes are loopback-only');

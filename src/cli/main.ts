@@ -42,7 +42,8 @@ commands:
      [--policy-dir DIR] [--zram-swap-mb N] [--zswap] [--scrub PATTERN]... [--quota-sandboxes N] [--quota-cpu N] [--quota-memory MB]
      [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
      [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
-     [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N]
+     [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
+     [--pull-mode lazy|eager] [--lazy-cache-mib N]
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
@@ -53,6 +54,8 @@ commands:
   ls [--label K=V]... [--json]
   rm ID...
   image ls [--json] | image import NAME PATH [--kind K] | image build NAME [--suite S] [--include PKG]...
+  image push IMAGE HOST[:PORT]/REPO[:TAG] | image pull HOST[:PORT]/REPO[:TAG] [--name N] [--lazy|--eager]
+  image stage IMAGE --registry HOST[:PORT]/REPO | image layers [DIGEST]... [--json]
   account create NAME [--role admin|builder|runtime]
   doctor [--json]                                  what this node's kernel supports and which enforcer is active
   policy validate [DIR] | apply | show             the security policy (docs/security.md)
@@ -195,6 +198,9 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
     'shell-buffer-budget-mib': { type: 'string' },
     'idempotency-window': { type: 'string' },
     'idempotency-max-output-mib': { type: 'string' },
+    'registry-config': { type: 'string' },
+    'pull-mode': { type: 'string' },
+    'lazy-cache-mib': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -245,6 +251,21 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   if (idemWindow !== undefined || idemOutput !== undefined) {
     opts.idempotency = { ...(idemWindow !== undefined ? { windowMs: idemWindow } : {}), ...(idemOutput !== undefined ? { maxStoredOutputBytes: idemOutput * 1024 * 1024 } : {}) };
   }
+  const layers: NonNullable<typeof opts.layers> = {};
+  if (values['registry-config']) {
+    try {
+      layers.registries = JSON.parse(readFileSync(values['registry-config'], 'utf8')) as NonNullable<typeof layers.registries>;
+    } catch (err) {
+      throw new UsageError(`--registry-config: cannot read ${values['registry-config']}: ${(err as Error).message}`);
+    }
+  }
+  if (values['pull-mode']) {
+    if (values['pull-mode'] !== 'lazy' && values['pull-mode'] !== 'eager') throw new UsageError('--pull-mode expects lazy or eager');
+    layers.pullMode = values['pull-mode'];
+  }
+  const cacheMib = num(values, 'lazy-cache-mib');
+  if (cacheMib !== undefined) layers.lazyCacheBytes = Math.floor(cacheMib * 1024 * 1024);
+  if (Object.keys(layers).length > 0) opts.layers = layers;
   if (values['no-network']) opts.network = false;
   else {
     const net: NonNullable<Exclude<typeof opts.network, false>> = {};
@@ -514,6 +535,10 @@ async function cmdImage(args: string[], io: Io): Promise<number> {
     include: { type: 'string', multiple: true },
     type: { type: 'string' },
     json: { type: 'boolean' },
+    name: { type: 'string' },
+    lazy: { type: 'boolean' },
+    eager: { type: 'boolean' },
+    registry: { type: 'string' },
   });
   if (values.help || sub === undefined) return usage(io, sub === undefined ? 2 : 0);
   const client = clientFor(values, io);
@@ -556,8 +581,45 @@ async function cmdImage(args: string[], io: Io): Promise<number> {
         io.out(`${image.name} ${image.digest}\n`);
         return 0;
       }
+      case 'push': {
+        const [image, ref] = positionals;
+        if (image === undefined || ref === undefined || positionals.length > 2) throw new UsageError('usage: warren image push IMAGE REGISTRY/REPO[:TAG]');
+        const r = await client.images.push(image, ref, { onProgress: (p) => progress.update(p) });
+        progress.finish();
+        if (values.json) io.out(`${JSON.stringify(r, null, 2)}\n`);
+        else io.out(`${r.ref}@${r.manifestDigest} (${r.layers.filter((l) => l.uploaded).length}/${r.layers.length} layers uploaded, ${humanBytes(r.bytesUploaded)})\n`);
+        return 0;
+      }
+      case 'stage': {
+        const [image] = positionals;
+        if (image === undefined || positionals.length > 1 || !values.registry) throw new UsageError('usage: warren image stage IMAGE --registry REGISTRY/REPO');
+        const r = await client.images.stage(image, values.registry, { onProgress: (p) => progress.update(p) });
+        progress.finish();
+        if (values.json) io.out(`${JSON.stringify(r, null, 2)}\n`);
+        else io.out(`${r.ref}@${r.manifestDigest} (${r.layers.filter((l) => l.uploaded).length}/${r.layers.length} layers uploaded, ${humanBytes(r.bytesUploaded)})\n`);
+        return 0;
+      }
+      case 'pull': {
+        const [ref] = positionals;
+        if (ref === undefined || positionals.length > 1) throw new UsageError('usage: warren image pull REGISTRY/REPO[:TAG] [--name N] [--lazy|--eager]');
+        if (values.lazy && values.eager) throw new UsageError('--lazy and --eager exclude each other');
+        const opts: Parameters<WarrenClient['images']['pull']>[1] = { onProgress: (p) => progress.update(p) };
+        if (values.name) opts.name = values.name;
+        if (values.lazy) opts.mode = 'lazy';
+        if (values.eager) opts.mode = 'eager';
+        const image = await client.images.pull(ref, opts);
+        progress.finish();
+        io.out(`${image.name} ${image.digest}\n`);
+        return 0;
+      }
+      case 'layers': {
+        const layers = await client.images.layers(positionals.length > 0 ? positionals : undefined);
+        if (values.json) io.out(`${JSON.stringify(layers, null, 2)}\n`);
+        else io.out(formatTable(layers.map((l) => ({ DIGEST: l.digest, STATE: l.state, MOUNTED: l.mounted ? 'yes' : 'no' })), ['DIGEST', 'STATE', 'MOUNTED']));
+        return 0;
+      }
       default:
-        throw new UsageError(`unknown image command ${JSON.stringify(sub)} (ls, import, build)`);
+        throw new UsageError(`unknown image command ${JSON.stringify(sub)} (ls, import, build, push, pull, stage, layers)`);
     }
   } finally {
     progress.finish();

@@ -5,10 +5,10 @@
  * `done` or `error` line.
  *
  *   {"type":"progress","phase":"unpack","message":"...","fraction":0.4}
- *   {"type":"done","image":{...}}
+ *   {"type":"done","image":{...}}        (push and stage: {"type":"done","push":{...}})
  *   {"type":"error","error":{"code":"IMAGE_BUILD_FAILED","message":"..."}}
  */
-import type { ImageInfo, ImportProgress } from '../shim/types';
+import type { ImageInfo, ImagePushResult, ImportProgress } from '../shim/types';
 import type { WarrenError } from '../errors';
 
 export const NDJSON_CONTENT_TYPE = 'application/x-ndjson';
@@ -16,6 +16,7 @@ export const NDJSON_CONTENT_TYPE = 'application/x-ndjson';
 export type ProgressEvent =
   | { type: 'progress'; phase: string; message: string; fraction?: number }
   | { type: 'done'; image: ImageInfo }
+  | { type: 'done'; push: ImagePushResult }
   | { type: 'error'; error: { code: string; message: string } };
 
 export function ndjsonLine(event: ProgressEvent): string {

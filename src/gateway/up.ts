@@ -33,6 +33,8 @@ export interface StartOptions {
   nodeId?: string;
   /** Lifetime policies, pause (zram swap), pack_diff scrub policy (src/shim/lifecycle). */
   lifecycle?: LifecycleOptions;
+  /** Registries (auth, TLS), default pull mode and lazy chunk cache bound of the node (docs/images.md). */
+  layers?: Pick<import('../shim/node').ShimOptions, 'registries' | 'pullMode' | 'lazyCacheBytes'>;
   /** Quota of accounts without their own. */
   defaultQuota?: Quota;
   /** the security policy directory (default: the bundled policies/); audit log in <dataDir>/policy-audit.log. */
@@ -78,6 +80,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     };
     if (opts.nodeId !== undefined) shimOpts.nodeId = opts.nodeId;
     if (opts.lifecycle !== undefined) shimOpts.lifecycle = opts.lifecycle;
+    if (opts.layers !== undefined) Object.assign(shimOpts, opts.layers);
     if (opts.log !== undefined) shimOpts.log = opts.log;
     // kernel.pid_max and the namespace counts are raised for thousands of sandboxes; what cannot
     // be raised (RLIMIT_NOFILE's hard limit without CAP_SYS_RESOURCE) is said here and in /v1/features.

@@ -16,6 +16,7 @@
 import { WarrenError } from '../errors';
 import { BACKEND_NAMES } from '../shim/types';
 import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from '../shim/types';
+import { parseRegistryRef } from '../shim/layers/distribution';
 
 // ---------------------------------------------------------------- limits
 
@@ -488,7 +489,37 @@ export function parseFileMode(value: string | undefined): number | undefined {
 export interface ImageRequest {
   name: string;
   kind?: 'base' | 'workspace' | 'toolkit';
-  source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] };
+  source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } | { type: 'registry'; ref: string; mode?: 'lazy' | 'eager' };
+}
+
+function validateRegistryRef(v: unknown, field: string, opts: { repositoryOnly?: boolean } = {}): string {
+  const ref = expectString(v, field, { maxBytes: 512 });
+  try {
+    const r = parseRegistryRef(ref);
+    if (opts.repositoryOnly && (r.tag !== null || r.digest !== null)) throw invalid(field, 'must be host[:port]/repository, without a tag');
+  } catch (err) {
+    if (err instanceof WarrenError && err.code === 'INVALID_ARGUMENT') throw invalid(field, err.message.replace(/^invalid registry reference [^:]*: /, ''));
+    throw err;
+  }
+  return ref;
+}
+
+/** POST /v1/images/push: an image of this node to a registry reference. */
+export function validatePushRequest(body: unknown): { image: string; ref: string } {
+  const b = expectObject(body, 'body');
+  rejectUnknown(b, ['image', 'ref']);
+  if (b.image === undefined) throw invalid('image', 'is required');
+  if (b.ref === undefined) throw invalid('ref', 'is required');
+  return { image: validateImageRef(b.image, 'image'), ref: validateRegistryRef(b.ref, 'ref') };
+}
+
+/** POST /v1/images/stage: an image into an overflow pool's registry repository. */
+export function validateStageRequest(body: unknown): { image: string; repository: string } {
+  const b = expectObject(body, 'body');
+  rejectUnknown(b, ['image', 'repository']);
+  if (b.image === undefined) throw invalid('image', 'is required');
+  if (b.repository === undefined) throw invalid('repository', 'is required');
+  return { image: validateImageRef(b.image, 'image'), repository: validateRegistryRef(b.repository, 'repository', { repositoryOnly: true }) };
 }
 
 export function validateImageRequest(body: unknown): ImageRequest {
@@ -527,8 +558,16 @@ export function validateImageRequest(body: unknown): ImageRequest {
       });
     }
     req.source = src;
+  } else if (type === 'registry') {
+    rejectUnknown(s, ['type', 'ref', 'mode'], 'source');
+    const src: { type: 'registry'; ref: string; mode?: 'lazy' | 'eager' } = { type, ref: validateRegistryRef(s.ref, 'source.ref') };
+    if (s.mode !== undefined) {
+      if (s.mode !== 'lazy' && s.mode !== 'eager') throw invalid('source.mode', 'must be "lazy" or "eager"');
+      src.mode = s.mode;
+    }
+    req.source = src;
   } else {
-    throw invalid('source.type', `must be "directory", "oci-archive" or "debootstrap" (got ${describe(type)})`);
+    throw invalid('source.type', `must be "directory", "oci-archive", "debootstrap" or "registry" (got ${describe(type)})`);
   }
   return req;
 }

@@ -22,6 +22,7 @@ import type {
   FeatureReport,
   FileEntry,
   ImageInfo,
+  ImagePushResult,
   ImportProgress,
   PackRequest,
   PackResult,
@@ -45,6 +46,7 @@ export type {
   FeatureReport,
   FileEntry,
   ImageInfo,
+  ImagePushResult,
   ImportProgress,
   PackRequest,
   PackResult,
@@ -612,10 +614,40 @@ export class ImagesApi {
     return this.post({ name, source }, opts.onProgress);
   }
 
-  private async post(body: unknown, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
-    const res = await this.client.request('POST', '/v1/images', { json: body, headersTimeout: 600_000, bodyTimeout: 0 });
+  /**
+   * Pull an image pushed by Warren from an OCI registry (host[:port]/repo[:tag]).
+   * mode 'lazy' (the node's default where it can) fetches only the chunk indexes
+   * now and layer bytes when sandboxes read them; 'eager' downloads every layer.
+   */
+  pull(ref: string, opts: { name?: string; mode?: 'lazy' | 'eager'; onProgress?: (p: ImportProgress) => void } = {}): Promise<ImageInfo> {
+    const name = opts.name ?? ref.replace(/^https?:\/\//, '').replace(/^[^/]+\//, '').replace(/@.*$/, '');
+    const source: Record<string, unknown> = { type: 'registry', ref };
+    if (opts.mode) source.mode = opts.mode;
+    return this.post({ name, source }, opts.onProgress);
+  }
+
+  /** Push an image of the node to an OCI registry reference (host[:port]/repo[:tag]). */
+  push(image: string, ref: string, opts: { onProgress?: (p: ImportProgress) => void } = {}): Promise<ImagePushResult> {
+    return this.post({ image, ref }, opts.onProgress, '/v1/images/push', 'push');
+  }
+
+  /** Stage an image into an overflow pool's registry repository (host[:port]/repo). */
+  stage(image: string, repository: string, opts: { onProgress?: (p: ImportProgress) => void } = {}): Promise<ImagePushResult> {
+    return this.post({ image, repository }, opts.onProgress, '/v1/images/stage', 'push');
+  }
+
+  /** Which layers the node holds ('local'), can mount from a registry ('lazy'), or lacks ('absent'). */
+  async layers(digests?: string[]): Promise<Array<{ digest: string; state: 'local' | 'lazy' | 'absent'; mounted: boolean }>> {
+    const q = digests && digests.length > 0 ? `?digests=${encodeURIComponent(digests.join(','))}` : '';
+    return (await this.client.requestJson<{ layers: Array<{ digest: string; state: 'local' | 'lazy' | 'absent'; mounted: boolean }> }>('GET', `/v1/images/layers${q}`)).layers;
+  }
+
+  private async post(body: unknown, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;
+  private async post(body: unknown, onProgress: ((p: ImportProgress) => void) | undefined, path: string, key: 'push'): Promise<ImagePushResult>;
+  private async post(body: unknown, onProgress?: (p: ImportProgress) => void, path = '/v1/images', key: 'image' | 'push' = 'image'): Promise<any> {
+    const res = await this.client.request('POST', path, { json: body, headersTimeout: 600_000, bodyTimeout: 0 });
     const decoder = new NdjsonDecoder();
-    let result: ImageInfo | null = null;
+    let result: unknown = null;
     let failure: WarrenError | null = null;
     const handle = (ev: any) => {
       if (ev === null || typeof ev !== 'object') return;
@@ -624,7 +656,7 @@ export class ImagesApi {
         if (typeof ev.fraction === 'number') p.fraction = ev.fraction;
         onProgress?.(p);
       } else if (ev.type === 'done') {
-        result = ev.image as ImageInfo;
+        result = ev[key];
       } else if (ev.type === 'error') {
         failure = new WarrenError(ev.error?.code, String(ev.error?.message ?? 'image import failed'));
       }

@@ -18,7 +18,9 @@ import { inSpan, instruments } from '../telemetry';
 import { ContentAccess, type Principal } from './access';
 import { facet, requireOffered } from './backends/facets';
 import { BackendRegistry } from './backends/registry';
-import { LayerStore } from './layers/store';
+import { LayerStore, type LayerAvailability, type PullMode } from './layers/store';
+import type { RegistryConfig } from './layers/distribution';
+import { pullImage, pushImage, stageImage, type PushResult } from './layers/remote';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
 import { setExecSpillDir } from './exec-output';
@@ -77,6 +79,12 @@ export interface ShimOptions {
   network?: NetworkConfig;
   /** Reserves and caps of the host-capacity admission (capacity.ts). */
   capacity?: CapacityOptions;
+  /** OCI registries (auth, TLS) by host[:port]; pulls, pushes and lazily loaded layers (docs/images.md). */
+  registries?: RegistryConfig;
+  /** How pulls fetch layers when a request does not say (default 'lazy' where warren-lazyfs works, else 'eager'). */
+  pullMode?: PullMode;
+  /** Bound of the chunk cache of lazily loaded layers, bytes (default 4 GiB). */
+  lazyCacheBytes?: number;
 }
 
 export type NetworkConfig = Partial<Omit<NetworkOptions, 'native' | 'nodeId' | 'policy' | 'log'>>;
@@ -135,7 +143,14 @@ export class ShimNode implements Shim {
     if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(this.nodeId)) throw new WarrenError('INVALID_ARGUMENT', `invalid node id: ${this.nodeId}`);
     this.log = opts.log ?? (() => undefined);
     this.registry = new SandboxRegistry(opts.db);
-    this.layers = new LayerStore({ dataDir: opts.dataDir, db: opts.db, log: this.log });
+    this.layers = new LayerStore({
+      dataDir: opts.dataDir,
+      db: opts.db,
+      log: this.log,
+      ...(opts.registries ? { registries: opts.registries } : {}),
+      ...(opts.pullMode ? { pullMode: opts.pullMode } : {}),
+      ...(opts.lazyCacheBytes !== undefined ? { lazyCacheBytes: opts.lazyCacheBytes } : {}),
+    });
     mkdirSync(join(opts.dataDir, 'sandboxes'), { recursive: true, mode: 0o700 });
     setExecSpillDir(join(opts.dataDir, 'tmp'));
     this.network = opts.network
@@ -779,7 +794,24 @@ export class ShimNode implements Shim {
         return this.layers.importOciArchive(source.path, { name: req.name, kind: req.kind ?? 'base', onProgress });
       case 'debootstrap':
         return this.layers.buildDebian({ name: req.name, suite: source.suite, include: source.include, onProgress });
+      case 'registry':
+        return (await pullImage(this.layers, source.ref, { name: req.name, ...(source.mode ? { mode: source.mode } : {}), ...(onProgress ? { onProgress } : {}) })).image;
     }
+  }
+
+  /** Push an image to a registry reference (host[:port]/repo[:tag]) as a Warren image artifact. */
+  pushImage(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void): Promise<PushResult> {
+    return pushImage(this.layers, req.image, req.ref, onProgress ? { onProgress } : {});
+  }
+
+  /** Stage an image into an overflow pool's registry repository (host[:port]/repo). */
+  stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<PushResult> {
+    return stageImage(this.layers, req.image, req.repository, onProgress ? { onProgress } : {});
+  }
+
+  /** Which layers this node holds ('local'), can mount from a registry ('lazy'), or lacks ('absent'). */
+  layerStates(digests?: string[]): Array<{ digest: string; state: LayerAvailability; mounted: boolean }> {
+    return digests === undefined ? this.layers.allLayerStates() : this.layers.layerStates(digests);
   }
 
   async updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo> {
@@ -812,6 +844,9 @@ export class ShimNode implements Shim {
     this.lifecycle.close();
     await this.functions.close();
     this.layers.close();
+    // Lazily loaded layers nobody holds are unmounted and their file server stopped; the
+    // ones running sandboxes read keep being served for the next gateway to adopt.
+    await this.layers.closeLazy().catch((err) => this.log(`layers: ${(err as Error).message}`));
   }
 }
 

@@ -481,6 +481,14 @@ export interface SessionAttachment {
   recentStatus?(commandId: string, after: number): Promise<{ exitCode: number; endOffset: number } | null>;
 }
 
+export interface ImagePushResult {
+  ref: string;
+  manifestDigest: string;
+  image: string;
+  layers: Array<{ digest: string; size: number; uploaded: boolean }>;
+  bytesUploaded: number;
+}
+
 export interface ImportProgress {
   phase: string;
   message: string;
@@ -576,7 +584,18 @@ export interface Shim {
 
   /** With a principal: only the images it may use. */
   listImages(principal?: Principal): ImageInfo[];
-  importImage(req: { name: string; kind?: ImageInfo['kind']; source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } }, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;
+  importImage(
+    req: {
+      name: string;
+      kind?: ImageInfo['kind'];
+      source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } | { type: 'registry'; ref: string; mode?: 'lazy' | 'eager' };
+    },
+    onProgress?: (p: ImportProgress) => void,
+  ): Promise<ImageInfo>;
+  /** Push an image to an OCI registry (host[:port]/repo[:tag]) as a Warren image artifact (docs/images.md). */
+  pushImage?(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult>;
+  /** Stage an image into an overflow pool's registry repository (host[:port]/repo). */
+  stageImage?(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult>;
 
   close(): Promise<void>;
 }

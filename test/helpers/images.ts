@@ -367,10 +367,25 @@ export async function withTestStore<T>(fn: (ctx: TestStore) => Promise<T>, opts:
     store.close();
     try {
       store.unmountUnused();
+      await store.closeLazy();
     } catch {
       /* removeTree below detaches whatever is left */
     }
     db.close();
+    // A failed test may leave a lazy layer held: its file server outlives closeLazy; end it with the data dir.
+    let lazyPid = 0;
+    try {
+      lazyPid = Number(readFileSync(join(dataDir, 'layers/lazy/daemon.pid'), 'utf8').trim());
+    } catch {
+      /* none ran or it stopped */
+    }
     removeTree(dataDir);
+    if (Number.isInteger(lazyPid) && lazyPid > 0) {
+      try {
+        process.kill(lazyPid, 'SIGKILL');
+      } catch {
+        /* already gone */
+      }
+    }
   }
 }

@@ -7,7 +7,9 @@
  *   blobs/<hex>.erofs   one immutable file per layer; digest = sha256 of the file
  *   mnt/<hex>           where that layer is mounted (once per node, read-only)
  *   tmp/                scratch space of running imports (<op>-<pid>-<random>)
- * In the shared SQLite database: layer_blobs, image_images, image_layers.
+ *   lazy/                warren-lazyfs: layers mounted from a registry without their blob (lazy.ts)
+ * In the shared SQLite database: layer_blobs, image_images, image_layers, and
+ * layer_remote (where a layer without a local blob is read from).
  *
  * Mounts are node state, not process state: they outlive the gateway, and a new
  * store adopts what /proc/self/mountinfo shows instead of mounting again.
@@ -45,7 +47,9 @@ import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveIma
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
 import { RootfsBuilder } from './rootfs';
 import { native } from '../../native';
-import { LAYER_MOUNT_FLAGS, hasLayerMountFlags, nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
+import { LazyLayers, type LazyStats } from './lazy';
+import { RegistryClient, parseRegistryRef, type RegistryConfig } from './distribution';
+import { LAYER_MOUNT_FLAGS, hasLayerMountFlags, mountErofsAsync, nativeMounter, readMountInfo, removeTree, type LayerMounter, type MountInfo } from './sys';
 import { checkConfined, readTarStream, type TarEntry } from './tar';
 
 export type ImageKind = ImageInfo['kind'];
@@ -64,6 +68,28 @@ export interface LayerStoreOptions {
   mounter?: LayerMounter;
   /** EROFS compression of new layers (default lz4hc). Part of a layer's identity. */
   compression?: ErofsCompression;
+  /** Registries (auth, TLS) by host[:port], for pulls, pushes and lazily loaded layers. */
+  registries?: RegistryConfig;
+  /** Bound of the node's chunk cache of lazily loaded layers (bytes; default 4 GiB). */
+  lazyCacheBytes?: number;
+  /** How `pull` fetches layers when the request does not say: 'lazy' (default where warren-lazyfs works) or 'eager'. */
+  pullMode?: PullMode;
+}
+
+export type PullMode = 'lazy' | 'eager';
+
+/** Where a layer's bytes are on this node: its blob ('local'), a registry it can be mounted from ('lazy'), or nowhere. */
+export type LayerAvailability = 'local' | 'lazy' | 'absent';
+
+/** Where a layer without a local blob is read from (table layer_remote). */
+export interface RemoteLayer {
+  digest: string;
+  /** scheme://host[:port] */
+  base: string;
+  repository: string;
+  size: number;
+  chunkSize: number;
+  chunks: Buffer;
 }
 
 export interface ImportOptions {
@@ -184,6 +210,11 @@ export class LayerStore {
   private initialized = false;
   private closed = false;
   private readonly mounts = new Map<string, MountState>();
+  readonly registries: RegistryConfig;
+  readonly pullMode: PullMode | undefined;
+  private readonly lazyCacheBytes: number | undefined;
+  private lazyLayers: LazyLayers | null = null;
+  private readonly lazyPending = new Map<string, Promise<void>>();
 
   constructor(opts: LayerStoreOptions) {
     this.dataDir = opts.dataDir;
@@ -192,6 +223,15 @@ export class LayerStore {
     this.cacheDir = opts.cacheDir ?? process.env.WARREN_CACHE_DIR ?? DEFAULT_CACHE_DIR;
     this.mounter = opts.mounter ?? nativeMounter(native, this.log);
     this.compression = opts.compression ?? 'lz4hc';
+    this.registries = opts.registries ?? {};
+    this.pullMode = opts.pullMode;
+    this.lazyCacheBytes = opts.lazyCacheBytes;
+  }
+
+  /** The node's lazy layer file server (created by init()). */
+  get lazy(): LazyLayers {
+    this.ready();
+    return this.lazyLayers!;
   }
 
   /** Create the tables and directories; remove scratch space left by crashed imports. Idempotent. */
@@ -228,6 +268,14 @@ export class LayerStore {
         PRIMARY KEY (image_name, position)
       );
       CREATE INDEX IF NOT EXISTS image_layers_by_digest ON image_layers(digest);
+      CREATE TABLE IF NOT EXISTS layer_remote (
+        digest      TEXT PRIMARY KEY REFERENCES layer_blobs(digest),
+        base        TEXT NOT NULL,
+        repository  TEXT NOT NULL,
+        size_bytes  INTEGER NOT NULL,
+        chunk_size  INTEGER NOT NULL,
+        chunks      BLOB NOT NULL
+      );
       CREATE INDEX IF NOT EXISTS image_images_by_digest ON image_images(digest);
     `);
     for (const name of readdirSync(this.tmpDir)) {
@@ -241,6 +289,8 @@ export class LayerStore {
         this.log(`layers: cannot remove ${name}: ${asWarrenError(err).message}`);
       }
     }
+    this.lazyLayers = new LazyLayers({ root: this.root, cacheBytes: this.lazyCacheBytes, log: this.log, mounter: this.mounter });
+    for (const d of this.lazyLayers.recover()) this.log(`layers: ${d} must be mounted again`);
     this.initialized = true;
   }
 
@@ -398,7 +448,7 @@ export class LayerStore {
   /** Make sure the layer is mounted; adopt a mount made by an earlier process. Synchronous: one mount per layer, ever. */
   private ensureMounted(st: MountState, infos: () => MountInfo[]): void {
     if (st.refs > 0 && st.mounted) return;
-    const blob = this.blobPath(st.digest);
+    const blob = this.layerFile(st.digest);
     const here = LayerStore.at(infos(), st.path);
     if (here.length > 0) {
       const foreign = here.find((m) => m.fstype !== 'erofs');
@@ -406,6 +456,7 @@ export class LayerStore {
       if (!st.mounted && st.refs === 0 && !here.every(hasLayerMountFlags)) {
         // A mount made before layers were mounted nodev,nosuid,noexec: replace it. Sandboxes
         // already running keep their overlay's own reference to the old one.
+        if (blob === null) throw new WarrenError('LAYER_NOT_FOUND', `layer ${st.digest} has no blob on this node`, { digest: st.digest });
         for (let i = 0; i < here.length; i++) this.mounter.umount(st.path, true);
         this.log(`layers: remounting ${st.digest} with ${LAYER_MOUNT_FLAGS.join(',')}`);
         this.mounter.mountErofs(blob, st.path);
@@ -432,7 +483,7 @@ export class LayerStore {
       }
       return;
     }
-    if (!existsSync(blob)) throw new WarrenError('LAYER_NOT_FOUND', `layer ${st.digest} has no blob on this node`, { digest: st.digest });
+    if (blob === null) throw new WarrenError('LAYER_NOT_FOUND', `layer ${st.digest} has no blob on this node and no registry to read it from`, { digest: st.digest });
     mkdirSync(st.path, { recursive: true, mode: 0o755 });
     try {
       this.mounter.mountErofs(blob, st.path);
@@ -461,6 +512,7 @@ export class LayerStore {
       assertDigest(d);
       if (!this.layerRow(d)) throw new WarrenError('LAYER_NOT_FOUND', `layer ${d} not found`, { digest: d });
     }
+    await this.prepareLazy(digests);
     let cached: MountInfo[] | null = null;
     const infos = () => (cached ??= readMountInfo());
     const taken: MountState[] = [];
@@ -475,7 +527,170 @@ export class LayerStore {
       for (const st of taken) st.refs--;
       throw err;
     }
-    return taken.map((st) => ({ digest: st.digest, path: st.path, file: this.blobPath(st.digest) }));
+    return taken.map((st) => ({ digest: st.digest, path: st.path, file: this.layerFile(st.digest) ?? this.blobPath(st.digest) }));
+  }
+
+  // ---------------------------------------------------------------- lazy layers
+
+  /** The file a layer is mounted from: its blob, else its lazy file (null: neither). */
+  private layerFile(digest: string): string | null {
+    const blob = this.blobPath(digest);
+    if (existsSync(blob)) return blob;
+    if (this.remoteLayer(digest)) return this.lazy.filePath(digest);
+    return null;
+  }
+
+  /** Where a layer without a local blob is read from, or null. */
+  remoteLayer(digest: string): RemoteLayer | null {
+    const r = this.db.prepare('SELECT digest, base, repository, size_bytes, chunk_size, chunks FROM layer_remote WHERE digest = ?').get(digest) as
+      | { digest: string; base: string; repository: string; size_bytes: number; chunk_size: number; chunks: Buffer }
+      | undefined;
+    return r ? { digest: r.digest, base: r.base, repository: r.repository, size: r.size_bytes, chunkSize: r.chunk_size, chunks: r.chunks } : null;
+  }
+
+  /**
+   * Mount the lazily loaded layers among `digests` that are not mounted: start the
+   * file server, describe each layer to it, and mount(2) in a child process (the
+   * kernel reads the superblock through the registry meanwhile). ensureMounted
+   * then finds them mounted.
+   */
+  private async prepareLazy(digests: string[]): Promise<void> {
+    for (const d of new Set(digests)) {
+      if (existsSync(this.blobPath(d)) || !this.remoteLayer(d)) continue;
+      let pending = this.lazyPending.get(d);
+      if (!pending) {
+        pending = this.mountLazy(d).finally(() => this.lazyPending.delete(d));
+        this.lazyPending.set(d, pending);
+      }
+      await pending;
+    }
+  }
+
+  private async mountLazy(d: string): Promise<void> {
+    const remote = this.remoteLayer(d)!;
+    const st = this.state(d);
+    if (LayerStore.at(readMountInfo(), st.path).length > 0 && this.lazy.running()) return;
+    await this.lazy.ensureRunning();
+    const client = new RegistryClient(parseRegistryRef(`${remote.base}/${remote.repository}`, this.registries), this.registries);
+    try {
+      const access = await client.blobAccess(remote.repository, d);
+      this.lazy.describe(d, { url: access.url, size: remote.size, chunkSize: remote.chunkSize, chunks: remote.chunks, authorization: access.authorization, caFile: access.caFile });
+    } finally {
+      client.close();
+    }
+    if (LayerStore.at(readMountInfo(), st.path).length > 0) return; // mounted by the recovery above or meanwhile
+    mkdirSync(st.path, { recursive: true, mode: 0o755 });
+    try {
+      await mountErofsAsync(this.lazy.filePath(d), st.path);
+    } catch (err) {
+      try {
+        rmdirSync(st.path);
+      } catch {
+        /* leave it */
+      }
+      const e = asWarrenError(err);
+      throw new WarrenError('MOUNT_ERROR', `${e.message}; lazy file server: ${this.lazy.logTail(3)}`, { digest: d });
+    }
+    this.counters.mounts++;
+    st.mounted = true;
+    st.adopted = false;
+  }
+
+  /**
+   * Where each layer's bytes are on this node, for placement: 'local' (its blob is
+   * here), 'lazy' (no blob, but it can be mounted from a registry, reading only
+   * what is used), 'absent'. `mounted` says whether it is mounted now.
+   */
+  layerStates(digests: string[]): Array<{ digest: string; state: LayerAvailability; mounted: boolean }> {
+    this.ready();
+    const infos = readMountInfo();
+    return digests.map((d) => {
+      assertDigest(d);
+      const known = this.layerRow(d) !== undefined;
+      const state: LayerAvailability = known && existsSync(this.blobPath(d)) ? 'local' : known && this.remoteLayer(d) ? 'lazy' : 'absent';
+      return { digest: d, state, mounted: LayerStore.at(infos, this.mountPath(d)).length > 0 };
+    });
+  }
+
+  /** Every layer this node knows, with its availability (what a node publishes for placement). */
+  allLayerStates(): Array<{ digest: string; state: LayerAvailability; mounted: boolean }> {
+    const rows = this.db.prepare('SELECT digest FROM layer_blobs ORDER BY digest').all() as Array<{ digest: string }>;
+    return this.layerStates(rows.map((r) => r.digest));
+  }
+
+  /** The lazy file server's counters (null when it does not run). */
+  lazyStats(): LazyStats | null {
+    return this.lazy.stats();
+  }
+
+  /**
+   * For node shutdown: unmount lazily loaded layers nobody holds and, when no
+   * lazy mount is left, stop the file server. Lazy layers of sandboxes that
+   * outlive the gateway stay mounted and served.
+   */
+  async closeLazy(): Promise<void> {
+    if (!this.initialized) return;
+    const infos = readMountInfo();
+    for (const m of this.lazy.erofsMountsOnFuse(infos)) {
+      const hex = m.mountPoint.slice(this.mntDir.length + 1);
+      if (!m.mountPoint.startsWith(this.mntDir + '/') || !HEX_RE.test(hex)) continue;
+      const st = this.state(`sha256:${hex}`);
+      if (st.refs === 0) this.unmountAll(st);
+    }
+    // Only mountinfo and the pid file are consulted: touching the FUSE mount itself would wait for the daemon.
+    if (this.lazy.erofsMountsOnFuse().length === 0 && (this.lazy.running() || this.lazy.fuseMounted())) await this.lazy.stop();
+  }
+
+  /** Record a layer that is read from a registry (no blob here). */
+  addRemoteLayer(remote: RemoteLayer, source: string): void {
+    this.open();
+    assertDigest(remote.digest);
+    this.db.transaction(() => {
+      this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(remote.digest, remote.size, new Date().toISOString(), source);
+      this.db
+        .prepare(
+          `INSERT INTO layer_remote (digest, base, repository, size_bytes, chunk_size, chunks) VALUES (?, ?, ?, ?, ?, ?)
+           ON CONFLICT(digest) DO UPDATE SET base = excluded.base, repository = excluded.repository, size_bytes = excluded.size_bytes,
+             chunk_size = excluded.chunk_size, chunks = excluded.chunks`,
+        )
+        .run(remote.digest, remote.base, remote.repository, remote.size, remote.chunkSize, remote.chunks);
+    })();
+  }
+
+  /** Take a downloaded, verified blob (`file` on the store's file system, named by its sha256 `hex`) as a layer. */
+  addDownloadedBlob(file: string, hex: string, source: string): string {
+    this.open();
+    assertErofsImage(file);
+    const blob = this.finalizeBlob(file, hex);
+    this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
+    return blob.digest;
+  }
+
+  /** Register an image over layers this store already knows (local or lazy), top-most first. */
+  registerLayers(opts: { name: string; kind: ImageKind; layers: string[]; source: string; config: ImageRuntimeConfig | null }): ImageInfo {
+    const { name, kind } = this.validateImport({ name: opts.name, kind: opts.kind });
+    const layers = opts.layers.map((d) => {
+      const row = this.layerRow(assertDigest(d));
+      if (!row) throw new WarrenError('LAYER_NOT_FOUND', `layer ${d} not found`, { digest: d });
+      return { digest: d, size: row.size_bytes, created: false };
+    });
+    return this.register({ name, kind, layers, source: opts.source, config: opts.config });
+  }
+
+  /** Run `fn` in a private scratch directory of the store (removed afterwards). */
+  scratch<T>(op: string, fn: (dir: string) => Promise<T>): Promise<T> {
+    this.open();
+    return this.withScratch(op, fn);
+  }
+
+  /** A file to read a layer's bytes from: its blob, else (starting the lazy file server) its lazy file. */
+  async readableLayerFile(digest: string): Promise<string> {
+    this.ready();
+    assertDigest(digest);
+    if (existsSync(this.blobPath(digest))) return this.blobPath(digest);
+    if (!this.remoteLayer(digest)) throw new WarrenError('LAYER_NOT_FOUND', `layer ${digest} has no blob on this node`, { digest });
+    await this.prepareLazy([digest]);
+    return this.lazy.filePath(digest);
   }
 
   /** Drop one reference per digest. Layers stay mounted (node-level cache) until unmountUnused(). */
@@ -578,10 +793,14 @@ export class LayerStore {
     this.db.transaction(() => {
       this.db.prepare('DELETE FROM image_layers WHERE image_name = ?').run(row.name);
       this.db.prepare('DELETE FROM image_images WHERE name = ?').run(row.name);
-      for (const d of orphans) this.db.prepare('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
+      for (const d of orphans) {
+        this.db.prepare('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
+        this.db.prepare('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
+      }
     })();
     for (const d of orphans) {
       this.mounts.delete(d);
+      this.lazy.forget(d);
       try {
         unlinkSync(this.blobPath(d));
       } catch {
@@ -600,8 +819,10 @@ export class LayerStore {
     for (const { digest } of rows) {
       const st = this.state(digest);
       if (st.refs > 0 || !this.unmountAll(st, infos)) continue;
+      this.db.prepare('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
       this.db.prepare('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
       this.mounts.delete(digest);
+      this.lazy.forget(digest);
       try {
         unlinkSync(this.blobPath(digest));
       } catch {

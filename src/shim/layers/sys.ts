@@ -8,7 +8,7 @@
  * to mount(2) as is, which the native helper does. lsetxattr(2) goes through
  * perl's `syscall` (perl-base is an essential Debian package).
  */
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { WarrenError } from '../../errors';
 import type { NativeAddon } from '../../native/types';
@@ -105,6 +105,31 @@ export function nativeMounter(addon: Pick<NativeAddon, 'mount' | 'umount'>, log:
       addon.umount(target, detach);
     },
   };
+}
+
+const MOUNT_NR: Record<string, number> = { x64: 165, arm64: 40, riscv64: 40, loong64: 40 };
+const MS_LAYER = 1 | 2 | 4 | 8; // MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC: LAYER_MOUNT_FLAGS
+
+/**
+ * mount(2) of a file-backed EROFS image in a child process. For images whose
+ * backing file is served over the network (a lazily loaded layer), mount(2)
+ * reads the superblock and root inode through it and may wait for a registry:
+ * that wait must not block the gateway's event loop.
+ */
+export function mountErofsAsync(file: string, target: string): Promise<void> {
+  const nr = MOUNT_NR[process.arch];
+  if (nr === undefined) return Promise.reject(new WarrenError('NOT_SUPPORTED', `lazy layer mounts are not supported on ${process.arch}`));
+  const script = `my $fs = "erofs"; my $r = syscall(${nr}, $ARGV[0], $ARGV[1], $fs, ${MS_LAYER}, 0); if ($r != 0) { my $e = $! + 0; print STDERR "$!\n"; exit($e || 1); }`;
+  return new Promise((resolve, reject) => {
+    const child = spawn('perl', ['-e', script, file, target], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    child.on('error', (e) => reject(new WarrenError('MOUNT_ERROR', `cannot run perl for mount(2): ${e.message}`)));
+    child.on('close', (code) => {
+      if (code === 0) resolve();
+      else reject(mountError(`mount erofs ${file} on ${target}`, code ?? 1, err.trim()));
+    });
+  });
 }
 
 /** Set extended attributes without following symlinks. */
