@@ -95,7 +95,7 @@ struct egress_event {
 	__u8 pad[7];
 };
 
-/* A microVM's tap, keyed by the netns cookie of the sandbox's network namespace (which holds the tap and the veth to the node bridge): frames the guest sends are judged by the policy of sandbox cgroup_id and forwarded to the uplink; frames for the guest go back to the tap. */
+/* Settings of one microVM's tap programs (bpf/tap_egress.bpf.c), loaded per sandbox as constants: frames the guest sends on the tap are judged by the policy of sandbox cgroup_id and forwarded to the uplink (the veth to the node bridge, both in the sandbox's namespace); frames for the guest go back to the tap. */
 struct tap_port {
 	__u64 cgroup_id; /* the sandbox whose policy applies (its key in sandbox_policies) */
 	__u32 uplink_ifindex; /* the veth to the node bridge, in the sandbox netns */

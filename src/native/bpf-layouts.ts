@@ -262,7 +262,7 @@ export function decodeEgressEvent(buf: Buffer, at = 0): EgressEvent {
   };
 }
 
-/** A microVM's tap, keyed by the netns cookie of the sandbox's network namespace (which holds the tap and the veth to the node bridge): frames the guest sends are judged by the policy of sandbox cgroup_id and forwarded to the uplink; frames for the guest go back to the tap. */
+/** Settings of one microVM's tap programs (bpf/tap_egress.bpf.c), loaded per sandbox as constants: frames the guest sends on the tap are judged by the policy of sandbox cgroup_id and forwarded to the uplink (the veth to the node bridge, both in the sandbox's namespace); frames for the guest go back to the tap. */
 export interface TapPort {
   /** the sandbox whose policy applies (its key in sandbox_policies) */
   cgroupId: bigint;

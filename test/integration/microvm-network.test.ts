@@ -61,9 +61,12 @@ function linkPins(id: string): string[] {
   return existsSync(dir) ? readdirSync(dir).filter((f) => f.startsWith(`${id}_`)) : [];
 }
 
+let first: { id: string } | null = null;
+
 t.serial('microvm {pypi: true}: pypi by name works through the tap; npm, the node, metadata and other ports are dropped on the host and reported', async (tt) => {
   const sb = await createVm({ pypi: true, npm: false });
-  try {
+  first = sb;
+  {
     tt.deepEqual(linkPins(sb.id).sort(), ['connect4', 'connect6', 'egress', 'sendmsg4', 'sendmsg6', 'tap', 'tapret'].map((h) => `${sb.id}_${h}`));
     const info0 = shim.networkInfo(sb.id);
     const { pypi, npm, names } = net;
@@ -93,7 +96,14 @@ t.serial('microvm {pypi: true}: pypi by name works through the tap; npm, the nod
     );
     tt.true(logs.some((l) => l.includes(`egress denied: sandbox=${sb.id}`) && l.includes(`dest=${npm.address}:${SERVICE_PORT}/tcp hook=tap`)), 'denials are logged like a container\'s');
     tt.is(info.address, info0.address);
-    // a live policy change reaches the guest's traffic at once (the same maps)
+  }
+});
+
+t.serial('microvm: a live policy change reaches the guest at once (the same maps); delete unpins every link', async (tt) => {
+  if (first === null) throw new Error('the previous test did not create its microVM');
+  const sb = first;
+  try {
+    const { names, pypi } = net;
     await shim.updateNetwork(sb.id, { npm: true, pypi: false });
     tt.deepEqual(outcomes(await probe(sb.id, [{ kind: 'http', host: names.npm, port: SERVICE_PORT }, { kind: 'resolve', host: names.pypi }, { kind: 'tcp', host: pypi.address, port: SERVICE_PORT }])), ['ok', 'gaierror', 'timeout']);
   } finally {
@@ -123,4 +133,24 @@ t.serial('microvm: guest root cannot leave its address or MAC (spoofed frames ar
     await shim.deleteSandbox(a.id);
     await shim.deleteSandbox(b.id);
   }
+});
+
+t.serial('microvm: network survives a pause (the VMM ends, the tap and its programs stay); delete leaves no namespace, tap or link', async (tt) => {
+  const sb = await createVm({ pypi: true });
+  const lease = shim.network!.info(sb.id).address;
+  const netnsBefore = readdirSync('/run/netns').filter((n) => n.startsWith(`wn-nv${tag}-`));
+  try {
+    const p = await shim.pauseSandbox(sb.id);
+    tt.is(p.state, 'paused');
+    tt.is(linkPins(sb.id).length, 7, 'enforcement stays in place while no VMM runs');
+    // any request resumes it; the restored guest finds its NIC on the same tap
+    const rs = await probe(sb.id, [{ kind: 'http', host: net.names.pypi, port: SERVICE_PORT }, { kind: 'tcp', host: net.npm.address, port: SERVICE_PORT }]);
+    tt.deepEqual(outcomes(rs), ['ok', 'timeout']);
+    tt.is(shim.networkInfo(sb.id).address, lease);
+  } finally {
+    await shim.deleteSandbox(sb.id);
+  }
+  tt.deepEqual(linkPins(sb.id), []);
+  const gone = netnsBefore.filter((n) => !readdirSync('/run/netns').includes(n));
+  tt.true(gone.length >= 1, 'the sandbox namespace (with its tap) was destroyed');
 });
