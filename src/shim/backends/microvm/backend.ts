@@ -47,7 +47,7 @@ import type {
 } from '../../types';
 import type { NetworkManager, SandboxNetworkRuntime } from '../../network/manager';
 import { AgentClient } from './agent-client';
-import { AgentType, MAX_AGENT_PAYLOAD, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
+import { AS_OVERHEAD, AgentType, MAX_AGENT_PAYLOAD, encodeAs, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
 import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
 import { Qmp } from './qmp';
 import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
@@ -456,6 +456,8 @@ export class MicroVMSandbox implements BackendSandbox {
   private suspended: boolean;
   private watchedPid = 0;
   readonly files: FilesFacet;
+  /** Files as guest root: what the host itself reads (the user database). */
+  private readonly rootFiles: AgentFiles;
   readonly freeze: FreezeFacet;
   readonly sessions: SessionsFacet;
   readonly export: ExportFacet;
@@ -470,7 +472,12 @@ export class MicroVMSandbox implements BackendSandbox {
     this.suspended = suspended;
     this.ended = new Promise((r) => (this.endedResolve = r));
     if (!suspended) this.watch(runtime.vmmPid);
-    this.files = new AgentFiles(() => this.client());
+    this.rootFiles = new AgentFiles(() => this.client(), null);
+    // the files API does what an exec as the sandbox's user could (like a container's), no more
+    this.files = new AgentFiles(() => this.client(), async () => {
+      const u = await this.user(undefined);
+      return { uid: u.uid, gid: u.gid };
+    });
     this.freeze = {
       pause: () => this.suspend(),
       resume: () => this.restore(),
@@ -655,7 +662,7 @@ export class MicroVMSandbox implements BackendSandbox {
     if (want === undefined || want === '' || want === 'root' || want === '0') return { name: 'root', uid: 0, gid: 0, home: '/root' };
     let text = '';
     try {
-      text = (await this.files.readFile('/etc/passwd', MIB)).toString('utf8');
+      text = (await this.rootFiles.readFile('/etc/passwd', MIB)).toString('utf8');
     } catch (err) {
       if (!(err instanceof WarrenError && err.code === 'FILE_NOT_FOUND')) throw err;
     }
@@ -1007,29 +1014,42 @@ interface GuestProc {
 
 /** The files facet over the agent: paths are resolved by the guest inside its root; what comes back is bounded. */
 class AgentFiles implements FilesFacet {
-  constructor(private readonly client: () => AgentClient) {}
+  /** `creds`: the identity requests run with in the guest (null: guest root). */
+  constructor(
+    private readonly client: () => AgentClient,
+    private readonly creds: (() => Promise<{ uid: number; gid: number }>) | null,
+  ) {}
+
+  /** The request built by `make`, wrapped to run as the sandbox's user when there is one. */
+  private async frame(make: (chan: number) => Buffer): Promise<(chan: number) => Buffer> {
+    if (this.creds === null) return make;
+    const { uid, gid } = await this.creds();
+    if (uid === 0 && gid === 0) return make;
+    return (c) => encodeAs(c, uid, gid, make(c));
+  }
 
   async readFile(path: string, maxBytes: number): Promise<Buffer> {
     checkPath(path);
-    const { data } = await this.client().request((c) => encodeRead(c, path, maxBytes), `read ${path}`, { timeoutMs: 60_000, maxData: maxBytes });
+    const { data } = await this.client().request(await this.frame((c) => encodeRead(c, path, maxBytes)), `read ${path}`, { timeoutMs: 60_000, maxData: maxBytes });
     return data;
   }
 
   async writeFile(path: string, data: Buffer, mode: number): Promise<void> {
     checkPath(path);
     const client = this.client();
-    const chunk = MAX_AGENT_PAYLOAD - 8 - Buffer.byteLength(path) - 1;
+    const chunk = MAX_AGENT_PAYLOAD - AS_OVERHEAD - 8 - Buffer.byteLength(path) - 1;
     let off = 0;
     do {
       const part = data.subarray(off, off + chunk);
-      await client.request((c) => encodeWrite(c, path, mode, off === 0, part), `write ${path}`, { timeoutMs: 60_000 });
+      const first = off === 0;
+      await client.request(await this.frame((c) => encodeWrite(c, path, mode, first, part)), `write ${path}`, { timeoutMs: 60_000 });
       off += part.length;
     } while (off < data.length);
   }
 
   async listDir(path: string): Promise<FileEntry[]> {
     checkPath(path);
-    const { ok } = await this.client().request((c) => encodeFrame(AgentType.LIST, c, cstrings([path])), `list ${path}`, { timeoutMs: 60_000 });
+    const { ok } = await this.client().request(await this.frame((c) => encodeFrame(AgentType.LIST, c, cstrings([path]))), `list ${path}`, { timeoutMs: 60_000 });
     const out: FileEntry[] = [];
     for (const line of ok.toString('utf8').split('\n')) {
       const m = /^([fdlo])\t([0-7]{1,5})\t(\d{1,20})\t(-?\d{1,20})\t([^\n/]{1,255})$/.exec(line);
@@ -1042,12 +1062,12 @@ class AgentFiles implements FilesFacet {
 
   async mkdirs(path: string, mode: number): Promise<void> {
     checkPath(path);
-    await this.client().request((c) => encodeMkdirs(c, path, mode), `mkdir ${path}`, { timeoutMs: 60_000 });
+    await this.client().request(await this.frame((c) => encodeMkdirs(c, path, mode)), `mkdir ${path}`, { timeoutMs: 60_000 });
   }
 
   async kind(path: string): Promise<'file' | 'dir' | 'other'> {
     checkPath(path);
-    const { ok } = await this.client().request((c) => encodeFrame(AgentType.KIND, c, cstrings([path])), `stat ${path}`, { timeoutMs: 60_000 });
+    const { ok } = await this.client().request(await this.frame((c) => encodeFrame(AgentType.KIND, c, cstrings([path]))), `stat ${path}`, { timeoutMs: 60_000 });
     const k = ok.toString('latin1');
     return k === 'd' ? 'dir' : k === 'f' ? 'file' : 'other';
   }
