@@ -269,23 +269,28 @@ export class MicroVMBackend implements Backend {
 
   async adopt(record: SandboxRecord): Promise<MicroVMSandbox | null> {
     const r = record.runtime as Partial<MicroVMRuntime>;
-    if (typeof r.dir !== 'string' || typeof r.runDir !== 'string' || typeof r.vmmPid !== 'number') return null;
-    if (!native.cgroupExists(record.id)) return null;
+    const gone = (why: string): null => {
+      this.opts.log?.(`microvm ${record.id}: not adopted: ${why}`);
+      return null;
+    };
+    if (typeof r.dir !== 'string' || typeof r.runDir !== 'string' || typeof r.vmmPid !== 'number') return gone('its record has no VMM');
+    if (!native.cgroupExists(record.id)) return gone('its cgroup is gone');
     // its enforcement outlived the gateway (pinned); take the network's bookkeeping back first
-    if (r.network !== undefined && (!this.opts.network || !this.opts.network.adopt(record.id, cgroupDir(record.id), r.network))) return null;
+    if (r.network !== undefined && (!this.opts.network || !this.opts.network.adopt(record.id, cgroupDir(record.id), r.network))) return gone('its network could not be taken over');
     if (typeof r.snapshot === 'string') {
       // Paused: no VMM, only its snapshot; the next resume restores it.
-      if (!existsSync(r.snapshot)) return null;
+      if (!existsSync(r.snapshot)) return gone(`its snapshot ${r.snapshot} is missing`);
       return new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this, true);
     }
-    if (native.processStartTime(r.vmmPid) !== r.startTime || !native.cgroupProcs(record.id).includes(r.vmmPid)) return null;
+    if (native.processStartTime(r.vmmPid) !== r.startTime) return gone(`VMM ${r.vmmPid} is not running`);
+    if (!native.cgroupProcs(record.id).includes(r.vmmPid)) return gone(`VMM ${r.vmmPid} is not in its cgroup`);
     const box = new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this);
     // The VM's agent port takes one connection: a handle this process still holds gives it up.
     live.get(record.id)?.detachAgent();
     try {
-      await box.connect(10_000);
-    } catch {
-      return null;
+      await box.connect(30_000);
+    } catch (err) {
+      return gone(`its agent does not answer: ${(err as Error).message}`);
     }
     return box;
   }
