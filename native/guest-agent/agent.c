@@ -473,10 +473,12 @@ static void session_server(const char *portpath) {
       int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1;
       fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
       if (connected) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
-      if (fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
-      if (ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
-      if (fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
-      if (master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
+      /* Until the connection is known to be this shell's bridge (START or RESUME with its token), its
+       * output stays in the pipes: nothing is lost while the host is away or has not said who it is. */
+      if (resumed && fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
+      if (resumed && ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
+      if (resumed && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
+      if (resumed && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
       poll(fds, (nfds_t)nf, connected ? 1000 : 100);
       if (!connected) {
         connected = 1;
