@@ -67,7 +67,8 @@ testUnless(skip).serial('a kill -9 of warren up leaves microVMs running; a resta
     client = new WarrenClient({ url: first.url, token });
     const sb = await client.createSandbox({ image: 'busybox', backend: 'microvm', memoryMb: 192, diskMb: 64 });
     id = sb.id;
-    const started = await sb.exec(['sh', '-c', 'i=0; (while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done) >/dev/null 2>&1 & echo started']);
+    // replaced whole (rename), so a read never sees a half-written file
+    const started = await sb.exec(['sh', '-c', 'i=0; (while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.2; done) >/dev/null 2>&1 & echo started']);
     t.is(started.stdout, 'started\n');
     const vmm = vmmPids(sb.id);
     t.is(vmm.length, 1, 'one VMM');
