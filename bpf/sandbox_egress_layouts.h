@@ -12,6 +12,7 @@
 #define EGRESS_EVENT_SENDMSG4 3
 #define EGRESS_EVENT_SENDMSG6 4
 #define EGRESS_EVENT_SKB_EGRESS 5
+#define EGRESS_EVENT_TAP 6
 #define EGRESS_SERVICE_NONE 0
 #define EGRESS_SERVICE_RULE 65535
 #define EGRESS_REASON_NOT_ALLOWED 0
@@ -94,6 +95,16 @@ struct egress_event {
 	__u8 pad[7];
 };
 
+/* Settings of one microVM's tap programs (bpf/tap_egress.bpf.c), loaded per sandbox as constants: frames the guest sends on the tap are judged by the policy of sandbox cgroup_id and forwarded to the uplink (the veth to the node bridge, both in the sandbox's namespace); frames for the guest go back to the tap. */
+struct tap_port {
+	__u64 cgroup_id; /* the sandbox whose policy applies (its key in sandbox_policies) */
+	__u32 uplink_ifindex; /* the veth to the node bridge, in the sandbox netns */
+	__u32 tap_ifindex;
+	__u8 addr_v4[4]; /* the sandbox's address: the only source address the guest may use */
+	__u8 mac[6]; /* the uplink's MAC, given to the guest's NIC: the only source MAC the guest may use */
+	__u8 pad[6];
+};
+
 #ifndef __bpf__
 #include <stddef.h>
 _Static_assert(sizeof(struct egress_key) == 32, "egress_key size");
@@ -140,6 +151,13 @@ _Static_assert(offsetof(struct egress_event, kind) == 35, "egress_event.kind");
 _Static_assert(offsetof(struct egress_event, pid) == 36, "egress_event.pid");
 _Static_assert(offsetof(struct egress_event, reason) == 40, "egress_event.reason");
 _Static_assert(offsetof(struct egress_event, pad) == 41, "egress_event.pad");
+_Static_assert(sizeof(struct tap_port) == 32, "tap_port size");
+_Static_assert(offsetof(struct tap_port, cgroup_id) == 0, "tap_port.cgroup_id");
+_Static_assert(offsetof(struct tap_port, uplink_ifindex) == 8, "tap_port.uplink_ifindex");
+_Static_assert(offsetof(struct tap_port, tap_ifindex) == 12, "tap_port.tap_ifindex");
+_Static_assert(offsetof(struct tap_port, addr_v4) == 16, "tap_port.addr_v4");
+_Static_assert(offsetof(struct tap_port, mac) == 20, "tap_port.mac");
+_Static_assert(offsetof(struct tap_port, pad) == 26, "tap_port.pad");
 #endif
 
 #endif

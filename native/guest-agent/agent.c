@@ -7,7 +7,8 @@
  * be correct, not to defend itself: the host validates every frame it sends.
  *
  * Frames, both ways: u8 type, u32 channel, u32 length (little endian), payload.
- * Host -> guest: EXEC, STDIN, STDIN_EOF, KILL, READ, WRITE, LIST, MKDIRS, KIND, SHUTDOWN, PING.
+ * Host -> guest: EXEC, STDIN, STDIN_EOF, KILL, READ, WRITE, LIST, MKDIRS, KIND, SHUTDOWN, PING, EXPORT,
+ * AS (a file request run with a user's filesystem identity).
  * Guest -> host: HELLO, OUT, EXIT, OK, ERR, STARTED (see src/shim/backends/microvm/agent-protocol.ts).
  *
  * A guest read on the port returns 0 while no host client is connected (and
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/ioctl.h>
 #include <sys/reboot.h>
 #include <termios.h>
@@ -38,7 +40,7 @@
 #include <unistd.h>
 
 enum {
-  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11, T_EXPORT = 12,
+  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11, T_EXPORT = 12, T_AS = 13,
   T_HELLO = 0x81, T_OUT = 0x82, T_EXIT = 0x83, T_OK = 0x84, T_ERR = 0x85, T_STARTED = 0x87,
 };
 
@@ -314,6 +316,30 @@ static void do_kind(uint32_t chan, const char *path) {
 
 static void close_fd(int *fd) { if (*fd >= 0) { close(*fd); *fd = -1; } }
 
+static void handle(int type, uint32_t chan, const char *p, size_t n);
+
+/* T_AS: u32 uid, u32 gid, u8 type, then that file request's payload. The request runs with the
+ * user's filesystem identity (fsuid/fsgid, no supplementary groups), so the files API can do what
+ * an exec as that user could and no more. The agent is single-threaded: the identity is back to
+ * root before the next frame. */
+static void do_as(uint32_t chan, const char *p, size_t n) {
+  if (n < 9) return send_err(chan, EINVAL, "malformed identity");
+  uint32_t uid = get32((const unsigned char *)p), gid = get32((const unsigned char *)p + 4);
+  int inner = (unsigned char)p[8];
+  if (inner != T_READ && inner != T_WRITE && inner != T_LIST && inner != T_KIND && inner != T_MKDIRS) return send_err(chan, EINVAL, "identity only for file requests");
+  gid_t groups[64];
+  int ng = getgroups(64, groups);
+  if (ng < 0 || setgroups(0, NULL)) return send_err(chan, errno, "setgroups");
+  setfsgid((gid_t)gid);
+  setfsuid((uid_t)uid);
+  int ok = (uid_t)setfsuid((uid_t)-1) == (uid_t)uid && (gid_t)setfsgid((gid_t)-1) == (gid_t)gid;
+  if (ok) handle(inner, chan, p + 9, n - 9);
+  setfsuid(0);
+  setfsgid(0);
+  if (setgroups((size_t)ng, groups)) { /* pid 1 keeps going: root's own groups only matter for root requests */ }
+  if (!ok) send_err(chan, EPERM, "setfsuid");
+}
+
 static void handle(int type, uint32_t chan, const char *p, size_t n) {
   const char *end = p + n;
   struct proc *pr;
@@ -345,6 +371,7 @@ static void handle(int type, uint32_t chan, const char *p, size_t n) {
   case T_KILL:
     if ((pr = proc_by_chan(chan)) && n >= 1) { kill(-pr->pid, (unsigned char)p[0]); kill(pr->pid, (unsigned char)p[0]); }
     return;
+  case T_AS: return do_as(chan, p, n);
   case T_READ: return do_read(chan, p, n);
   case T_WRITE: return do_write(chan, p, n);
   case T_LIST: if (n && p[n - 1] == 0) do_list(chan, p); else send_err(chan, EINVAL, "malformed"); return;
@@ -446,10 +473,12 @@ static void session_server(const char *portpath) {
       int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1;
       fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
       if (connected) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
-      if (fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
-      if (ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
-      if (fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
-      if (master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
+      /* Until the connection is known to be this shell's bridge (START or RESUME with its token), its
+       * output stays in the pipes: nothing is lost while the host is away or has not said who it is. */
+      if (resumed && fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
+      if (resumed && ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
+      if (resumed && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
+      if (resumed && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
       poll(fds, (nfds_t)nf, connected ? 1000 : 100);
       if (!connected) {
         connected = 1;

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
@@ -148,6 +149,7 @@ int main(int argc, char **argv) {
   static char buf[65536];
   size_t have = 0;
   int stdin_open = 1;
+  struct timespec last_resume = {0};
   for (;;) {
     struct pollfd fds[3] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 ? 0 : -1, POLLIN, 0}};
     if (sock < 0) {
@@ -159,7 +161,12 @@ int main(int argc, char **argv) {
       send_frame(S_RESUME, token, sizeof token);
       fds[1].fd = sock;
     }
-    poll(fds, 3, -1);
+    /* The guest stops sending this shell's output whenever it sees its port close, which a restored
+     * VM can report after this bridge is already connected: say who we are again every second. */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec != last_resume.tv_sec) { send_frame(S_RESUME, token, sizeof token); last_resume = now; }
+    poll(fds, 3, 1000);
     if (fds[0].revents) {
       struct signalfd_siginfo si;
       if (read(sfd, &si, sizeof si) == sizeof si) {

@@ -10,6 +10,7 @@ export const EGRESS_EVENT_CONNECT6 = 2;
 export const EGRESS_EVENT_SENDMSG4 = 3;
 export const EGRESS_EVENT_SENDMSG6 = 4;
 export const EGRESS_EVENT_SKB_EGRESS = 5;
+export const EGRESS_EVENT_TAP = 6;
 export const EGRESS_SERVICE_NONE = 0;
 export const EGRESS_SERVICE_RULE = 65535;
 export const EGRESS_REASON_NOT_ALLOWED = 0;
@@ -258,5 +259,42 @@ export function decodeEgressEvent(buf: Buffer, at = 0): EgressEvent {
     kind: buf.readUInt8(at + 35),
     pid: buf.readUInt32LE(at + 36),
     reason: buf.readUInt8(at + 40),
+  };
+}
+
+/** Settings of one microVM's tap programs (bpf/tap_egress.bpf.c), loaded per sandbox as constants: frames the guest sends on the tap are judged by the policy of sandbox cgroup_id and forwarded to the uplink (the veth to the node bridge, both in the sandbox's namespace); frames for the guest go back to the tap. */
+export interface TapPort {
+  /** the sandbox whose policy applies (its key in sandbox_policies) */
+  cgroupId: bigint;
+  /** the veth to the node bridge, in the sandbox netns */
+  uplinkIfindex: number;
+  tapIfindex: number;
+  /** the sandbox's address: the only source address the guest may use */
+  addrV4: Buffer;
+  /** the uplink's MAC, given to the guest's NIC: the only source MAC the guest may use */
+  mac: Buffer;
+}
+export const TAP_PORT_SIZE = 32;
+export const TAP_PORT_OFFSETS = { cgroupId: 0, uplinkIfindex: 8, tapIfindex: 12, addrV4: 16, mac: 20, pad: 26 } as const;
+export function encodeTapPort(v: TapPort, buf: Buffer = Buffer.alloc(32)): Buffer {
+  if (buf.length < 32) throw new RangeError('tap_port: buffer too small');
+  buf.fill(0, 0, 32);
+  buf.writeBigUInt64LE(v.cgroupId, 0);
+  buf.writeUInt32LE(v.uplinkIfindex, 8);
+  buf.writeUInt32LE(v.tapIfindex, 12);
+  if (v.addrV4.length !== 4) throw new RangeError('tap_port.addr_v4: expected 4 bytes');
+  v.addrV4.copy(buf, 16);
+  if (v.mac.length !== 6) throw new RangeError('tap_port.mac: expected 6 bytes');
+  v.mac.copy(buf, 20);
+  return buf;
+}
+export function decodeTapPort(buf: Buffer, at = 0): TapPort {
+  if (buf.length - at < 32) throw new RangeError('tap_port: buffer too small');
+  return {
+    cgroupId: buf.readBigUInt64LE(at + 0),
+    uplinkIfindex: buf.readUInt32LE(at + 8),
+    tapIfindex: buf.readUInt32LE(at + 12),
+    addrV4: Buffer.from(buf.subarray(at + 16, at + 16 + 4)),
+    mac: Buffer.from(buf.subarray(at + 20, at + 20 + 6)),
   };
 }

@@ -290,6 +290,8 @@ export interface NativeAddon {
   bpfLoadPinned(objectPath: string, pinDir: string): number;
   /** Links a pinned program to a cgroup2 directory and pins the link at linkPin. */
   bpfAttachCgroup(programPin: string, cgroupDir: string, attach: BpfCgroupAttach, linkPin: string): void;
+  /** Load a copy of the tap programs with `settings` (a tap_port; interface indexes filled in) and attach them at tcx ingress of `tap` and `uplink` in the netns at netnsPath; links pinned at the two paths. */
+  bpfAttachTap(objectPath: string, pinDir: string, netnsPath: string, tap: string, uplink: string, settings: Buffer, tapLinkPin: string, uplinkLinkPin: string): void;
   /** An O_CLOEXEC fd of a pinned map or program; release with close(). */
   bpfObjGet(path: string): number;
   bpfMapInfo(fd: number): BpfMapInfo;

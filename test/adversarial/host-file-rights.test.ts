@@ -12,6 +12,7 @@ import { testUnless } from '../helpers/skip';
 import { WarrenError } from '../../src/errors';
 import { type FnFixture, integrationSkipReason, openFnFixture, rawRequest } from '../integration/fncall-fixture';
 import { spec, withShim } from '../helpers/warren';
+import { microvmBackendStatus, skipReason } from '../../src/features';
 
 const skip = integrationSkipReason();
 const maybe = testUnless(skip).serial;
@@ -118,6 +119,29 @@ maybe(`the files API reads and writes with the sandbox user's rights, never thro
     await shim.exec(rootBox.id, { cmd: 'echo s > /root/s && chmod 600 /root/s' });
     t.is((await shim.readFile(rootBox.id, '/root/s', 10)).toString(), 's\n');
     await shim.deleteSandbox(rootBox.id);
+    await shim.deleteSandbox(sb.id);
+  });
+});
+
+const vmStatus = microvmBackendStatus();
+const vmSkip = skip ?? skipReason('native-helper', 'qemu', 'microvm-guest') ?? (vmStatus.available ? null : `microvm backend unavailable: ${vmStatus.reason}`);
+
+testUnless(vmSkip).serial(`microvm: the files API runs as the sandbox user inside the guest too, never through planted links`, async (t) => {
+  await withShim(t, async ({ shim }) => {
+    const sb = await shim.createSandbox(spec({ backend: 'microvm', user: '65534', memoryMb: 192, diskMb: 64 }));
+    const root = (cmd: string) => shim.exec(sb.id, { cmd, user: 'root' });
+    const setup = await root('echo secret > /root/secret && chmod 600 /root/secret && chmod 700 /root && ln -s /root/secret /tmp/l && chmod 1777 /tmp');
+    t.is(setup.exitCode, 0, setup.stderr);
+    for (const p of ['/root/secret', '/tmp/l']) t.is(await codeOf(shim.readFile(sb.id, p, 1 << 20)), 'FORBIDDEN', `read ${p}`);
+    t.is(await codeOf(shim.listDir(sb.id, '/root')), 'FORBIDDEN');
+    for (const p of ['/etc/planted', '/root/planted']) t.is(await codeOf(shim.writeFile(sb.id, p, Buffer.from('x'))), 'FORBIDDEN', `write ${p}`);
+    t.is((await root('ls /etc/planted /root/planted 2>/dev/null | wc -l')).stdout.trim(), '0');
+    // what the user may do still works, and what it creates is its own
+    await shim.writeFile(sb.id, '/tmp/mine/deep/file', Buffer.from('hello'));
+    t.is((await root('stat -c %u:%g /tmp/mine/deep/file /tmp/mine')).stdout, '65534:65534\n65534:65534\n');
+    t.is((await shim.readFile(sb.id, '/tmp/mine/deep/file', 100)).toString(), 'hello');
+    // the agent went back to root between requests: an exec as root still reads the secret
+    t.is((await root('cat /root/secret')).stdout, 'secret\n');
     await shim.deleteSandbox(sb.id);
   });
 });

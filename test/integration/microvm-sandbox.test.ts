@@ -145,11 +145,19 @@ it(title('pause saves the VM to disk and ends the VMM; any request resumes it wi
   t.true(after >= before);
   t.true(await until(async () => Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout) > after, 20_000), 'the background counter goes on counting');
   t.false(existsSync(join(f.dataDir, 'microvm', vm.id, 'snapshot')), 'the snapshot is removed once resumed');
+  // the shell session opened before the pause answers after the resume, with its state
+  const listed = (await f.shim.listSessions(vm.id)).find((x) => x.id === sessionId)!;
+  const att = await f.shim.attachSession(vm.id, sessionId, listed.outputOffset);
+  const out: Buffer[] = [];
+  att.onOutput((o) => out.push(o.data));
+  const r = await att.run('c2', 'echo "$KEPT $PWD"', 30_000);
+  t.is(r.exitCode, 0, 'the command finished (its status came through)');
+  t.true(await until(async () => Buffer.concat(out).toString() === '42 /root\n', 5000), Buffer.concat(out).toString());
+  await att.close();
 });
 
 it(title('a restarted node re-adopts the running microVM and its shell session'), async (t) => {
   await f.shim.writeFile(vm.id, '/root/kept', Buffer.from('kept\n'));
-  // a session opened since the pause (sessions across a pause are a known gap, docs/microvm.md)
   const sess = await f.shim.openSession(vm.id, { mode: 'command' });
   sessionId = sess.info.id;
   t.is((await sess.run('r1', 'export KEPT=42', 30_000)).exitCode, 0);

@@ -970,6 +970,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"landlockCacheDrop", LandlockCacheDrop},
       {"bpfLoadPinned", BpfLoadPinned},
       {"bpfAttachCgroup", BpfAttachCgroup},
+      {"bpfAttachTap", BpfAttachTap},
       {"bpfObjGet", BpfObjGet},
       {"bpfMapInfo", BpfMapInfo},
       {"bpfMapUpdate", BpfMapUpdate},

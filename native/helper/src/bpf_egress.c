@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +99,108 @@ int wn_bpf_attach_cgroup(const char *prog_pin, const char *cgroup_dir, const cha
   }
   close(link_fd);
   return 0;
+}
+
+/* Not in Debian 12's 6.1 uapi headers (tcx came with 6.6): the kernel's value. */
+#define WN_BPF_TCX_INGRESS 46
+
+/* Run fn in the network namespace ns_fd on this thread, then come back (abort if that fails:
+ * the thread would stay in a sandbox's namespace). */
+static int in_netns(int ns_fd, int (*fn)(void *), void *arg, wn_error *e, const char *netns_path) {
+  int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (self < 0) return wn_fail_errno(e, WN_NATIVE_ERROR, "open own netns");
+  if (setns(ns_fd, CLONE_NEWNET) < 0) {
+    int err = errno;
+    close(self);
+    return wn_fail(e, WN_NATIVE_ERROR, err, "enter netns %s", netns_path);
+  }
+  int rc = fn(arg);
+  if (setns(self, CLONE_NEWNET) < 0) abort();
+  close(self);
+  return rc;
+}
+
+struct tap_job {
+  const char *tap, *uplink;
+  unsigned tap_idx, up_idx;
+  int prog_tap, prog_ret;
+  int link_tap, link_ret;
+  int err;
+  const char *what;
+};
+
+static int find_ifaces(void *arg) {
+  struct tap_job *j = arg;
+  j->tap_idx = if_nametoindex(j->tap);
+  if (j->tap_idx == 0) return j->err = errno, j->what = j->tap, -1;
+  j->up_idx = if_nametoindex(j->uplink);
+  if (j->up_idx == 0) return j->err = errno, j->what = j->uplink, -1;
+  return 0;
+}
+
+static int link_tcx(void *arg) {
+  struct tap_job *j = arg;
+  j->link_tap = bpf_link_create(j->prog_tap, (int)j->tap_idx, (enum bpf_attach_type)WN_BPF_TCX_INGRESS, NULL);
+  if (j->link_tap < 0) return j->err = errno, j->what = j->tap, -1;
+  j->link_ret = bpf_link_create(j->prog_ret, (int)j->up_idx, (enum bpf_attach_type)WN_BPF_TCX_INGRESS, NULL);
+  if (j->link_ret < 0) return j->err = errno, j->what = j->uplink, -1;
+  return 0;
+}
+
+int wn_bpf_attach_tap(const char *obj_path, const char *pin_dir, const char *netns_path, const char *tap,
+                      const char *uplink, const void *cfg, size_t cfg_len, const char *link_tap_pin,
+                      const char *link_ret_pin, wn_error *e) {
+  quiet_libbpf();
+  if (cfg_len != 32) return wn_fail(e, WN_INVALID_ARGUMENT, EINVAL, "tap settings are %zu bytes, not 32", cfg_len);
+  int ns_fd = open(netns_path, O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) return wn_fail(e, errno == ENOENT ? WN_FILE_NOT_FOUND : WN_NATIVE_ERROR, errno, "open netns %s", netns_path);
+  struct tap_job j = {.tap = tap, .uplink = uplink, .prog_tap = -1, .prog_ret = -1, .link_tap = -1, .link_ret = -1};
+  int rc = in_netns(ns_fd, find_ifaces, &j, e, netns_path);
+  if (rc < 0) {
+    close(ns_fd);
+    if (j.what == NULL) return -1; /* e is set */
+    return wn_fail(e, WN_FILE_NOT_FOUND, j.err, "no interface %s in %s", j.what, netns_path);
+  }
+  /* the settings, with the interface indexes as the namespace numbers them */
+  unsigned char conf[32];
+  memcpy(conf, cfg, sizeof conf);
+  uint32_t up = j.up_idx, tp = j.tap_idx;
+  memcpy(conf + 8, &up, 4);
+  memcpy(conf + 12, &tp, 4);
+
+  LIBBPF_OPTS(bpf_object_open_opts, opts, .pin_root_path = pin_dir);
+  struct bpf_object *obj = bpf_object__open_file(obj_path, &opts);
+  if (obj == NULL) {
+    close(ns_fd);
+    return wn_fail(e, WN_NATIVE_ERROR, errno, "open BPF object %s", obj_path);
+  }
+  struct bpf_map *ro = bpf_object__find_map_by_name(obj, ".rodata");
+  struct bpf_program *pt = bpf_object__find_program_by_name(obj, "egress_tap");
+  struct bpf_program *pr = bpf_object__find_program_by_name(obj, "egress_tap_return");
+  int err = 0;
+  if (ro == NULL || pt == NULL || pr == NULL) {
+    rc = wn_fail(e, WN_NATIVE_ERROR, EINVAL, "%s lacks the tap programs or their settings", obj_path);
+  } else if ((err = bpf_map__set_initial_value(ro, conf, sizeof conf)) != 0) {
+    rc = wn_fail(e, WN_NATIVE_ERROR, -err, "set the tap settings of %s", obj_path);
+  } else if ((err = bpf_object__load(obj)) != 0) {
+    rc = wn_fail(e, -err == EPERM ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, -err, "load BPF object %s (maps pinned under %s)", obj_path, pin_dir);
+  } else {
+    j.prog_tap = bpf_program__fd(pt);
+    j.prog_ret = bpf_program__fd(pr);
+    rc = in_netns(ns_fd, link_tcx, &j, e, netns_path);
+    if (rc < 0 && j.what != NULL) wn_fail(e, j.err == EINVAL ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, j.err, "attach tcx ingress of %s in %s", j.what, netns_path);
+  }
+  if (rc == 0 && bpf_obj_pin(j.link_tap, link_tap_pin) < 0) rc = wn_fail(e, errno == EEXIST ? WN_ALREADY_EXISTS : WN_NATIVE_ERROR, errno, "pin link at %s", link_tap_pin);
+  if (rc == 0 && bpf_obj_pin(j.link_ret, link_ret_pin) < 0) {
+    rc = wn_fail(e, errno == EEXIST ? WN_ALREADY_EXISTS : WN_NATIVE_ERROR, errno, "pin link at %s", link_ret_pin);
+    unlink(link_tap_pin);
+  }
+  /* the pins hold the links (and the links the programs); closing the rest detaches nothing pinned */
+  if (j.link_tap >= 0) close(j.link_tap);
+  if (j.link_ret >= 0) close(j.link_ret);
+  bpf_object__close(obj);
+  close(ns_fd);
+  return rc;
 }
 
 int wn_bpf_obj_get(const char *path, wn_error *e) {

@@ -36,6 +36,15 @@ int wn_bpf_load_pinned(const char *obj_path, const char *pin_dir, wn_error *e);
 int wn_bpf_attach_cgroup(const char *prog_pin, const char *cgroup_dir, const char *attach, const char *link_pin,
                          wn_error *e);
 
+/* Loads a copy of the tap programs of obj_path (egress_tap, egress_tap_return) with `cfg` (a
+ * struct tap_port; the interface indexes are filled in here) as their constant settings, the maps
+ * reused from pin_dir, and attaches them at tcx ingress of `tap` and `uplink` in the network
+ * namespace at netns_path; the links are pinned at the two paths (they end with the interfaces,
+ * or when unlinked). */
+int wn_bpf_attach_tap(const char *obj_path, const char *pin_dir, const char *netns_path, const char *tap,
+                      const char *uplink, const void *cfg, size_t cfg_len, const char *link_tap_pin,
+                      const char *link_ret_pin, wn_error *e);
+
 /* Returns an O_CLOEXEC fd of a pinned object. */
 int wn_bpf_obj_get(const char *path, wn_error *e);
 int wn_bpf_map_get_info(int fd, wn_bpf_map_info *info, wn_error *e);

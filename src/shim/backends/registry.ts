@@ -38,7 +38,7 @@ export class BackendRegistry {
       status: container,
     });
     const microvm = microvmBackendStatus();
-    entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log }) : null, status: microvm });
+    entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log, network: opts.network }) : null, status: microvm });
     entries.set('vm', { backend: null, status: { available: false, reason: 'vm backend (full QEMU q35 guests) is not implemented in this build' } });
     for (const e of entries.values()) if (e.backend !== null) e.status = { ...e.status, facets: e.backend.facets };
     return new BackendRegistry(entries);

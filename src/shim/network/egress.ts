@@ -30,6 +30,7 @@ import {
   encodeEgressDenyKey,
   encodeEgressDenyValue,
   EGRESS_DENY_OVERRIDABLE,
+  encodeTapPort,
   type EgressEvent,
 } from '../../native/bpf-layouts';
 import { bytesToIp, ipv4ToMapped, ipToBytes, parseCidr } from './addr';
@@ -80,7 +81,7 @@ export interface EgressDenial {
   address: string;
   port: number;
   proto: number;
-  hook: 'connect4' | 'connect6' | 'sendmsg4' | 'sendmsg6' | 'skb';
+  hook: 'connect4' | 'connect6' | 'sendmsg4' | 'sendmsg6' | 'skb' | 'tap';
   pid: number;
   timestampNs: bigint;
   /** Why: 'not-allowed', or the special range that denied it ('metadata', 'node', 'operator', ...). */
@@ -103,12 +104,26 @@ export interface EgressOptions {
   objectPath: string;
   /** This node's pin directory, e.g. /sys/fs/bpf/warren/<node>. */
   pinDir: string;
+  /** The tap programs' object (bpf/out/tap_egress.bpf.o); absent: microVM taps are not offered. */
+  tapObjectPath?: string;
   /** Expired DNS bindings stay this long for connections already open (the skb backstop ignores expiry). */
   expiredGraceMs?: number;
 }
 
 const HOOKS: BpfCgroupAttach[] = ['connect4', 'connect6', 'sendmsg4', 'sendmsg6', 'egress'];
-const KIND_HOOK: Record<number, EgressDenial['hook']> = { 1: 'connect4', 2: 'connect6', 3: 'sendmsg4', 4: 'sendmsg6', 5: 'skb' };
+const KIND_HOOK: Record<number, EgressDenial['hook']> = { 1: 'connect4', 2: 'connect6', 3: 'sendmsg4', 4: 'sendmsg6', 5: 'skb', 6: 'tap' };
+/** Pinned names of a microVM's tap links (bpf/tap_egress.bpf.c: egress_tap on the tap, egress_tap_return on the uplink). */
+const TAP_LINKS = ['tap', 'tapret'] as const;
+
+/** A microVM's tap in its sandbox's namespace, next to the veth to the bridge. */
+export interface TapAttachment {
+  netnsPath: string;
+  tap: string;
+  uplink: string;
+  /** The sandbox's address and the uplink's MAC: the only sources the guest may use. */
+  address: string;
+  mac: string;
+}
 
 export class EgressEnforcer {
   private readonly n: NativeAddon;
@@ -116,6 +131,8 @@ export class EgressEnforcer {
   /** hex key -> hex value of the node-wide deny trie as written. */
   private deny = new Map<string, string>();
   private ringbuf = 0;
+  /** Why taps cannot be enforced here (null: they can). */
+  private tapRefusal: string | null = 'the tap programs are not loaded';
   private readonly sandboxes = new Map<bigint, SandboxState>();
   private readonly linkDir: string;
   private readonly graceNs: bigint;
@@ -149,7 +166,53 @@ export class EgressEnforcer {
       throw err;
     }
     this.fds = fds;
+    this.openTap();
     this.deny = new Map(this.keys(fds.deny).map((k) => [k.toString('hex'), this.n.bpfMapLookup(fds.deny, k)?.toString('hex') ?? '']));
+  }
+
+  /** The tap programs (a copy per microVM, reading the same pinned maps) need tcx links (Linux 6.6);
+   *  an old kernel refuses them at the first attach, which fails that create only. */
+  private openTap(): void {
+    if (this.opts.tapObjectPath === undefined) return;
+    this.tapRefusal = existsSync(this.opts.tapObjectPath) ? null : `${this.opts.tapObjectPath} is not built (npm run build:bpf)`;
+  }
+
+  /** Null when microVM taps can be enforced; else why not. */
+  get tapUnavailable(): string | null {
+    return this.tapRefusal;
+  }
+
+  /**
+   * Enforce the sandbox's policy (already attached to its cgroup with `attach`) on the frames of
+   * a tap: the sandbox's own copy of the tap programs, with its cgroup id, address and MAC as
+   * constants, goes on the tap's and the uplink's tcx ingress (links pinned with the sandbox's).
+   */
+  attachTap(sandboxId: string, cgroupId: bigint, t: TapAttachment): void {
+    if (this.tapRefusal !== null || this.opts.tapObjectPath === undefined) throw new WarrenError('NOT_SUPPORTED', this.tapRefusal ?? 'no tap programs');
+    this.state(cgroupId);
+    const links = { tap: join(this.linkDir, `${sandboxId}_tap`), tapret: join(this.linkDir, `${sandboxId}_tapret`) };
+    for (const l of Object.values(links)) if (existsSync(l)) unlinkSync(l);
+    const mac = Buffer.from(t.mac.split(':').map((h) => parseInt(h, 16)));
+    const addr = ipv4ToMapped(t.address).subarray(12, 16);
+    // the interface indexes are filled in by the loader, in the namespace that numbers them
+    const settings = encodeTapPort({ cgroupId, uplinkIfindex: 0, tapIfindex: 0, addrV4: addr, mac });
+    try {
+      this.n.bpfAttachTap(this.opts.tapObjectPath, this.opts.pinDir, t.netnsPath, t.tap, t.uplink, settings, links.tap, links.tapret);
+    } catch (err) {
+      this.detachTap(sandboxId);
+      throw err;
+    }
+  }
+
+  /** Unpin a sandbox's tap links (its programs go with them). Idempotent. */
+  private detachTap(sandboxId: string): void {
+    for (const name of TAP_LINKS) {
+      try {
+        unlinkSync(join(this.linkDir, `${sandboxId}_${name}`));
+      } catch {
+        /* not attached */
+      }
+    }
   }
 
   /**
@@ -253,6 +316,7 @@ export class EgressEnforcer {
 
   /** Stop enforcing and forget the sandbox: links unpinned (detached), entries deleted. Idempotent. */
   detach(sandboxId: string, cgroupId: bigint | null): void {
+    this.detachTap(sandboxId);
     for (const hook of HOOKS) {
       try {
         unlinkSync(this.linkPath(sandboxId, hook));
@@ -354,6 +418,7 @@ export class EgressEnforcer {
     if (this.fds === null) return;
     this.n.bpfRingbufClose(this.ringbuf);
     for (const fd of Object.values(this.fds)) this.n.close(fd);
+    this.tapRefusal = 'the tap programs are not loaded';
     this.fds = null;
     this.sandboxes.clear();
     this.deny.clear();

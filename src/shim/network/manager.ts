@@ -14,7 +14,8 @@
  * reach exactly the enabled services' hosts (once resolved through the node's
  * DNS), their CIDRs, and its account's raw rules.
  */
-import { join } from 'node:path';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { WarrenError } from '../../errors';
 import type { NativeAddon } from '../../native/types';
 import type { AccountNetwork, Policy, Service } from '../../security/policy';
@@ -44,6 +45,8 @@ export interface NetworkOptions {
   /** Pin directory root (default /sys/fs/bpf/warren); the node pins under <root>/<nodeId>. */
   pinRoot?: string;
   objectPath: string;
+  /** The tap programs for microVMs (default: tap_egress.bpf.o next to objectPath). */
+  tapObjectPath?: string;
   log(line: string): void;
 }
 
@@ -53,7 +56,23 @@ export interface SandboxNetworkRuntime {
   cgroupId: string;
   services: Record<string, boolean>;
   owner: string;
+  /** A microVM's tap in the namespace (its traffic judged by the tap programs, not by sockets). */
+  tap?: SandboxTap;
 }
+
+/** What a VMM needs to put a guest NIC on a sandbox's tap, and what the guest configures. */
+export interface SandboxTap {
+  /** Interface in the sandbox's namespace, created owned by `owner` so an unprivileged VMM may open it. */
+  name: string;
+  /** The guest NIC's MAC: the uplink's, which the bridge knows for the sandbox's port. */
+  mac: string;
+  /** `address/prefix` and the gateway (also the resolver). */
+  cidr: string;
+  gateway: string;
+}
+
+/** Name of the tap in a microVM sandbox's namespace (each namespace is one sandbox's). */
+const TAP_NAME = 'wtap0';
 
 interface Binding {
   service: string;
@@ -68,6 +87,7 @@ interface Attached {
   cgroupId: bigint;
   lease: NetnsLease;
   services: Record<string, boolean>;
+  tap?: SandboxTap;
   /** address -> binding, for the services the sandbox has now. */
   bindings: Map<string, Binding>;
   denials: SandboxNetworkInfo['denials'];
@@ -98,7 +118,9 @@ export class NetworkManager {
     const nftTable = opts.nftTable ?? (opts.bridge === undefined || opts.bridge === 'warren0' ? 'warren' : `warren_${opts.bridge.replace(/[^A-Za-z0-9_]/g, '_')}`);
     this.host = new HostNetwork({ bridge: opts.bridge, subnet: opts.subnet, nftTable, log: opts.log });
     this.pool = new NetnsPool({ host: this.host, prefix: `wn-${opts.nodeId}`.slice(0, 24), warm: opts.warm ?? 8, log: opts.log });
-    this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
+    // the tap programs (microVMs) are built next to the cgroup programs
+    const tapObject = opts.tapObjectPath ?? join(dirname(opts.objectPath), 'tap_egress.bpf.o');
+    this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, ...(existsSync(tapObject) ? { tapObjectPath: tapObject } : {}), pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
     this.special = new SpecialAddresses({ subnet: this.host.subnet, deniedRanges: () => this.opts.policy().deniedRanges });
     this.dns = new DnsResponder({
       listen: [{ address: this.host.gatewayAddress, port: 53 }],
@@ -176,26 +198,61 @@ export class NetworkManager {
     return { ...requested };
   }
 
-  /** Lease a namespace and put the sandbox's allowlist on its cgroup; before anything runs in it. */
-  async setUp(id: string, owner: string, cgroupDir: string, services: Record<string, boolean>): Promise<SandboxNetworkRuntime> {
+  /**
+   * Lease a namespace and put the sandbox's allowlist on its cgroup; before anything runs in it.
+   * With `tap` (a microVM), the namespace also gets a tap for the guest's NIC, and the same
+   * allowlist is enforced on the tap's frames (the guest's traffic passes no host socket).
+   */
+  async setUp(id: string, owner: string, cgroupDir: string, services: Record<string, boolean>, tap?: { uid: number; gid: number }): Promise<SandboxNetworkRuntime> {
     this.assertStarted();
+    if (tap !== undefined && this.egress.tapUnavailable !== null) throw new WarrenError('NOT_SUPPORTED', `microVM networking is not available on this node: ${this.egress.tapUnavailable}`, { field: 'network' });
     const lease = await this.pool.acquire();
+    let a: Attached | null = null;
     try {
-      const a: Attached = { id, owner, cgroupId: 0n, lease, services: { ...services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
+      a = { id, owner, cgroupId: 0n, lease, services: { ...services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
       a.cgroupId = this.egress.attach(id, cgroupDir, this.compile(a));
       this.track(a);
-      return this.runtimeOf(a);
+      const rt = this.runtimeOf(a);
+      if (tap !== undefined) {
+        rt.tap = await this.makeTap(lease, tap);
+        this.egress.attachTap(id, a.cgroupId, { netnsPath: lease.path, tap: rt.tap.name, uplink: 'eth0', address: lease.address, mac: rt.tap.mac });
+        a.tap = rt.tap;
+      }
+      return rt;
     } catch (err) {
+      if (a !== null) {
+        this.untrack(a);
+        this.egress.detach(id, a.cgroupId || null);
+      }
       await this.pool.release(lease).catch(() => undefined);
       throw err;
     }
+  }
+
+  /** Whether microVMs can have network here (null) or why not. */
+  tapRefusal(): string | null {
+    return this.started ? this.egress.tapUnavailable : null;
+  }
+
+  private async makeTap(lease: NetnsLease, owner: { uid: number; gid: number }): Promise<SandboxTap> {
+    const ip = async (args: string[]) => {
+      const r = await runTool('ip', ['-n', lease.name, ...args], { timeoutMs: 10_000 });
+      if (r.code !== 0) throw new WarrenError('NATIVE_ERROR', `ip ${args.join(' ')} in ${lease.name}: ${r.stderr.trim()}`);
+      return r.stdout;
+    };
+    await ip(['tuntap', 'add', 'dev', TAP_NAME, 'mode', 'tap', 'user', String(owner.uid), 'group', String(owner.gid)]);
+    await ip(['link', 'set', 'dev', TAP_NAME, 'up']);
+    const links = JSON.parse(await ip(['-j', 'link', 'show', 'dev', 'eth0'])) as Array<{ address?: string }>;
+    const mac = links[0]?.address;
+    if (mac === undefined || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(mac)) throw new WarrenError('NATIVE_ERROR', `no MAC for eth0 in ${lease.name}`);
+    return { name: TAP_NAME, mac, cidr: `${lease.address}/${this.host.prefixLength}`, gateway: this.host.gatewayAddress };
   }
 
   /** Take over a sandbox's network after a restart (its pins kept enforcing meanwhile). */
   adopt(id: string, cgroupDir: string, rt: SandboxNetworkRuntime): boolean {
     const cgroupId = this.egress.adopt(id, cgroupDir);
     if (cgroupId === null || String(cgroupId) !== rt.cgroupId) return false;
-    const a: Attached = { id, owner: rt.owner, cgroupId, lease: rt.lease, services: { ...rt.services }, bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
+    const a: Attached = { id, owner: rt.owner, cgroupId, lease: rt.lease, services: { ...rt.services }, ...(rt.tap ? { tap: rt.tap } : {}), bindings: new Map(), denials: [], logged: { second: 0, count: 0, suppressed: 0 } };
     // DNS bindings live in the map: take them back (with their TTLs) for services still enabled
     const byId = new Map(Object.keys(this.catalog()).map((name) => [serviceId(name), name]));
     for (const b of this.egress.bindingsOf(cgroupId)) {
@@ -274,6 +331,8 @@ export class NetworkManager {
     const cgroupId = a?.cgroupId ?? (rt ? BigInt(rt.cgroupId) : null);
     if (a) this.untrack(a);
     if (this.started) this.egress.detach(id, cgroupId);
+    // the tap goes with its namespace; deleting it first does not wait for the namespace's teardown
+    if (lease && (a?.tap ?? rt?.tap)) await runTool('ip', ['-n', lease.name, 'link', 'del', 'dev', TAP_NAME], { timeoutMs: 10_000 }).catch(() => undefined);
     if (lease) await this.pool.release(lease);
   }
 
@@ -472,7 +531,7 @@ export class NetworkManager {
   }
 
   private runtimeOf(a: Attached): SandboxNetworkRuntime {
-    return { lease: a.lease, cgroupId: String(a.cgroupId), services: { ...a.services }, owner: a.owner };
+    return { lease: a.lease, cgroupId: String(a.cgroupId), services: { ...a.services }, owner: a.owner, ...(a.tap ? { tap: { ...a.tap } } : {}) };
   }
 
   private assertStarted(): void {

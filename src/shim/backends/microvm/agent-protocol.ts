@@ -23,6 +23,8 @@ export const AgentType = {
   PING: 11,
   /** The writable layer as a tar stream on the channel's stdout (a fixed command the guest runs outside the sandbox root). */
   EXPORT: 12,
+  /** A file request (READ, WRITE, LIST, KIND, MKDIRS) run with a user's filesystem identity: u32 uid, u32 gid, u8 type, then its payload. */
+  AS: 13,
   // guest -> host
   HELLO: 0x81,
   OUT: 0x82,
@@ -84,6 +86,19 @@ export function encodeWrite(chan: number, path: string, mode: number, create: bo
   return encodeFrame(AgentType.WRITE, chan, b);
 }
 
+/** Bytes AS adds in front of the file request it carries. */
+export const AS_OVERHEAD = 9;
+
+/** Wrap the file request `frame` so the guest runs it as uid/gid (fsuid/fsgid, no supplementary groups). */
+export function encodeAs(chan: number, uid: number, gid: number, frame: Buffer): Buffer {
+  const b = Buffer.alloc(AS_OVERHEAD + frame.length - AGENT_HEADER);
+  b.writeUInt32LE(uid >>> 0, 0);
+  b.writeUInt32LE(gid >>> 0, 4);
+  b[8] = frame[0]!;
+  frame.copy(b, AS_OVERHEAD, AGENT_HEADER);
+  return encodeFrame(AgentType.AS, chan, b);
+}
+
 export function encodeMkdirs(chan: number, path: string, mode: number): Buffer {
   const p = cstrings([path]);
   const b = Buffer.alloc(4 + p.length);
@@ -123,16 +138,17 @@ export class AgentDecoder {
 }
 
 const ERRNO: Record<number, [import('../../../errors').ErrorCode, string]> = {
-  1: ['PATH_ESCAPE', 'operation not permitted'],
+  // as a container's files API answers them (the native walk's classes)
+  1: ['FORBIDDEN', 'operation not permitted'],
   2: ['FILE_NOT_FOUND', 'no such file or directory'],
-  13: ['PATH_ESCAPE', 'permission denied'],
+  13: ['FORBIDDEN', 'permission denied'],
   17: ['ALREADY_EXISTS', 'file exists'],
   18: ['PATH_ESCAPE', 'path leaves the sandbox root'],
   20: ['FILE_NOT_FOUND', 'not a directory'],
   21: ['INVALID_ARGUMENT', 'is a directory'],
   22: ['INVALID_ARGUMENT', 'invalid argument'],
   27: ['PAYLOAD_TOO_LARGE', 'file too large'],
-  28: ['RESOURCE_EXHAUSTED', 'no space left on the sandbox disk'],
+  28: ['DISK_FULL', 'no space left on the sandbox disk'],
   36: ['INVALID_ARGUMENT', 'file name too long'],
   40: ['PATH_ESCAPE', 'too many levels of symbolic links'],
 };

@@ -45,8 +45,9 @@ import type {
   SessionsFacet,
   ExportFacet,
 } from '../../types';
+import type { NetworkManager, SandboxNetworkRuntime } from '../../network/manager';
 import { AgentClient } from './agent-client';
-import { AgentType, MAX_AGENT_PAYLOAD, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
+import { AS_OVERHEAD, AgentType, MAX_AGENT_PAYLOAD, encodeAs, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
 import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
 import { Qmp } from './qmp';
 import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
@@ -87,6 +88,8 @@ export interface MicroVMRuntime {
   layerFiles: string[];
   /** Set while paused: the snapshot file the next resume restores. */
   snapshot?: string;
+  /** The sandbox's namespace, cgroup policy and tap (absent: the guest has no NIC). */
+  network?: SandboxNetworkRuntime;
 }
 
 export interface MicroVMOptions {
@@ -96,6 +99,8 @@ export interface MicroVMOptions {
   driver?: VmmDriver;
   bootTimeoutMs?: number;
   log?: (line: string) => void;
+  /** The node network: microVMs with `network` get a tap in a pooled namespace, enforced by the tap programs. */
+  network?: NetworkManager | null;
 }
 
 export class MicroVMBackend implements Backend {
@@ -123,12 +128,27 @@ export class MicroVMBackend implements Backend {
       freeze: { offered: true, how: 'the VM (memory and devices) is saved to disk and the VMM ends; resume restores it' },
       snapshot: { offered: false, reason: 'pause already writes the whole VM to disk and ends the VMM; hibernate is pause here' },
       export: { offered: true, how: "tar of the guest's overlay upper dir (whiteouts kept, opaque-dir xattrs not), checked and unpacked on the host" },
-      network: { offered: false, reason: 'microVM networking (tap on the node bridge with host-side egress policy) is not implemented yet' },
+      network: this.networkStatus(),
     };
   }
 
+  private networkStatus(): FacetStatus {
+    const net = this.opts.network ?? null;
+    if (net === null) return { offered: false, reason: 'networking is disabled on this node (sandboxes are loopback-only)' };
+    const why = net.tapRefusal();
+    if (why !== null) return { offered: false, reason: why };
+    return { offered: true, how: "a tap in a pooled netns whose veth is on the node bridge; the tap's frames pass tcx programs reading the sandbox's egress maps (same policy, DNS responder and denials as containers)" };
+  }
+
+  /** Give back a sandbox's namespace and enforcement (idempotent). */
+  async tearDownNetwork(id: string, net: SandboxNetworkRuntime | undefined): Promise<void> {
+    if (net === undefined || !this.opts.network) return;
+    await this.opts.network.tearDown(id, net);
+  }
+
   async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<MicroVMSandbox> {
-    if (spec.network !== undefined) throw new WarrenError('NOT_SUPPORTED', `the microvm backend does not offer network: ${(this.facets.network as { reason: string }).reason}`, { field: 'network', facet: 'network' });
+    const netStatus = this.networkStatus();
+    if (spec.network !== undefined && !netStatus.offered) throw new WarrenError('NOT_SUPPORTED', `the microvm backend does not offer network: ${netStatus.reason}`, { field: 'network', facet: 'network' });
     if (spec.memoryMb < MIN_GUEST_MB) throw new WarrenError('LIMIT_OUT_OF_RANGE', `microVMs need memoryMb >= ${MIN_GUEST_MB} (the guest kernel does not boot in less)`, { field: 'memoryMb', min: MIN_GUEST_MB });
     if (layers.length > MAX_LAYERS) throw new WarrenError('LIMIT_OUT_OF_RANGE', `microVMs take at most ${MAX_LAYERS} layers (got ${layers.length})`, { field: 'layers', max: MAX_LAYERS });
     const files = layers.map((l) => {
@@ -160,6 +180,11 @@ export class MicroVMBackend implements Backend {
       if (user !== null) chownSync(disk, user.uid, user.gid);
       native.cgroupCreate(id, this.limits(spec));
       cgroup = true;
+      if (spec.network !== undefined) {
+        // the tap belongs to the VMM user: the jailed QEMU opens it by name in the sandbox's namespace
+        const owner = user ?? { uid: 0, gid: 0 };
+        runtime.network = await this.opts.network!.setUp(id, spec.owner, cgroupDir(id), spec.network, owner);
+      }
       pid = await this.launch(id, runtime, spec.priority === 'idle');
       const box = new MicroVMSandbox(id, spec, runtime, this);
       await box.connect(this.opts.bootTimeoutMs ?? 180_000);
@@ -169,6 +194,7 @@ export class MicroVMBackend implements Backend {
       const vmmLog = readTail(join(dir, 'vmm.log'));
       if (pid > 0) await killAndWait(pid);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
+      await this.tearDownNetwork(id, runtime.network).catch(() => undefined);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
       await rm(runDir, { recursive: true, force: true }).catch(() => undefined);
       if (err instanceof WarrenError && (err.code === 'TIMEOUT' || err.code === 'UNAVAILABLE')) {
@@ -193,7 +219,8 @@ export class MicroVMBackend implements Backend {
   /** Start the VMM (booting, or restoring `runtime.snapshot`); returns its pid. */
   async launch(id: string, runtime: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
     const khz = hostTscKhz();
-    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`].join(' ');
+    const tap = runtime.network?.tap;
+    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`, ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])].join(' ');
     const agentSocket = join(runtime.runDir, 'agent.sock');
     const qmpSocket = join(runtime.runDir, 'qmp.sock');
     for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
@@ -211,6 +238,7 @@ export class MicroVMBackend implements Backend {
       sessionSockets: Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`)),
       qmpSocket,
       logFile: join(runtime.dir, 'vmm.log'),
+      ...(tap && runtime.network ? { net: { netnsPath: runtime.network.lease.path, tap: tap.name, mac: tap.mac } } : {}),
       jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: runtime.layerFiles, stash: this.stash, user: vmmUser() },
       ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
     };
@@ -241,21 +269,28 @@ export class MicroVMBackend implements Backend {
 
   async adopt(record: SandboxRecord): Promise<MicroVMSandbox | null> {
     const r = record.runtime as Partial<MicroVMRuntime>;
-    if (typeof r.dir !== 'string' || typeof r.runDir !== 'string' || typeof r.vmmPid !== 'number') return null;
-    if (!native.cgroupExists(record.id)) return null;
+    const gone = (why: string): null => {
+      this.opts.log?.(`microvm ${record.id}: not adopted: ${why}`);
+      return null;
+    };
+    if (typeof r.dir !== 'string' || typeof r.runDir !== 'string' || typeof r.vmmPid !== 'number') return gone('its record has no VMM');
+    if (!native.cgroupExists(record.id)) return gone('its cgroup is gone');
+    // its enforcement outlived the gateway (pinned); take the network's bookkeeping back first
+    if (r.network !== undefined && (!this.opts.network || !this.opts.network.adopt(record.id, cgroupDir(record.id), r.network))) return gone('its network could not be taken over');
     if (typeof r.snapshot === 'string') {
       // Paused: no VMM, only its snapshot; the next resume restores it.
-      if (!existsSync(r.snapshot)) return null;
+      if (!existsSync(r.snapshot)) return gone(`its snapshot ${r.snapshot} is missing`);
       return new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this, true);
     }
-    if (native.processStartTime(r.vmmPid) !== r.startTime || !native.cgroupProcs(record.id).includes(r.vmmPid)) return null;
+    if (native.processStartTime(r.vmmPid) !== r.startTime) return gone(`VMM ${r.vmmPid} is not running`);
+    if (!native.cgroupProcs(record.id).includes(r.vmmPid)) return gone(`VMM ${r.vmmPid} is not in its cgroup`);
     const box = new MicroVMSandbox(record.id, record.spec, r as MicroVMRuntime, this);
     // The VM's agent port takes one connection: a handle this process still holds gives it up.
     live.get(record.id)?.detachAgent();
     try {
-      await box.connect(10_000);
-    } catch {
-      return null;
+      await box.connect(30_000);
+    } catch (err) {
+      return gone(`its agent does not answer: ${(err as Error).message}`);
     }
     return box;
   }
@@ -275,10 +310,18 @@ export class MicroVMBackend implements Backend {
   async cleanup(id: string, record?: SandboxRecord): Promise<void> {
     const r = record?.runtime as Partial<MicroVMRuntime> | undefined;
     if (native.cgroupExists(id)) await destroyCgroup(id);
+    if (this.opts.network) await this.opts.network.tearDown(id, r?.network);
     await rm(join(this.dir, id), { recursive: true, force: true });
     await rm(join(this.runRoot, id), { recursive: true, force: true });
     if (r?.dir) await rm(r.dir, { recursive: true, force: true });
   }
+}
+
+/** The sandbox's group in the cgroup2 hierarchy (the VMM is in it), where the egress programs attach. */
+function cgroupDir(id: string): string {
+  const root = native.cgroupLayout().roots.unified;
+  if (root === undefined) throw new WarrenError('NOT_SUPPORTED', 'no cgroup2 hierarchy for the egress programs', { feature: 'cgroup2-bpf-hierarchy' });
+  return join(root, id);
 }
 
 /** The unprivileged user QEMU drops to (scripts/setup.sh creates it); null when absent. */
@@ -418,6 +461,8 @@ export class MicroVMSandbox implements BackendSandbox {
   private suspended: boolean;
   private watchedPid = 0;
   readonly files: FilesFacet;
+  /** Files as guest root: what the host itself reads (the user database). */
+  private readonly rootFiles: AgentFiles;
   readonly freeze: FreezeFacet;
   readonly sessions: SessionsFacet;
   readonly export: ExportFacet;
@@ -432,7 +477,12 @@ export class MicroVMSandbox implements BackendSandbox {
     this.suspended = suspended;
     this.ended = new Promise((r) => (this.endedResolve = r));
     if (!suspended) this.watch(runtime.vmmPid);
-    this.files = new AgentFiles(() => this.client());
+    this.rootFiles = new AgentFiles(() => this.client(), null);
+    // the files API does what an exec as the sandbox's user could (like a container's), no more
+    this.files = new AgentFiles(() => this.client(), async () => {
+      const u = await this.user(undefined);
+      return { uid: u.uid, gid: u.gid };
+    });
     this.freeze = {
       pause: () => this.suspend(),
       resume: () => this.restore(),
@@ -617,7 +667,7 @@ export class MicroVMSandbox implements BackendSandbox {
     if (want === undefined || want === '' || want === 'root' || want === '0') return { name: 'root', uid: 0, gid: 0, home: '/root' };
     let text = '';
     try {
-      text = (await this.files.readFile('/etc/passwd', MIB)).toString('utf8');
+      text = (await this.rootFiles.readFile('/etc/passwd', MIB)).toString('utf8');
     } catch (err) {
       if (!(err instanceof WarrenError && err.code === 'FILE_NOT_FOUND')) throw err;
     }
@@ -940,6 +990,7 @@ export class MicroVMSandbox implements BackendSandbox {
     await destroyCgroup(this.id).catch((err) => {
       if (native.cgroupExists(this.id)) throw err;
     });
+    await this.backend.tearDownNetwork(this.id, this.runtime.network);
     await rm(this.runtime.dir, { recursive: true, force: true });
     await rm(this.runtime.runDir, { recursive: true, force: true });
     this.endedResolve();
@@ -968,29 +1019,42 @@ interface GuestProc {
 
 /** The files facet over the agent: paths are resolved by the guest inside its root; what comes back is bounded. */
 class AgentFiles implements FilesFacet {
-  constructor(private readonly client: () => AgentClient) {}
+  /** `creds`: the identity requests run with in the guest (null: guest root). */
+  constructor(
+    private readonly client: () => AgentClient,
+    private readonly creds: (() => Promise<{ uid: number; gid: number }>) | null,
+  ) {}
+
+  /** The request built by `make`, wrapped to run as the sandbox's user when there is one. */
+  private async frame(make: (chan: number) => Buffer): Promise<(chan: number) => Buffer> {
+    if (this.creds === null) return make;
+    const { uid, gid } = await this.creds();
+    if (uid === 0 && gid === 0) return make;
+    return (c) => encodeAs(c, uid, gid, make(c));
+  }
 
   async readFile(path: string, maxBytes: number): Promise<Buffer> {
     checkPath(path);
-    const { data } = await this.client().request((c) => encodeRead(c, path, maxBytes), `read ${path}`, { timeoutMs: 60_000, maxData: maxBytes });
+    const { data } = await this.client().request(await this.frame((c) => encodeRead(c, path, maxBytes)), `read ${path}`, { timeoutMs: 60_000, maxData: maxBytes });
     return data;
   }
 
   async writeFile(path: string, data: Buffer, mode: number): Promise<void> {
     checkPath(path);
     const client = this.client();
-    const chunk = MAX_AGENT_PAYLOAD - 8 - Buffer.byteLength(path) - 1;
+    const chunk = MAX_AGENT_PAYLOAD - AS_OVERHEAD - 8 - Buffer.byteLength(path) - 1;
     let off = 0;
     do {
       const part = data.subarray(off, off + chunk);
-      await client.request((c) => encodeWrite(c, path, mode, off === 0, part), `write ${path}`, { timeoutMs: 60_000 });
+      const first = off === 0;
+      await client.request(await this.frame((c) => encodeWrite(c, path, mode, first, part)), `write ${path}`, { timeoutMs: 60_000 });
       off += part.length;
     } while (off < data.length);
   }
 
   async listDir(path: string): Promise<FileEntry[]> {
     checkPath(path);
-    const { ok } = await this.client().request((c) => encodeFrame(AgentType.LIST, c, cstrings([path])), `list ${path}`, { timeoutMs: 60_000 });
+    const { ok } = await this.client().request(await this.frame((c) => encodeFrame(AgentType.LIST, c, cstrings([path]))), `list ${path}`, { timeoutMs: 60_000 });
     const out: FileEntry[] = [];
     for (const line of ok.toString('utf8').split('\n')) {
       const m = /^([fdlo])\t([0-7]{1,5})\t(\d{1,20})\t(-?\d{1,20})\t([^\n/]{1,255})$/.exec(line);
@@ -1003,12 +1067,12 @@ class AgentFiles implements FilesFacet {
 
   async mkdirs(path: string, mode: number): Promise<void> {
     checkPath(path);
-    await this.client().request((c) => encodeMkdirs(c, path, mode), `mkdir ${path}`, { timeoutMs: 60_000 });
+    await this.client().request(await this.frame((c) => encodeMkdirs(c, path, mode)), `mkdir ${path}`, { timeoutMs: 60_000 });
   }
 
   async kind(path: string): Promise<'file' | 'dir' | 'other'> {
     checkPath(path);
-    const { ok } = await this.client().request((c) => encodeFrame(AgentType.KIND, c, cstrings([path])), `stat ${path}`, { timeoutMs: 60_000 });
+    const { ok } = await this.client().request(await this.frame((c) => encodeFrame(AgentType.KIND, c, cstrings([path]))), `stat ${path}`, { timeoutMs: 60_000 });
     const k = ok.toString('latin1');
     return k === 'd' ? 'dir' : k === 'f' ? 'file' : 'other';
   }

@@ -95,9 +95,9 @@ export PATH=/bin
 fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
 mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
 for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
-id=; layers=0
+id=; layers=0; net=
 for a in $(cat /proc/cmdline); do
-  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; esac
+  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; esac
 done
 disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
 i=0
@@ -115,6 +115,14 @@ mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work
 mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/work 2>/dev/null
 mount -t proc proc /newroot/proc && mount -t sysfs sys /newroot/sys && mount -t devtmpfs dev /newroot/dev || fail "mounts in root"
 mkdir -p /newroot/dev/pts /newroot/dev/shm && mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts && mount -t tmpfs -o nosuid,nodev shm /newroot/dev/shm
+ip link set dev lo up
+if [ -n "$net" ]; then
+  # address/prefix,gateway: the sandbox's address on the node subnet; the gateway is also its only resolver
+  gw="\${net#*,}"
+  i=0; while [ "$i" -lt 50 ] && [ ! -e /sys/class/net/eth0 ]; do sleep 0.02; i=$((i+1)); done
+  ip link set dev eth0 up && ip address add "\${net%%,*}" dev eth0 && ip route add default via "$gw" dev eth0 || fail "network setup"
+  rm -f /newroot/etc/resolv.conf && printf 'nameserver %s\noptions timeout:2 attempts:2\n' "$gw" > /newroot/etc/resolv.conf || fail "resolv.conf"
+fi
 [ -n "$id" ] && hostname "$id" && { [ -L /newroot/etc/hostname ] || echo "$id" > /newroot/etc/hostname 2>/dev/null; }
 port=
 for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done

@@ -33,6 +33,8 @@ export interface VmLaunch {
   /** Restore from this snapshot file instead of booting. */
   incoming?: string;
   logFile: string;
+  /** A NIC on the tap `tap` of the sandbox's network namespace (the VMM runs in that namespace). */
+  net?: { netnsPath: string; tap: string; mac: string };
   /** Confine the VMM (see spawnVmm); absent: it runs as root in the host's namespaces. */
   jail?: VmJail;
 }
@@ -112,6 +114,11 @@ export const qemuMicrovm: VmmDriver = {
       ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
       '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
     );
+    if (l.net !== undefined) {
+      if (!/^[a-z0-9]{1,15}$/.test(l.net.tap) || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(l.net.mac)) throw new WarrenError('INVALID_ARGUMENT', `bad tap ${JSON.stringify(l.net)}`);
+      // userspace virtio-net: vhost-net is not needed (and absent on some hosts, where vhost=on aborts QEMU)
+      args.push('-netdev', `tap,id=n0,ifname=${l.net.tap},script=no,downscript=no,vhost=off`, '-device', `virtio-net-device,netdev=n0,mac=${l.net.mac}`);
+    }
     if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
     if (l.jail?.user) args.push('-runas', l.jail.user);
     return { bin: 'qemu-system-x86_64', args };
@@ -169,7 +176,12 @@ export interface VmmProcess {
  */
 export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProcess {
   const { bin, args } = driver.command(l);
-  const argv = l.jail ? ['unshare', '--mount', '--ipc', '--uts', '--net', '--pid', '--fork', '--kill-child', '--mount-proc', '/bin/sh', '-c', jailScript(l.jail), 'warren-jail', bin, ...args] : [bin, ...args];
+  // With a NIC the VMM lives in the sandbox's network namespace (where its tap is; its own sockets there
+  // would meet the sandbox's cgroup programs), else in a namespace of its own with nothing in it.
+  const netns = l.net !== undefined ? ['nsenter', `--net=${shellWord(l.net.netnsPath)}`] : [];
+  const argv = l.jail
+    ? [...netns, 'unshare', '--mount', '--ipc', '--uts', ...(l.net === undefined ? ['--net'] : []), '--pid', '--fork', '--kill-child', '--mount-proc', '/bin/sh', '-c', jailScript(l.jail), 'warren-jail', bin, ...args]
+    : [...netns, bin, ...args];
   const child = spawn('/bin/sh', ['-c', 'read -r _ || exit 1; exec "$@"', 'warren-vmm', ...argv], {
     detached: true,
     stdio: ['pipe', 'ignore', logFd],
