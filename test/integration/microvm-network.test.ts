@@ -64,6 +64,7 @@ function linkPins(id: string): string[] {
 let first: { id: string } | null = null;
 
 t.serial('microvm {pypi: true}: pypi by name works through the tap; npm, the node, metadata and other ports are dropped on the host and reported', async (tt) => {
+  tt.timeout(360_000, 'a TCG guest boots slowly on a loaded machine');
   const sb = await createVm({ pypi: true, npm: false });
   first = sb;
   {
@@ -100,6 +101,7 @@ t.serial('microvm {pypi: true}: pypi by name works through the tap; npm, the nod
 });
 
 t.serial('microvm: a live policy change reaches the guest at once (the same maps); delete unpins every link', async (tt) => {
+  tt.timeout(360_000, 'a TCG guest boots slowly on a loaded machine');
   if (first === null) throw new Error('the previous test did not create its microVM');
   const sb = first;
   try {
@@ -113,6 +115,7 @@ t.serial('microvm: a live policy change reaches the guest at once (the same maps
 });
 
 t.serial('microvm: guest root cannot leave its address or MAC (spoofed frames are dropped), nor reach a neighbour', async (tt) => {
+  tt.timeout(360_000, 'a TCG guest boots slowly on a loaded machine');
   const a = await createVm({ pypi: true });
   // the neighbour only needs an address on the bridge: a container costs no boot
   const b = await shim.createSandbox(spec({ network: {} }));
@@ -136,6 +139,7 @@ t.serial('microvm: guest root cannot leave its address or MAC (spoofed frames ar
 });
 
 t.serial('microvm: network survives a pause (the VMM ends, the tap and its programs stay); delete leaves no namespace, tap or link', async (tt) => {
+  tt.timeout(360_000, 'a TCG guest boots slowly on a loaded machine');
   const sb = await createVm({ pypi: true });
   const lease = shim.network!.info(sb.id).address;
   const netnsBefore = readdirSync('/run/netns').filter((n) => n.startsWith(`wn-nv${tag}-`));
