@@ -1,7 +1,11 @@
 /**
- * @e2b/code-interpreter, unmodified, against a real `warren up`: runCode with
- * state kept between calls, streamed stdout/stderr, the last expression as the
- * result, errors with name/value/traceback, env vars, and the context calls.
+ * @e2b/code-interpreter, unmodified, against a real `warren up`: runCode on a
+ * real ipykernel (code-interpreter-v1 is the judge image with its python
+ * toolkit) with state kept between calls, streamed stdout/stderr, the last
+ * expression as the result, rich results (a matplotlib PNG, a DataFrame's
+ * HTML), errors with name/value/traceback, env vars, the context calls, a
+ * timeout that interrupts, no kernel left after a context is removed, and the
+ * standard-library fallback kernel on an image without ipykernel.
  */
 import test from 'ava';
 import { Sandbox } from '@e2b/code-interpreter';
@@ -20,8 +24,16 @@ test.after.always(async () => {
   await w?.stop();
 });
 
-test.serial('code-interpreter-v1 starts the default image; state persists between runCode calls', async (t) => {
+const stripAnsi = (s: string) => s.replace(/\x1b\[[0-9;]*m/g, '');
+/** Kernel processes in the sandbox (the bracket keeps grep's own command line from matching). */
+async function kernels(box: Sandbox): Promise<number> {
+  const r = await box.commands.run('grep -l "ipykerne[l]_launcher" /proc/[0-9]*/cmdline 2>/dev/null | wc -l');
+  return Number(r.stdout.trim());
+}
+
+test.serial('code-interpreter-v1 runs ipykernel; state persists between runCode calls', async (t) => {
   t.is((await sb.getInfo()).templateId, 'code-interpreter-v1');
+  t.is((await sb.runCode('type(get_ipython()).__name__')).text, "'ZMQInteractiveShell'");
   const first = await sb.runCode('x = 20\nx + 1');
   t.is(first.error, undefined);
   t.is(first.text, '21');
@@ -54,11 +66,25 @@ test.serial('errors carry name, value and traceback; the context survives them',
   t.truthy(ex.error);
   t.is(ex.error!.name, 'ZeroDivisionError');
   t.is(ex.error!.value, 'division by zero');
-  t.regex(ex.error!.traceback, /ZeroDivisionError/);
-  t.regex(ex.error!.traceback, /<cell>/);
+  const tb = stripAnsi(ex.error!.traceback);
+  t.regex(tb, /ZeroDivisionError/);
+  t.regex(tb, /return 1 \/ 0/);
   const syntax = await sb.runCode('def (:');
   t.is(syntax.error!.name, 'SyntaxError');
   t.is((await sb.runCode('x')).text, '20');
+});
+
+test.serial('rich results: a matplotlib figure is a png display result, a DataFrame has html', async (t) => {
+  const fig = await sb.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()');
+  t.is(fig.error, undefined, fig.error?.value);
+  const png = fig.results.find((r) => r.png !== undefined);
+  t.truthy(png, JSON.stringify(fig.results.map((r) => r.formats())));
+  t.false(png!.isMainResult);
+  t.deepEqual([...Buffer.from(png!.png!, 'base64').subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47]);
+  const df = await sb.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2]})');
+  t.true(df.results[0]!.isMainResult);
+  t.regex(df.results[0]!.html ?? '', /<table/);
+  t.regex(df.text ?? '', /a/);
 });
 
 test.serial('contexts: create (cwd), list, isolated state, restart, remove; a run timeout interrupts the cell', async (t) => {
@@ -82,8 +108,25 @@ test.serial('contexts: create (cwd), list, isolated state, restart, remove; a ru
     if (after.text === '2') break;
   }
   t.is(after?.text, '2');
+  const before = await kernels(sb);
+  t.true(before >= 2, `the default context's and this context's kernels run (${before})`);
   await sb.removeCodeContext(c);
   t.false((await sb.listCodeContexts()).some((x) => x.id === c.id));
+  let left = before;
+  for (let i = 0; i < 100 && left !== before - 1; i++) left = await kernels(sb);
+  t.is(left, before - 1, 'the removed context left no kernel running');
   await t.throwsAsync(sb.runCode('1', { context: c }), { message: /not found/ });
   await t.throwsAsync(sb.runCode('1', { language: 'r' }), { message: /400/ });
+});
+
+test.serial('an image without ipykernel gets the standard-library kernel: state, results and errors still work', async (t) => {
+  const plain = await Sandbox.create('base', w.opts);
+  try {
+    t.is((await plain.runCode('x = 6\nx * 7')).text, '42');
+    const err = await plain.runCode('get_ipython()');
+    t.is(err.error?.name, 'NameError', 'no IPython here');
+    t.regex(err.error?.traceback ?? '', /<cell \d+>/);
+  } finally {
+    await plain.kill();
+  }
 });

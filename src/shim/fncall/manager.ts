@@ -23,7 +23,7 @@ import { TOOLKITS, poolLanguages, poolLayerStack, toolkitClosure, toolkitLayerNa
 import { Pool } from './pool';
 import type { FnCallConfig, InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, JudgeTestResult, PoolSpec, PoolStats, StepResult } from './types';
 import { validateConfig, validatePoolSpec } from './wire';
-import { batchInvocation, parseBatchResult } from '../kernels';
+import { KERNEL_FALLBACK_NOTE, type KernelBackend, batchInvocation, parseBatchResult } from '../kernels';
 import { type RunJupyterRequest, type RunJupyterResponse, toRunCodeResponse } from './sandboxfusion';
 
 export { JUDGE_IMAGE } from './toolkits';
@@ -205,9 +205,14 @@ export class FnCallManager {
     available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
     unavailable: Array<{ name: string; reason: string }>;
     toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
+    kernels: { run_jupyter: KernelBackend; interpreter: KernelBackend; note: string };
   } {
     const pools = [...this.pools.values()];
+    const ipy = TOOLKITS.python!.packages.includes('python3-ipykernel') && TOOLKITS.python!.packages.includes('python3-jupyter-client');
     return {
+      // /run_jupyter runs in the judge pools (python toolkit); the E2B interpreter template uses
+      // the same toolkit, other templates (images without ipykernel) get the fallback.
+      kernels: { run_jupyter: ipy ? 'ipykernel' : 'stdlib', interpreter: ipy ? 'ipykernel' : 'stdlib', note: KERNEL_FALLBACK_NOTE },
       toolkits: Object.values(TOOLKITS).map((t) => ({ name: t.name, packages: t.packages, below: t.below, lazy: t.lazy === true, build: this.toolkitBuildTimes[t.name] ?? null })),
       available: Object.values(LANGUAGES).map((l) => ({
         name: l.name,
