@@ -205,11 +205,47 @@ while True:
     _send({'type': 'idle', 'status': status, 'execution_count': _count})
 `;
 
+/**
+ * How the driver starts ipykernel: as ipykernel_launcher does, except where the sandbox's
+ * seccomp filter refuses netlink sockets (FnCall's does). libzmq resolves a TCP bind address
+ * as an interface name first (getifaddrs, over netlink) and aborts the process when that fails
+ * with EPERM; ipykernel binds one TCP socket, the IOPub pipe that carries output of forked
+ * subprocesses, to 127.0.0.1. There that pipe goes over an IPC socket in the kernel's runtime
+ * directory instead; everything else is ipykernel's own code.
+ */
+export const IPYKERNEL_LAUNCHER = String.raw`
+import os, socket
+try:
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()
+except OSError:
+    import zmq
+    from ipykernel import iostream
+    _pipe = 'ipc://' + os.path.join(os.environ.get('JUPYTER_RUNTIME_DIR', '/tmp'), 'iopub-pipe-%d' % os.getpid())
+    def _setup_pipe_in(self):
+        self._pipe_uuid = os.urandom(16)
+        pipe_in = self.socket.context.socket(zmq.PULL)
+        pipe_in.linger = 0
+        pipe_in.bind(_pipe)
+        self._pipe_in = iostream.ZMQStream(pipe_in, self.io_loop)
+        self._pipe_in.on_recv(self._handle_pipe_msg)
+    def _setup_pipe_out(self):
+        ctx = zmq.Context()
+        pipe_out = ctx.socket(zmq.PUSH)
+        pipe_out.linger = 3000
+        pipe_out.connect(_pipe)
+        return ctx, pipe_out
+    iostream.IOPubThread._setup_pipe_in = _setup_pipe_in
+    iostream.IOPubThread._setup_pipe_out = _setup_pipe_out
+from ipykernel.kernelapp import launch_new_instance
+launch_new_instance()
+`;
+
 export const KERNEL_DRIVER = String.raw`
 import json, os, queue, signal, subprocess, sys, tempfile, threading, time
 
 INTERRUPT_GRACE = 3.0
 STDLIB_KERNEL = ${JSON.stringify(STDLIB_KERNEL)}
+IPYKERNEL_LAUNCHER = ${JSON.stringify(IPYKERNEL_LAUNCHER)}
 
 _interrupt = threading.Event()
 signal.signal(signal.SIGINT, lambda *a: _interrupt.set())
@@ -239,10 +275,16 @@ def _env_code(env):
 class Ipykernel:
     backend = 'ipykernel'
     def __init__(self, cwd):
+        from jupyter_client.kernelspec import KernelSpecManager
         from jupyter_client.manager import KernelManager
         self.cwd = cwd
-        self.km = KernelManager(kernel_name='python3', transport='ipc', ip=os.path.join(_RUNTIME, 'kernel'),
-                                connection_file=os.path.join(_RUNTIME, 'kernel-%d.json' % time.monotonic_ns()))
+        specs = os.path.join(_RUNTIME, 'kernels')
+        os.makedirs(os.path.join(specs, 'warren-python3'), exist_ok=True)
+        with open(os.path.join(specs, 'warren-python3', 'kernel.json'), 'w') as f:
+            json.dump({'argv': [sys.executable, '-c', IPYKERNEL_LAUNCHER, '-f', '{connection_file}'], 'display_name': 'Python 3', 'language': 'python'}, f)
+        n = time.monotonic_ns()
+        self.km = KernelManager(kernel_name='warren-python3', kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs]), transport='ipc',
+                                ip=os.path.join(_RUNTIME, 'kernel-%d' % n), connection_file=os.path.join(_RUNTIME, 'kernel-%d.json' % n))
         log = open(os.path.join(_RUNTIME, 'kernel.log'), 'ab')
         self.km.start_kernel(cwd=cwd, env=_KENV, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=_die_with_parent,
                              extra_arguments=['--HistoryManager.enabled=False', '--IPKernelApp.trio_loop=False'])
