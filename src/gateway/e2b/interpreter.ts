@@ -127,15 +127,11 @@ export function registerInterpreter(app: Server, plane: Plane): void {
       const write = (m: Record<string, unknown>) => {
         if (!res.completed) res.write(`${JSON.stringify(m)}\n`);
       };
-      let headers = false;
-      const open = () => {
-        if (headers) return;
-        headers = true;
-        res.status(200);
-        res.header('content-type', 'application/x-ndjson');
-        res.header('cache-control', 'no-store');
-        res.flushHeaders();
-      };
+      // Headers at once: the SDK's timeoutMs is a body timeout, started when they arrive.
+      res.status(200);
+      res.header('content-type', 'application/x-ndjson');
+      res.header('cache-control', 'no-store');
+      res.flushHeaders();
       const gone = new AbortController();
       // Aborting after the end is a no-op (the kernel has moved on to another execution or none).
       res.once('close', () => gone.abort());
@@ -143,15 +139,10 @@ export function registerInterpreter(app: Server, plane: Plane): void {
         const done = await kernel.execute(b.code, {
           env,
           signal: gone.signal,
-          onEvent: (ev) => {
-            open();
-            write(e2bMessage(ev));
-          },
+          onEvent: (ev) => write(e2bMessage(ev)),
         });
-        open();
         write({ type: 'number_of_executions', execution_count: done.execution_count });
       } catch {
-        open();
         write({ type: 'error', name: 'KernelDied', value: 'the python kernel exited (the context restarts on the next execution)', traceback: '' });
       }
       write({ type: 'end_of_execution' });
