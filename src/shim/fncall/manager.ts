@@ -418,10 +418,11 @@ export class FnCallManager {
     const l = this.limitsFor(pool, req);
     const named = lang.sourceFor?.(req.code!) ?? { source: lang.source, vars: {} };
     const vars = { ...named.vars, source: named.source, memoryMb: String(l.memoryMb) };
-    c.writeFiles([...req.files, { path: named.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
+    const support = (lang.support ?? []).map((f) => ({ path: f.path, data: Buffer.from(f.text, 'utf8'), mode: 0o644 }));
+    c.writeFiles([...req.files, ...support, { path: named.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
     if (!lang.compile) return { compile: undefined, vars };
     // Compilers get the pool's memory and their own time limit: a compile bomb stops at either.
-    const wallMs = Math.min(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, pool.spec.limits.maxTimeoutMs);
+    const wallMs = Math.min(Math.max(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, lang.minCompileTimeoutMs ?? 0), pool.spec.limits.maxTimeoutMs);
     const compile = await c.run({
       argv: expandArgv(lang.compile, { ...vars, memoryMb: String(pool.spec.limits.memoryMb) }),
       env: lang.env ?? {},
