@@ -25,8 +25,14 @@ interface CodeContext {
   kernel: KernelSession;
 }
 
-function startKernel(plane: Plane, sandboxId: string, cwd: string): Promise<KernelSession> {
-  return KernelSession.start(() => plane.ctx.shim.execStream(sandboxId, { cmd: SERVE_COMMAND, cwd, user: DEFAULT_USER, env: { PYTHONUNBUFFERED: '1', PYTHONIOENCODING: 'utf-8' } }));
+async function startKernel(plane: Plane, sandboxId: string, cwd: string): Promise<KernelSession> {
+  const started = Date.now();
+  const k = await KernelSession.start(() => plane.ctx.shim.execStream(sandboxId, { cmd: SERVE_COMMAND, cwd, user: DEFAULT_USER, env: { PYTHONUNBUFFERED: '1', PYTHONIOENCODING: 'utf-8' } }));
+  plane.log(`e2b: sandbox ${sandboxId}: ${k.backend} kernel in ${cwd} up in ${Date.now() - started} ms`);
+  void k.proc.exited.then((e) => {
+    if (!k.closed) plane.log(`e2b: sandbox ${sandboxId}: the kernel driver in ${cwd} exited (code ${e.exitCode}, signal ${e.signal}): ${k.stderrTail.slice(-600).trim()}`);
+  });
+  return k;
 }
 
 /** Jupyter MIME bundle keys as the SDK's Result fields (others are kept under their MIME name: `extra`). */

@@ -96,6 +96,10 @@ export class KernelSession {
   backend: KernelBackend = 'stdlib';
   reason: string | null = null;
   dead = false;
+  /** The last few KiB the driver wrote to stderr (its own failures, tracebacks of a crash). */
+  stderrTail = '';
+  /** How the driver ended, once it has. */
+  exit: { exitCode: number | null; signal: number | null } | null = null;
   private buf = '';
   private current: Pending | null = null;
   private queue: Promise<unknown> = Promise.resolve();
@@ -111,9 +115,12 @@ export class KernelSession {
         if (line !== '') this.onLine(line);
       }
     });
-    proc.stderr.resume();
+    proc.stderr.on('data', (d: Buffer) => {
+      this.stderrTail = (this.stderrTail + d.toString('utf8')).slice(-4096);
+    });
     proc.stdin.on('error', () => undefined);
-    void proc.exited.then(() => {
+    void proc.exited.then((e) => {
+      this.exit = e;
       this.dead = true;
       const err = new KernelError('the kernel driver exited');
       this.readyWait?.reject(err);
@@ -210,8 +217,12 @@ export class KernelSession {
     await this.enqueue({ op: 'restart' }, () => undefined);
   }
 
+  /** close() was called (the driver's end is expected). */
+  closed = false;
+
   /** End the driver and its kernel (the kernel dies with it: PR_SET_PDEATHSIG). */
   close(): void {
+    this.closed = true;
     if (!this.dead) this.proc.kill(9);
   }
 }
