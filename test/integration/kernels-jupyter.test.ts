@@ -18,7 +18,7 @@ test.before(async () => {
   if (skip) return;
   f = await openFnFixture();
   f.shim.functions.updateConfig({ runCodePool: 'jup' });
-  await f.pool({ name: 'jup', min: 1, max: 2, limits: { memoryMb: 1024 } });
+  await f.pool({ name: 'jup', min: 1, max: 2, limits: { memoryMb: 1024, maxTimeoutMs: 180_000 } });
 });
 
 test.after.always(async () => {

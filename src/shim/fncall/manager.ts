@@ -298,7 +298,13 @@ export class FnCallManager {
     // errors are in the cells); Failed when it did not finish (total_timeout, a limit, a crash).
     const finished = r.status === 'ok' && result !== null && result.status === 'Finished';
     let message = '';
-    if (!finished) message = result?.status === 'TimeLimitExceeded' ? `total_timeout reached after ${result.cells.length} of ${req.cells.length} cells` : `the kernel driver did not finish (${r.status}${r.limit ? `: ${r.limit}` : ''})`;
+    if (!finished) {
+      const cells = `${result?.cells.length ?? 0} of ${req.cells.length} cells`;
+      if (result?.status === 'TimeLimitExceeded') message = `total_timeout reached after ${cells}`;
+      // The invocation's wall limit is total_timeout plus the kernel's start-up allowance.
+      else if (r.status === 'timeout' && r.limit === 'wallMs') message = `total_timeout (with ${KERNEL_START_MS / 1000} s for the kernel's start, within the pool's ceiling) reached after ${cells}`;
+      else message = `the kernel driver did not finish (${r.status}${r.limit ? `: ${r.limit}` : ''})`;
+    }
     return { status: finished ? 'Success' : 'Failed', message, driver, cells: result?.cells ?? [], executor_pod_name: null, files };
   }
 
