@@ -82,7 +82,10 @@ maybe('cell_timeout interrupts the cell and the kernel keeps its state; total_ti
   const total = await jupyter({ cells: ['import time\ntime.sleep(60)', 'print("never")'], total_timeout: 1 });
   t.is(total.status, 'Failed');
   t.regex(total.message, /total_timeout/);
-  t.is(total.cells.length, 1);
+  // The first cell is cut off (by the driver, or by the invocation's wall limit when the kernel's
+  // start took the allowance on a loaded machine); the second never runs.
+  t.true(total.cells.length <= 1);
+  t.false(JSON.stringify(total.cells).includes('never'));
 });
 
 maybe('nothing of a kernel is left running in the pool afterwards', async (t) => {
