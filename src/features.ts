@@ -358,7 +358,7 @@ function backendStatus(backend: BackendName): { available: boolean; reason?: str
 /** FnCall pools run on the container backend and are reached through /v1/functions, not POST /v1/sandboxes. */
 export function functionsStatus(): { available: boolean; reason?: string } {
   const c = containerBackendStatus();
-  return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke and POST /run_code (container backend)' } : c;
+  return c.available ? { available: true, reason: 'invoked through /v1/functions/:pool/invoke, POST /run_code and POST /run_jupyter (container backend; which Python kernel runs where, ipykernel or the standard-library fallback: GET /v1/languages, kernels)' } : c;
 }
 
 export function featureReport(nodeId: string): FeatureReport {

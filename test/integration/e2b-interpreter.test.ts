@@ -1,11 +1,16 @@
 /**
- * @e2b/code-interpreter, unmodified, against a real `warren up`: runCode with
- * state kept between calls, streamed stdout/stderr, the last expression as the
- * result, errors with name/value/traceback, env vars, and the context calls.
+ * @e2b/code-interpreter, unmodified, against a real `warren up`: runCode on a
+ * real ipykernel (code-interpreter-v1 is the judge image with its python
+ * toolkit) with state kept between calls, streamed stdout/stderr, the last
+ * expression as the result, rich results (a matplotlib PNG, a DataFrame's
+ * HTML), errors with name/value/traceback, env vars, the context calls, a
+ * timeout that interrupts, no kernel left after a context is removed, and the
+ * standard-library fallback kernel on an image without ipykernel.
  */
 import test from 'ava';
 import { Sandbox } from '@e2b/code-interpreter';
 import { type E2bWarren, startE2bWarren } from './e2b-fixture';
+import { waitForValue } from '../helpers/wait';
 
 let w: E2bWarren;
 let sb: Sandbox;
@@ -20,7 +25,14 @@ test.after.always(async () => {
   await w?.stop();
 });
 
-test.serial('code-interpreter-v1 starts the default image; state persists between runCode calls', async (t) => {
+const stripAnsi = (s: string) => s.replace(/\x1b\[[0-9;]*m/g, '');
+/** Kernel processes in the sandbox: their command line names a connection file in a kernel runtime directory. */
+async function kernels(box: Sandbox): Promise<number> {
+  const r = await box.commands.run('for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline 2>/dev/null | grep -q -- "-f /tmp/.warren-kerne[l]-" && echo $p; done | wc -l');
+  return Number(r.stdout.trim());
+}
+
+test.serial('code-interpreter-v1 runs ipykernel; state persists between runCode calls', async (t) => {
   t.is((await sb.getInfo()).templateId, 'code-interpreter-v1');
   const first = await sb.runCode('x = 20\nx + 1');
   t.is(first.error, undefined);
@@ -31,6 +43,7 @@ test.serial('code-interpreter-v1 starts the default image; state persists betwee
   t.is(second.executionCount, 2);
   const none = await sb.runCode('y = [1, 2]');
   t.is(none.results.length, 0, 'an assignment has no result');
+  t.is((await sb.runCode('type(get_ipython()).__name__')).text, "'ZMQInteractiveShell'");
 });
 
 test.serial('stdout and stderr stream, also from child processes; env vars apply to one run', async (t) => {
@@ -54,15 +67,32 @@ test.serial('errors carry name, value and traceback; the context survives them',
   t.truthy(ex.error);
   t.is(ex.error!.name, 'ZeroDivisionError');
   t.is(ex.error!.value, 'division by zero');
-  t.regex(ex.error!.traceback, /ZeroDivisionError/);
-  t.regex(ex.error!.traceback, /<cell>/);
+  const tb = stripAnsi(ex.error!.traceback);
+  t.regex(tb, /ZeroDivisionError/);
+  t.regex(tb, /return 1 \/ 0/);
   const syntax = await sb.runCode('def (:');
   t.is(syntax.error!.name, 'SyntaxError');
   t.is((await sb.runCode('x')).text, '20');
 });
 
+test.serial('rich results: a matplotlib figure is a png display result, a DataFrame has html', async (t) => {
+  const fig = await sb.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()');
+  t.is(fig.error, undefined, fig.error?.value);
+  const png = fig.results.find((r) => r.png !== undefined);
+  t.truthy(png, JSON.stringify(fig.results.map((r) => r.formats())));
+  t.false(png!.isMainResult);
+  t.deepEqual([...Buffer.from(png!.png!, 'base64').subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47]);
+  const df = await sb.runCode('import pandas as pd\npd.DataFrame({"a": [1, 2]})');
+  t.true(df.results[0]!.isMainResult);
+  t.regex(df.results[0]!.html ?? '', /<table/);
+  t.regex(df.text ?? '', /a/);
+});
+
 test.serial('contexts: create (cwd), list, isolated state, restart, remove; a run timeout interrupts the cell', async (t) => {
+  t.is((await sb.runCode('1')).text, '1');
+  t.is(await kernels(sb), 1, "the default context's kernel");
   const c = await sb.createCodeContext({ cwd: '/tmp' });
+  t.is(await kernels(sb), 2);
   t.is(c.cwd, '/tmp');
   t.is(c.language, 'python');
   t.is((await sb.runCode('import os; os.getcwd()', { context: c })).text, "'/tmp'");
@@ -74,6 +104,7 @@ test.serial('contexts: create (cwd), list, isolated state, restart, remove; a ru
   await sb.restartCodeContext(c);
   t.is((await sb.runCode('"z" in globals()', { context: c })).text, 'False', 'restart clears the state');
   const slow = await sb.runCode('import time\ntime.sleep(30)', { context: c, timeoutMs: 500 }).catch((e) => e);
+  if (!(slow instanceof Error)) t.log(JSON.stringify(slow).slice(0, 1500));
   t.true(slow instanceof Error);
   // The interrupted kernel is usable again.
   let after;
@@ -82,8 +113,22 @@ test.serial('contexts: create (cwd), list, isolated state, restart, remove; a ru
     if (after.text === '2') break;
   }
   t.is(after?.text, '2');
+  t.is(await kernels(sb), 2, 'restart and the interrupt left one kernel for the context');
   await sb.removeCodeContext(c);
   t.false((await sb.listCodeContexts()).some((x) => x.id === c.id));
+  await waitForValue(() => kernels(sb), (n) => n === 1, 10_000, 'the removed context leaves no kernel running');
   await t.throwsAsync(sb.runCode('1', { context: c }), { message: /not found/ });
   await t.throwsAsync(sb.runCode('1', { language: 'r' }), { message: /400/ });
+});
+
+test.serial('an image without ipykernel gets the standard-library kernel: state, results and errors still work', async (t) => {
+  const plain = await Sandbox.create('base', w.opts);
+  try {
+    t.is((await plain.runCode('x = 6\nx * 7')).text, '42');
+    const err = await plain.runCode('get_ipython()');
+    t.is(err.error?.name, 'NameError', 'no IPython here');
+    t.regex(err.error?.traceback ?? '', /<cell \d+>/);
+  } finally {
+    await plain.kill();
+  }
 });

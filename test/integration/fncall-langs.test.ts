@@ -6,7 +6,8 @@
  *
  * One pool carries every default toolkit (built once per machine from Debian's
  * packages and then taken from the node cache), and the cases run concurrently.
- * The lazy toolkits (kotlin, racket) are built only with WARREN_TEST_LAZY_LANGS=1.
+ * The lazy toolkits (kotlin, racket) are built only with WARREN_TEST_LAZY_LANGS=1
+ * (kotlin_script has its own file, fncall-kotlin.test.ts).
  */
 import test from 'ava';
 import type { InvokeResult } from '../../src/shim/fncall/types';
@@ -168,15 +169,6 @@ const CASES: Record<string, Case> = {
 
 /** Languages of the lazy toolkits: their tests run only with WARREN_TEST_LAZY_LANGS=1. */
 const LAZY_CASES: Record<string, Case> = {
-  kotlin_script: {
-    hello: 'println("hello")',
-    stdin: 'println("got " + readLine())',
-    runtimeError: 'kotlin.system.exitProcess(3)',
-    loop: 'while (true) {}',
-    memory: 'val a = LongArray(400_000_000); println(a.size)',
-    memoryStatus: 'runtime_error',
-    timeoutMs: 30_000,
-  },
   racket: {
     hello: '#lang racket\n(displayln "hello")',
     stdin: '#lang racket\n(displayln (string-append "got " (read-line)))',
@@ -192,7 +184,7 @@ test.before(async () => {
   if (skip) return;
   f = await openFnFixture();
   const layers = Object.values(TOOLKITS)
-    .filter((t) => t.name !== 'python' && (lazy || !t.lazy))
+    .filter((t) => t.name !== 'python' && t.name !== 'kotlin' && (lazy || !t.lazy))
     .map((t) => t.name);
   await f.pool({ name: POOL, layers, min: 2, max: 4, limits: { memoryMb: 256, pids: 128, timeoutMs: 60_000, maxTimeoutMs: 120_000 } });
 });

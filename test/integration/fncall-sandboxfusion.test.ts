@@ -173,43 +173,6 @@ maybe('GET /v1/ping answers pong without a token', async (t) => {
   t.is(r.json, 'pong');
 });
 
-maybe('/run_jupyter keeps state across cells: values, display of the last expression, errors stop the run', async (t) => {
-  const r = await rawRequest(f.url, {
-    method: 'POST',
-    path: '/run_jupyter',
-    token: f.adminToken,
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ cells: ['x = 20\nprint("set")', 'import json\nx += 1\nx * 2', 'def f(n): return n + x\nf(1)', '1/0', 'print("never")'], cell_timeout: 30, total_timeout: 60, kernel: 'python3' }),
-  });
-  t.is(r.status, 200, JSON.stringify(r.json));
-  t.is(r.json.status, 'Failed');
-  t.is(r.json.cells.length, 4);
-  t.is(r.json.cells[0].stdout, 'set\n');
-  t.deepEqual(r.json.cells[1].display, [{ 'text/plain': '42' }]);
-  t.deepEqual(r.json.cells[2].display, [{ 'text/plain': '22' }]);
-  t.is(r.json.cells[3].error[0].ename, 'ZeroDivisionError');
-  t.true(r.json.cells[3].error[0].traceback.join('').includes('ZeroDivisionError'));
-  t.is(r.json.driver.status, 'Finished');
-  const ok = await rawRequest(f.url, {
-    method: 'POST',
-    path: '/run_jupyter',
-    token: f.adminToken,
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ cells: ['a = [1, 2]', 'a.append(3)\nlen(a)'] }),
-  });
-  t.is(ok.json.status, 'Success', JSON.stringify(ok.json));
-  t.deepEqual(ok.json.cells[1].display, [{ 'text/plain': '3' }]);
-  const slow = await rawRequest(f.url, {
-    method: 'POST',
-    path: '/run_jupyter',
-    token: f.adminToken,
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ cells: ['import time\ntime.sleep(10)'], cell_timeout: 0.5 }),
-  });
-  t.is(slow.json.status, 'Failed');
-  t.is(slow.json.cells[0].error[0].ename, 'TimeoutError');
-});
-
 testUnless(skip)('pools declared in <dataDir>/fncall.json start with the node', async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-fncfg-'));
   writeFileSync(join(dataDir, 'fncall.json'), JSON.stringify({ pools: [{ name: 'cfg', min: 1, max: 1, limits: { memoryMb: 128 } }], accountConcurrency: 8 }));

@@ -1,7 +1,8 @@
-/** The E2B surface's wire codecs: Connect envelopes, multipart, metadata queries, network mapping, find output, user entries. */
+/** The E2B surface's wire codecs: Connect envelopes, multipart, metadata queries, network mapping, find output, user entries, kernel events as interpreter messages. */
 import test from 'ava';
 import { mapNetwork, parseMetadataQuery } from '../../src/gateway/e2b/control';
 import { addUserEntries, parseFindOutput, resolvePath } from '../../src/gateway/e2b/envd';
+import { e2bMessage } from '../../src/gateway/e2b/interpreter';
 import {
   E2bError,
   FLAG_END_STREAM,
@@ -137,4 +138,17 @@ test('the user account: first free id from 1000, nothing when present', (t) => {
   t.true(r!.group.endsWith('user:x:1001:\n'));
   t.is(addUserEntries('user:x:1000:1000::/home/user:/bin/bash', ''), null);
   t.is(addUserEntries('root:x:0:0::/root:/bin/sh', '')!.passwd, 'root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n');
+});
+
+test('kernel events become the interpreter SDK messages: streams, results with MIME fields, errors', (t) => {
+  t.deepEqual(e2bMessage({ type: 'stream', name: 'stderr', text: 'w\n' }), { type: 'stderr', text: 'w\n' });
+  t.deepEqual(e2bMessage({ type: 'execute_result', data: { 'text/plain': '1', 'text/html': '<b>1</b>' }, execution_count: 3 }), { type: 'result', is_main_result: true, text: '1', html: '<b>1</b>' });
+  t.deepEqual(e2bMessage({ type: 'display_data', data: { 'text/plain': '<Figure>', 'image/png': 'iVBOR', 'application/vnd.custom+json': { a: 1 } } }), {
+    type: 'result',
+    is_main_result: false,
+    text: '<Figure>',
+    png: 'iVBOR',
+    'application/vnd.custom+json': { a: 1 },
+  });
+  t.deepEqual(e2bMessage({ type: 'error', ename: 'ValueError', evalue: 'bad', traceback: ['a', 'b'] }), { type: 'error', name: 'ValueError', value: 'bad', traceback: 'a\nb' });
 });

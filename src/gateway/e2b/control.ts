@@ -6,8 +6,10 @@
  * request, environment permissions, quotas, ownership: another account's
  * sandbox is 404).
  *
- * Mapping: templates are Warren images and environments (`base` and
- * `code-interpreter-v1` start the default image); `metadata` are labels;
+ * Mapping: templates are Warren images and environments (`base` starts the
+ * default image; `code-interpreter-v1` the judge image with its python toolkit,
+ * which carries ipykernel, numpy, pandas and matplotlib, or the default image
+ * where this node has no FnCall); `metadata` are labels;
  * `envVars` the sandbox env; `timeout` is the lifecycle ttl when the timeout
  * kills, or this surface's timer when it pauses (`autoPause`); the network
  * options map onto services of policies/services.yaml.
@@ -16,6 +18,8 @@ import { randomBytes } from 'node:crypto';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
 import { policyStore } from '../../security/confinement';
+import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
+import { toolkitLayerName } from '../../shim/fncall/toolkits';
 import type { SandboxInfo, SandboxSpec } from '../../shim/types';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { sandboxFor } from '../context';
@@ -31,6 +35,8 @@ export const ENVD_VERSION = '0.5.7';
 export const DEFAULT_TIMEOUT_S = 300;
 /** Templates of E2B's SDKs that mean "the default environment". */
 export const DEFAULT_TEMPLATES = ['base', 'code-interpreter-v1', 'default'];
+/** The template @e2b/code-interpreter creates by default: a Jupyter kernel with the scientific stack. */
+export const INTERPRETER_TEMPLATE = 'code-interpreter-v1';
 /** Returned as the sandbox domain: not an E2B one, and never resolvable, so a client without E2B_SANDBOX_URL fails locally. */
 export const SANDBOX_DOMAIN = 'e2b.warren.invalid';
 const PAUSED_TTL_S = LIMITS.lifetimeSeconds.max;
@@ -260,8 +266,25 @@ export class Control {
     return { image: template, template };
   }
 
+  /**
+   * The layers of the interpreter template over the judge image: FnCall's python toolkit (built
+   * once per node, then from the node cache). Null (the default image, whose kernel is the
+   * standard-library fallback) where this node has no FnCall or the toolkit cannot be built.
+   */
+  private async interpreterToolkits(): Promise<string[] | null> {
+    const fn = (this.plane.ctx.shim as unknown as { functions?: FnCallManager }).functions;
+    if (fn === undefined) return null;
+    try {
+      await fn.ensureToolkit('python');
+      return [toolkitLayerName('python')];
+    } catch (err) {
+      this.plane.log(`e2b: ${INTERPRETER_TEMPLATE}: the python toolkit is not available (${(err as Error).message}); the default image and its standard-library kernel are used`);
+      return null;
+    }
+  }
+
   /** The native spec of an E2B create body, validated like POST /v1/sandboxes. */
-  private spec(account: Account, b: Record<string, unknown>, image: string): { spec: SandboxSpec; rec: Omit<E2bRecord, 'id'> } {
+  private spec(account: Account, b: Record<string, unknown>, image: string, toolkits: string[] = []): { spec: SandboxSpec; rec: Omit<E2bRecord, 'id'> } {
     for (const key of ['mcp', 'volumeMounts']) {
       const v = b[key];
       if (v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0)) throw new E2bError(400, `${key} is not available on Warren`);
@@ -274,6 +297,7 @@ export class Control {
     const autoResume = typeof b.autoResume === 'object' && b.autoResume !== null && (b.autoResume as { enabled?: unknown }).enabled === true;
     if (autoResume && onTimeout !== 'pause') throw new E2bError(400, 'autoResume needs autoPause');
     const native: Record<string, unknown> = { image };
+    if (toolkits.length > 0) native.toolkits = toolkits;
     if (b.metadata !== undefined && b.metadata !== null) native.labels = b.metadata;
     if (b.envVars !== undefined && b.envVars !== null) native.env = b.envVars;
     if (onTimeout === 'kill') native.ttlSeconds = timeout;
@@ -351,7 +375,8 @@ export class Control {
     route('post', '/v2/sandboxes', async (req, res, account) => {
       const b = await readJsonBody(req);
       const { image, template } = this.template(account, b.templateID);
-      const { spec, rec } = this.spec(account, b, image);
+      const toolkits = template === INTERPRETER_TEMPLATE ? await this.interpreterToolkits() : null;
+      const { spec, rec } = this.spec(account, b, toolkits === null ? image : JUDGE_IMAGE, toolkits ?? []);
       const info = await this.createFrom(account, spec, { ...rec, template });
       sendRest(res, 201, this.created(info, template));
     });

@@ -1,62 +1,61 @@
 /**
  * The code interpreter plane (`E2b-Sandbox-Port: 49999`): `/execute` and
- * `/contexts`, as @e2b/code-interpreter calls them. Each context is one
- * python3 kernel process inside the sandbox (kernel.ts), run as `user` in its
- * cwd; executions on a context run one at a time and stream NDJSON lines back.
- * A client that goes away mid-execution interrupts the cell (SIGINT).
+ * `/contexts`, as @e2b/code-interpreter calls them. Each context is one kernel
+ * driver inside the sandbox (src/shim/kernels: ipykernel where the image has
+ * it, the standard-library kernel elsewhere), run as `user` in its cwd;
+ * executions on a context run one at a time and stream NDJSON lines back in
+ * the SDK's message shapes. A client that goes away mid-execution (its
+ * `timeoutMs`) interrupts the cell; the context keeps its state.
  */
 import { randomBytes } from 'node:crypto';
 import type { Req as Request, Res as Response, Router as Server } from './http';
-import type { ExecStream } from '../../shim/types';
+import { type KernelEvent, KernelSession, SERVE_COMMAND } from '../../shim/kernels';
 import { publicError } from '../http';
 import { validateEnv } from '../validation';
 import { DEFAULT_USER, type Plane, ensureUser, homeOf, planeSandbox, resolvePath } from './envd';
-import { KERNEL_SOURCE } from './kernel';
 import { E2bError, bodyPending, readBodyAnyEncoding, sendJsonBody, toE2bError } from './wire';
 
 const MAX_CONTEXTS = 16;
 const CODE_LIMIT = 4 * 1024 * 1024;
 
-interface Execution {
-  onLine(line: string): void;
-  onDeath(): void;
-}
-
-class Kernel {
-  private buf = '';
-  current: Execution | null = null;
-  queue: Promise<unknown> = Promise.resolve();
-  dead = false;
-
-  constructor(readonly proc: ExecStream) {
-    proc.stdout.on('data', (d: Buffer) => {
-      this.buf += d.toString('utf8');
-      let i: number;
-      while ((i = this.buf.indexOf('\n')) !== -1) {
-        const line = this.buf.slice(0, i);
-        this.buf = this.buf.slice(i + 1);
-        if (line !== '') this.current?.onLine(line);
-      }
-    });
-    proc.stderr.resume();
-    proc.stdin.on('error', () => undefined);
-    void proc.exited.then(() => {
-      this.dead = true;
-      this.current?.onDeath();
-    });
-  }
-}
-
 interface CodeContext {
   id: string;
   language: 'python';
   cwd: string;
-  kernel: Kernel;
+  kernel: KernelSession;
 }
 
-async function startKernel(plane: Plane, sandboxId: string, cwd: string): Promise<Kernel> {
-  const proc = await plane.ctx.shim.execStream(sandboxId, { cmd: ['python3', '-u', '-c', KERNEL_SOURCE], cwd, user: DEFAULT_USER, env: { PYTHONUNBUFFERED: '1', PYTHONIOENCODING: 'utf-8' } });
-  return new Kernel(proc);
+async function startKernel(plane: Plane, sandboxId: string, cwd: string): Promise<KernelSession> {
+  const started = Date.now();
+  const k = await KernelSession.start(() => plane.ctx.shim.execStream(sandboxId, { cmd: SERVE_COMMAND, cwd, user: DEFAULT_USER, env: { PYTHONUNBUFFERED: '1', PYTHONIOENCODING: 'utf-8' } }));
+  plane.log(`e2b: sandbox ${sandboxId}: ${k.backend} kernel in ${cwd} up in ${Date.now() - started} ms`);
+  void k.proc.exited.then((e) => {
+    if (!k.closed) plane.log(`e2b: sandbox ${sandboxId}: the kernel driver in ${cwd} exited (code ${e.exitCode}, signal ${e.signal}): ${k.stderrTail.slice(-600).trim()}`);
+  });
+  return k;
+}
+
+/** Jupyter MIME bundle keys as the SDK's Result fields (others are kept under their MIME name: `extra`). */
+const MIME_FIELDS: Record<string, string> = {
+  'text/plain': 'text',
+  'text/html': 'html',
+  'text/markdown': 'markdown',
+  'image/svg+xml': 'svg',
+  'image/png': 'png',
+  'image/jpeg': 'jpeg',
+  'application/pdf': 'pdf',
+  'text/latex': 'latex',
+  'application/json': 'json',
+  'application/javascript': 'javascript',
+};
+
+/** One kernel event as the SDK's NDJSON messages. */
+export function e2bMessage(ev: KernelEvent): Record<string, unknown> {
+  if (ev.type === 'stream') return { type: ev.name, text: ev.text };
+  if (ev.type === 'error') return { type: 'error', name: ev.ename, value: ev.evalue, traceback: ev.traceback.join('\n') };
+  const out: Record<string, unknown> = { type: 'result', is_main_result: ev.type === 'execute_result' };
+  for (const [mime, v] of Object.entries(ev.data)) out[MIME_FIELDS[mime] ?? mime] = v;
+  return out;
 }
 
 function language(v: unknown): 'python' {
@@ -129,47 +128,31 @@ export function registerInterpreter(app: Server, plane: Plane): void {
         c = ctxOf(info.id).get('default-python') ?? (await create(info.id, homeOf(DEFAULT_USER), 'default-python'));
       }
       const ctx = c;
-      const run = async () => {
-        if (ctx.kernel.dead) ctx.kernel = await startKernel(plane, info.id, ctx.cwd);
-        const kernel = ctx.kernel;
-        res.status(200);
-        res.header('content-type', 'application/x-ndjson');
-        res.header('cache-control', 'no-store');
-        res.flushHeaders();
-        await new Promise<void>((resolve) => {
-          let finished = false;
-          const finish = () => {
-            if (finished) return;
-            finished = true;
-            kernel.current = null;
-            resolve();
-          };
-          kernel.current = {
-            onLine: (line) => {
-              if (!res.completed) res.write(`${line}\n`);
-              if (line.includes('"end_of_execution"')) {
-                if (!res.completed) res.end();
-                finish();
-              }
-            },
-            onDeath: () => {
-              if (!res.completed) {
-                res.write(`${JSON.stringify({ type: 'error', name: 'KernelDied', value: 'the python kernel exited (the context restarts on the next execution)', traceback: '' })}\n`);
-                res.write(`${JSON.stringify({ type: 'end_of_execution' })}\n`);
-                res.end();
-              }
-              finish();
-            },
-          };
-          res.once('close', () => {
-            if (!finished) kernel.proc.kill(2);
-          });
-          kernel.proc.stdin.write(`${JSON.stringify({ code: b.code, env })}\n`);
-        });
+      if (ctx.kernel.dead) ctx.kernel = await startKernel(plane, info.id, ctx.cwd);
+      const kernel = ctx.kernel;
+      const write = (m: Record<string, unknown>) => {
+        if (!res.completed) res.write(`${JSON.stringify(m)}\n`);
       };
-      const p = ctx.kernel.queue.then(run, run);
-      ctx.kernel.queue = p.catch(() => undefined);
-      await p;
+      // Headers at once: the SDK's timeoutMs is a body timeout, started when they arrive.
+      res.status(200);
+      res.header('content-type', 'application/x-ndjson');
+      res.header('cache-control', 'no-store');
+      res.flushHeaders();
+      const gone = new AbortController();
+      // Aborting after the end is a no-op (the kernel has moved on to another execution or none).
+      res.once('close', () => gone.abort());
+      try {
+        const done = await kernel.execute(b.code, {
+          env,
+          signal: gone.signal,
+          onEvent: (ev) => write(e2bMessage(ev)),
+        });
+        write({ type: 'number_of_executions', execution_count: done.execution_count });
+      } catch {
+        write({ type: 'error', name: 'KernelDied', value: 'the python kernel exited (the context restarts on the next execution)', traceback: '' });
+      }
+      write({ type: 'end_of_execution' });
+      if (!res.completed) res.end();
     }),
   );
 
@@ -201,7 +184,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
       const c = m.get(req.path_parameters.id ?? '');
       if (!c) throw new E2bError(404, `context ${req.path_parameters.id} not found`, 'not_found');
       m.delete(c.id);
-      c.kernel.proc.kill(9);
+      c.kernel.close();
       res.status(204).send();
     }),
   );
@@ -212,10 +195,13 @@ export function registerInterpreter(app: Server, plane: Plane): void {
       const info = planeSandbox(plane, req, { traffic: true });
       const c = ctxOf(info.id).get(req.path_parameters.id ?? '');
       if (!c) throw new E2bError(404, `context ${req.path_parameters.id} not found`, 'not_found');
-      const old = c.kernel;
-      old.proc.kill(9);
-      await old.proc.exited;
-      c.kernel = await startKernel(plane, info.id, c.cwd);
+      // An idle kernel restarts inside its driver; a busy one (a cell that may never end) goes with its driver.
+      if (!c.kernel.dead && !c.kernel.busy) await c.kernel.restart();
+      else {
+        c.kernel.close();
+        await c.kernel.proc.exited;
+        c.kernel = await startKernel(plane, info.id, c.cwd);
+      }
       res.status(204).send();
     }),
   );

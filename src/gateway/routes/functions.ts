@@ -177,7 +177,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
         const req = validateRunJupyter(raw);
         return fn.runJupyter(fn.runCodePool('python3'), accountId, req);
       },
-      (message): RunJupyterResponse => ({ status: 'SandboxError', message, driver: null, cells: [], files: {} }),
+      (message): RunJupyterResponse => ({ status: 'SandboxError', message, driver: null, cells: [], executor_pod_name: null, files: {} }),
     ),
   );
 

@@ -23,11 +23,13 @@ import { TOOLKITS, poolLanguages, poolLayerStack, toolkitClosure, toolkitLayerNa
 import { Pool } from './pool';
 import type { FnCallConfig, InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, JudgeTestResult, PoolSpec, PoolStats, StepResult } from './types';
 import { validateConfig, validatePoolSpec } from './wire';
-import { DRIVER_PATH, KERNEL_DRIVER, RESULT_PATH } from './jupyter';
+import { KERNEL_FALLBACK_NOTE, type KernelBackend, batchInvocation, parseBatchResult } from '../kernels';
 import { type RunJupyterRequest, type RunJupyterResponse, toRunCodeResponse } from './sandboxfusion';
 
 export { JUDGE_IMAGE } from './toolkits';
 import { JUDGE_IMAGE } from './toolkits';
+/** Start-up allowance of a /run_jupyter kernel (jupyter_client + ipykernel), on top of total_timeout. */
+const KERNEL_START_MS = 30_000;
 export const JUDGE_PACKAGES = ['python3', 'gcc', 'g++', 'libc6-dev'];
 const DEFAULT_ACCOUNT_CONCURRENCY = 64;
 const FETCH_FILE_LIMIT = 16 * 1024 * 1024;
@@ -203,9 +205,14 @@ export class FnCallManager {
     available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
     unavailable: Array<{ name: string; reason: string }>;
     toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
+    kernels: { run_jupyter: KernelBackend; interpreter: KernelBackend; note: string };
   } {
     const pools = [...this.pools.values()];
+    const ipy = TOOLKITS.python!.packages.includes('python3-ipykernel') && TOOLKITS.python!.packages.includes('python3-jupyter-client');
     return {
+      // /run_jupyter runs in the judge pools (python toolkit); the E2B interpreter template uses
+      // the same toolkit, other templates (images without ipykernel) get the fallback.
+      kernels: { run_jupyter: ipy ? 'ipykernel' : 'stdlib', interpreter: ipy ? 'ipykernel' : 'stdlib', note: KERNEL_FALLBACK_NOTE },
       toolkits: Object.values(TOOLKITS).map((t) => ({ name: t.name, packages: t.packages, below: t.below, lazy: t.lazy === true, build: this.toolkitBuildTimes[t.name] ?? null })),
       available: Object.values(LANGUAGES).map((l) => ({
         name: l.name,
@@ -263,36 +270,42 @@ export class FnCallManager {
     return n;
   }
 
-  /** POST /run_jupyter: the cells in one stateful kernel (jupyter.ts), as one invocation. */
+  /**
+   * POST /run_jupyter: the cells in one stateful kernel (src/shim/kernels: ipykernel in the judge
+   * python toolkit), as one invocation. The invocation's wall limit is total_timeout plus the
+   * kernel's start-up (KERNEL_START_MS), within the pool's ceiling; the driver itself stops the
+   * cells at total_timeout and interrupts a cell at cell_timeout.
+   */
   async runJupyter(poolName: string, account: string, req: RunJupyterRequest): Promise<RunJupyterResponse> {
     const limits = this.pool(poolName).spec.limits;
-    const total = req.totalTimeoutS === null ? limits.maxTimeoutMs : Math.min(Math.ceil(req.totalTimeoutS * 1000), limits.maxTimeoutMs);
+    const total = req.totalTimeoutS === null ? limits.maxTimeoutMs : Math.min(Math.ceil(req.totalTimeoutS * 1000) + KERNEL_START_MS, limits.maxTimeoutMs);
+    const b = batchInvocation(req);
     const inv: InvokeRequest = {
-      cmd: ['python3', '-B', DRIVER_PATH],
-      files: [...req.files, { path: DRIVER_PATH, data: Buffer.from(KERNEL_DRIVER), mode: 0o644 }],
-      stdin: Buffer.from(JSON.stringify({ cells: req.cells, cell_timeout: req.cellTimeoutS ?? 0 })),
+      cmd: b.cmd,
+      files: [...req.files, b.driver],
+      stdin: b.stdin,
       env: {},
-      fetchFiles: [...req.fetchFiles, RESULT_PATH],
+      fetchFiles: [...req.fetchFiles, b.resultPath],
       timeoutMs: total,
     };
     const r = await this.invoke(poolName, account, inv);
     const files = { ...(r.files ?? {}) };
-    const raw = files[RESULT_PATH];
-    delete files[RESULT_PATH];
-    let cells: RunJupyterResponse['cells'] = [];
-    try {
-      if (raw !== undefined) cells = JSON.parse(Buffer.from(raw, 'base64').toString('utf8')) as RunJupyterResponse['cells'];
-    } catch {
-      cells = [];
-    }
+    const result = parseBatchResult(files[b.resultPath]);
+    delete files[b.resultPath];
     const driver = toRunCodeResponse({ ...r, files: {} }).run_result;
-    let status: RunJupyterResponse['status'] = 'Success';
+    if (r.status === 'internal_error') return { status: 'SandboxError', message: r.message ?? 'sandbox error', driver, cells: result?.cells ?? [], executor_pod_name: null, files };
+    // As SandboxFusion: Success when the driver ran every cell (cells that raised included: their
+    // errors are in the cells); Failed when it did not finish (total_timeout, a limit, a crash).
+    const finished = r.status === 'ok' && result !== null && result.status === 'Finished';
     let message = '';
-    if (r.status === 'internal_error') {
-      status = 'SandboxError';
-      message = r.message ?? 'sandbox error';
-    } else if (r.status !== 'ok' || cells.length < req.cells.length || cells.some((c) => c.error.length > 0)) status = 'Failed';
-    return { status, message, driver, cells, files };
+    if (!finished) {
+      const cells = `${result?.cells.length ?? 0} of ${req.cells.length} cells`;
+      if (result?.status === 'TimeLimitExceeded') message = `total_timeout reached after ${cells}`;
+      // The invocation's wall limit is total_timeout plus the kernel's start-up allowance.
+      else if (r.status === 'timeout' && r.limit === 'wallMs') message = `total_timeout (with ${KERNEL_START_MS / 1000} s for the kernel's start, within the pool's ceiling) reached after ${cells}`;
+      else message = `the kernel driver did not finish (${r.status}${r.limit ? `: ${r.limit}` : ''})`;
+    }
+    return { status: finished ? 'Success' : 'Failed', message, driver, cells: result?.cells ?? [], executor_pod_name: null, files };
   }
 
   // ---------------------------------------------------------------- admission
@@ -411,10 +424,11 @@ export class FnCallManager {
     const l = this.limitsFor(pool, req);
     const named = lang.sourceFor?.(req.code!) ?? { source: lang.source, vars: {} };
     const vars = { ...named.vars, source: named.source, memoryMb: String(l.memoryMb) };
-    c.writeFiles([...req.files, { path: named.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
+    const support = (lang.support ?? []).map((f) => ({ path: f.path, data: Buffer.from(f.text, 'utf8'), mode: 0o644 }));
+    c.writeFiles([...req.files, ...support, { path: named.source, data: Buffer.from(req.code!, 'utf8'), mode: 0o644 }]);
     if (!lang.compile) return { compile: undefined, vars };
     // Compilers get the pool's memory and their own time limit: a compile bomb stops at either.
-    const wallMs = Math.min(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, pool.spec.limits.maxTimeoutMs);
+    const wallMs = Math.min(Math.max(req.compileTimeoutMs ?? DEFAULT_COMPILE_TIMEOUT_MS, lang.minCompileTimeoutMs ?? 0), pool.spec.limits.maxTimeoutMs);
     const compile = await c.run({
       argv: expandArgv(lang.compile, { ...vars, memoryMb: String(pool.spec.limits.memoryMb) }),
       env: lang.env ?? {},

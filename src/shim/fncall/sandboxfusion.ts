@@ -13,6 +13,7 @@
 import { WarrenError } from '../../errors';
 import { expectObject, expectString } from '../../gateway/validation';
 import type { InvokeRequest, InvokeResult, PoolLimits, StepResult } from './types';
+import type { BatchCell } from '../kernels';
 import { validateFiles, validateLanguage, validateSandboxPath } from './wire';
 
 export interface CommandRunResult {
@@ -142,18 +143,15 @@ export function sandboxErrorResponse(message: string): RunCodeResponse {
 
 // ---------------------------------------------------------------- run_jupyter
 
-export interface JupyterCellResult {
-  stdout: string;
-  stderr: string;
-  display: Array<Record<string, string>>;
-  error: Array<{ ename: string; evalue: string; traceback: string[] }>;
-}
+/** A cell's outputs: stream text, MIME bundles of display_data and execute_result, errors with their traceback lines. */
+export type JupyterCellResult = BatchCell;
 
 export interface RunJupyterResponse {
   status: 'Success' | 'Failed' | 'SandboxError';
   message: string;
   driver: CommandRunResult | null;
   cells: JupyterCellResult[];
+  executor_pod_name: null;
   files: Record<string, string>;
 }
 

@@ -21,7 +21,7 @@ export interface ToolkitDef {
 export const TOOLKITS: Record<string, ToolkitDef> = {
   python: {
     name: 'python',
-    packages: ['python3-numpy', 'python3-pandas', 'python3-scipy', 'python3-sympy', 'python3-requests', 'python3-pytest', 'python3-sortedcontainers', 'python3-networkx', 'python3-dateutil', 'python3-regex', 'python3-yaml'],
+    packages: ['python3-numpy', 'python3-pandas', 'python3-scipy', 'python3-sympy', 'python3-requests', 'python3-pytest', 'python3-sortedcontainers', 'python3-networkx', 'python3-dateutil', 'python3-regex', 'python3-yaml', 'python3-matplotlib', 'python3-ipykernel', 'python3-jupyter-client'],
     below: [],
   },
   java: { name: 'java', packages: ['openjdk-17-jdk-headless', 'junit5'], below: [] },
