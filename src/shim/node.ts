@@ -41,6 +41,7 @@ import type {
   ExecResult,
   ExecStream,
   FeatureReport,
+  DisplayFacet,
   FileEntry,
   ImageInfo,
   ImportProgress,
@@ -578,6 +579,28 @@ export class ShimNode implements Shim {
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
     return (await this.filesOf(id)).listDir(path);
+  }
+
+  /** The display of a sandbox that has a screen (vm backend); NOT_SUPPORTED otherwise. */
+  private async displayOf(id: string): Promise<DisplayFacet> {
+    const box = await this.awake(id);
+    if (box.display === undefined) {
+      const backend = this.live(id).record.spec.backend;
+      throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no screen: the ${backend} backend offers computer use only for backend "vm"`, { backend, facet: 'display' });
+    }
+    return box.display;
+  }
+
+  async screenshot(id: string, opts: { width?: number } = {}): Promise<{ png: Buffer; width: number; height: number }> {
+    return (await this.displayOf(id)).screenshot(opts);
+  }
+
+  async sendInput(id: string, actions: unknown): Promise<{ actions: number; events: number }> {
+    return (await this.displayOf(id)).input(actions);
+  }
+
+  async openVnc(id: string): Promise<import('node:net').Socket> {
+    return (await this.displayOf(id)).openVnc();
   }
 
   async uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
