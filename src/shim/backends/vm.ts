@@ -27,6 +27,7 @@ import { native } from '../../native';
 import { profile as policyProfile, profileForOwner } from '../../security/confinement';
 import type { Backend, BackendSandbox, ExecRequest, FacetName, FacetStatus, ResolvedLayer, SandboxRecord, SandboxSpec } from '../types';
 import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, destroyCgroup, killAndWait, readTail, vmmUser, vmmUserIds } from './microvm/backend';
+import { Qmp } from './microvm/qmp';
 import { hostTscKhz, spawnVmm } from './microvm/vmm';
 import { VmDisplay } from './vm/display';
 import { type DesktopImage, desktopImage } from './vm/image';
@@ -107,6 +108,7 @@ export class VmBackend implements Backend {
     const runtime: VmRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: image.kernel, initrd: image.initrd, vcpus, guestMb: spec.memoryMb, layerFiles: [], base: image.base, screen: { ...this.screen } };
     let cgroup = false;
     let pid = 0;
+    let bootConsole: ConsoleWatch | null = null;
     try {
       mkdirSync(dir, { mode: 0o700 });
       mkdirSync(runDir, { mode: 0o700 });
@@ -119,15 +121,18 @@ export class VmBackend implements Backend {
       native.cgroupCreate(id, this.limits(spec));
       cgroup = true;
       pid = await this.launch(id, runtime, spec.priority === 'idle');
+      bootConsole = new ConsoleWatch(join(runDir, 'display.sock'));
       const inner = new MicroVMSandbox(id, spec, runtime, this);
       const box = new VmSandbox(inner, runtime, this);
       const deadline = Date.now() + (this.opts.bootTimeoutMs ?? 240_000);
       await inner.connect(Math.max(1000, deadline - Date.now()));
       await box.desktopReady(deadline);
+      await bootConsole.stop();
       this.live.set(id, box);
       return box;
     } catch (err) {
-      const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const early = (await bootConsole?.stop()) ?? '';
+      const tail = lastLines(early + (pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : ''));
       const vmmLog = readTail(join(dir, 'vmm.log'));
       if (pid > 0) await killAndWait(pid);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
@@ -244,6 +249,56 @@ export class VmBackend implements Backend {
     await rm(join(this.dir, id), { recursive: true, force: true });
     await rm(join(this.runRoot, id), { recursive: true, force: true });
     if (r?.dir) await rm(r.dir, { recursive: true, force: true });
+  }
+}
+
+/** The last lines of a console, printable only. */
+function lastLines(text: string): string {
+  return text.replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-8).join(' | ').slice(-1500);
+}
+
+/**
+ * Reads the guest console while a vm boots, over the display monitor: a guest
+ * that fails early powers off, and the console ring dies with its VMM, so
+ * what it said is kept here (bounded) for the error.
+ */
+class ConsoleWatch {
+  private text = '';
+  private stopped = false;
+  private connected = false;
+  private readonly done: Promise<void>;
+
+  constructor(socket: string) {
+    this.done = this.run(socket);
+  }
+
+  private async run(socket: string): Promise<void> {
+    let q: Qmp;
+    try {
+      q = await Qmp.connect(socket, 30_000);
+    } catch {
+      return;
+    }
+    this.connected = true;
+    try {
+      while (!this.stopped) {
+        const chunk = String(await q.execute('ringbuf-read', { device: 'con', size: 65536, format: 'utf8' }, 5000));
+        this.text = (this.text + chunk).slice(-16384);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    } catch {
+      /* the VMM went away: what was read is kept */
+    } finally {
+      q.close();
+    }
+  }
+
+  /** Stop reading (the monitor is free again); returns what the guest printed. */
+  async stop(): Promise<string> {
+    this.stopped = true;
+    // still connecting (the VMM may be gone already): that attempt closes itself
+    if (this.connected) await this.done;
+    return this.text;
   }
 }
 
