@@ -361,7 +361,13 @@ export class ShimNode implements Shim {
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
       // and every reference goes through the one authorisation check.
-      const image = this.access.resolve(principal, spec.image, 'image');
+      // A vm's root is its disk image (the desktop), not layers: only that image and no extra layers.
+      if (spec.backend === 'vm') {
+        if (spec.image !== 'default' && spec.image !== 'desktop') throw new WarrenError('INVALID_ARGUMENT', `the vm backend boots its desktop image: image must be "desktop" (got ${JSON.stringify(spec.image)})`, { field: 'image' });
+        if (spec.toolkits.length > 0 || spec.workspaces.length > 0) throw new WarrenError('NOT_SUPPORTED', 'the vm backend takes no workspaces or toolkits (its root is a disk image, not layers)', { field: 'workspaces' });
+        spec.image = 'desktop';
+      }
+      const image = spec.backend === 'vm' ? { digests: [] as string[] } : this.access.resolve(principal, spec.image, 'image');
       const extra = [
         ...spec.toolkits.map((ref) => this.access.resolve(principal, ref, 'toolkit').digests[0]!),
         ...spec.workspaces.map((ref) => this.access.resolve(principal, ref, 'workspace').digests[0]!),
