@@ -799,7 +799,13 @@ export class ShimNode implements Shim {
     return principal === undefined ? all : this.access.environments(principal, all);
   }
 
-  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void {
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[]; backend?: string }): void {
+    // a vm boots the node's desktop image, which is not in the layer store (createSandbox checks the name)
+    if (refs.backend === 'vm') {
+      const { image: _image, ...rest } = refs;
+      this.access.check(principal, rest);
+      return;
+    }
     this.access.check(principal, refs);
   }
 

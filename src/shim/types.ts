@@ -590,7 +590,7 @@ export interface Shim {
   /** With a principal: only what it may use (the same check as createSandbox's). */
   listEnvironments(principal?: Principal): EnvironmentInfo[];
   /** Throws (FORBIDDEN, or not found for digests) unless `principal` may use every reference. */
-  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void;
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[]; backend?: string }): void;
   publishEnvironment(name: string, published: boolean): EnvironmentInfo;
 
   // per-service egress
