@@ -86,6 +86,20 @@ test.serial('the feature report names the vm backend, its accelerator, and a cre
   t.regex(await exec('df -m / | tail -1'), /\s(9\d\d|10\d\d)\s/, 'the root filesystem was grown to the overlay (diskMb 1024)');
 });
 
+test.serial('the VMM is jailed like a microVM: own namespaces, unprivileged, seccomp, only its own files', async (t) => {
+  const gate = f.shim.getSandbox(box.id).pid!;
+  const qemu = Number(readFileSync(`/proc/${gate}/task/${gate}/children`, 'utf8').trim().split(' ')[0]);
+  const st = readFileSync(`/proc/${qemu}/status`, 'utf8');
+  t.not(/^Uid:\s+(\d+)/m.exec(st)![1], '0', 'QEMU runs unprivileged');
+  t.regex(st, /^Seccomp:\s+2$/m, 'under a seccomp filter');
+  t.regex(st, /^NSpid:\s+\d+\s+1$/m, 'pid 1 of its own pid namespace');
+  const { readlinkSync } = require('node:fs') as typeof import('node:fs');
+  for (const ns of ['mnt', 'net', 'ipc', 'uts', 'pid']) t.not(readlinkSync(`/proc/${qemu}/ns/${ns}`), readlinkSync(`/proc/self/ns/${ns}`), ns);
+  t.deepEqual(readdirSync(`/proc/${qemu}/root/run/warren/fullvm`), [box.id], 'only its own run dir (sockets) is visible');
+  t.deepEqual(readdirSync(`/proc/${qemu}/root${join(f.dataDir, 'vm')}`), [box.id], 'only its own data dir (overlay, snapshot) is visible');
+  t.true(native.cgroupProcs(box.id).includes(gate), 'the VMM is in the sandbox cgroup');
+});
+
 test.serial('a screenshot is a PNG of the configured size showing the desktop', async (t) => {
   const png = await box.screenshot();
   const img = decodePng(png);
