@@ -3,12 +3,21 @@ import { randomBytes } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import { BackendRegistry } from '../../src/shim/backends/registry';
 import { vmBackendStatus, skipReason } from '../../src/features';
+import { desktopImage } from '../../src/shim/backends/vm/image';
 import { backendConformance } from './backend-suite';
 import { openTestShim, spec } from '../helpers/warren';
 import { tempDir } from '../helpers/tmp';
 
 const status = vmBackendStatus();
 const skip = skipReason('native-helper', 'qemu', 'debootstrap') ?? (status.available ? null : `vm backend unavailable: ${status.reason}`);
+
+if (skip === null) {
+  // The desktop image is built once per node (a few minutes, cached in /var/cache/warren/vm): before the suite's clock starts.
+  test.before(async (t) => {
+    t.timeout(20 * 60_000);
+    await desktopImage();
+  });
+}
 
 backendConformance(
   test,

@@ -15,6 +15,7 @@ import { Auth } from '../../src/gateway/auth';
 import { type Gateway, createGateway } from '../../src/gateway/server';
 import { WarrenClient, type Sandbox } from '../../src/sdk';
 import { VmBackend } from '../../src/shim/backends/vm';
+import { desktopImage } from '../../src/shim/backends/vm/image';
 import { native } from '../../src/native';
 import { openDatabase } from '../../src/state/db';
 import { decodePng, pixel, type Decoded } from '../helpers/png';
@@ -56,7 +57,10 @@ async function exec(cmd: string): Promise<string> {
   return (await box.exec(cmd, { timeoutMs: 30_000 })).stdout;
 }
 
-test.before(async () => {
+test.before(async (t) => {
+  // the desktop image is built once per node (minutes, cached), then one TCG boot
+  t.timeout(25 * 60_000);
+  await desktopImage();
   f = await openTestShim();
   const db = openDatabase(join(f.dataDir, 'warren.db'));
   token = new Auth(db).ensureAdminToken(f.dataDir)!;

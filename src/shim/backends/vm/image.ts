@@ -9,7 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { agentBinary } from '../microvm/guest';
@@ -44,7 +44,7 @@ function busyboxBinary(): string | null {
 export function desktopBuildMissing(): string | null {
   if (busyboxBinary() === null) return 'busybox-static is not installed';
   if (!existsSync(agentBinary())) return `the guest agent is not built (${agentBinary()})`;
-  for (const b of ['debootstrap', 'mkfs.ext4', 'cpio', 'depmod', 'modprobe', 'dpkg-deb', 'apt-get', 'qemu-img']) {
+  for (const b of ['flock', 'debootstrap', 'mkfs.ext4', 'cpio', 'depmod', 'modprobe', 'dpkg-deb', 'apt-get', 'qemu-img']) {
     if (!['/usr/sbin', '/usr/bin', '/sbin', '/bin'].some((d) => existsSync(join(d, b)))) return `${b} is not installed`;
   }
   if (!existsSync(join(scriptsDir(), 'vm-desktop-image.sh'))) return 'scripts/vm-desktop-image.sh is missing';
@@ -84,8 +84,8 @@ let building: Promise<DesktopImage> | null = null;
 /**
  * The desktop image, built on first use (a few minutes: debootstrap of about
  * 200 packages from the mirror). Concurrent callers in this process share one
- * build; builds in other processes go to their own work dir and the first to
- * finish wins the rename.
+ * build, and a lock file makes other processes wait for it instead of building
+ * again.
  */
 export function desktopImage(log: (line: string) => void = () => undefined, mirror = process.env.WARREN_DEBIAN_MIRROR): Promise<DesktopImage> {
   const missing = desktopBuildMissing();
@@ -105,8 +105,11 @@ async function build(key: string, dir: string, log: (line: string) => void, mirr
   const out: string[] = [];
   try {
     await new Promise<void>((resolve, reject) => {
-      const args = [join(scriptsDir(), 'vm-desktop-image.sh'), work, agentBinary(), busyboxBinary()!, ...(mirror ? [mirror] : [])];
-      const child = spawn('/bin/bash', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+      // One build per node at a time (test files and nodes may ask at once): under the lock,
+      // whoever comes second finds the image made and builds nothing.
+      const script = '[ -e "$1/image.env" ] && exit 0; /bin/bash "$2" "$3" "$4" "$5" ${6:+"$6"} && mv -T "$3" "$1"';
+      const args = [join(VM_CACHE, '.build.lock'), '/bin/bash', '-c', script, 'vm-image', dir, join(scriptsDir(), 'vm-desktop-image.sh'), work, agentBinary(), busyboxBinary()!, ...(mirror ? [mirror] : [])];
+      const child = spawn('flock', args, { stdio: ['ignore', 'pipe', 'pipe'] });
       const keep = (d: Buffer) => {
         for (const line of d.toString('utf8').split('\n')) {
           if (line.trim() === '') continue;
@@ -120,11 +123,6 @@ async function build(key: string, dir: string, log: (line: string) => void, mirr
       child.on('error', reject);
       child.on('close', (code) => (code === 0 ? resolve() : reject(new WarrenError('IMAGE_BUILD_FAILED', `building the vm desktop image failed (exit ${code}): ${out.slice(-10).join(' | ')}`))));
     });
-    try {
-      renameSync(work, dir);
-    } catch (err) {
-      if (load(dir) === null) throw err;
-    }
     // Older builds stay: paused vms' overlays name their base image by path.
     const img = load(dir);
     if (img === null) throw new WarrenError('IMAGE_BUILD_FAILED', 'the vm desktop image build left no image.env');
