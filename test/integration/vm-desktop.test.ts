@@ -128,13 +128,13 @@ test.serial('typing a command into the terminal through input makes a file that 
 
 test.serial('a click at a known position reaches the window there, at that cell', async (t) => {
   // An xterm that reports the first mouse press (X10 mode: ESC [ M b col row) into a file.
-  const script = "stty raw -echo; printf '\\033[?9h'; head -c 6 > /tmp/click.raw; printf '\\033[?9l'; sleep 60";
+  const script = "stty raw -echo; printf '\\033[?9h'; touch /tmp/click.ready; head -c 6 > /tmp/click.raw; printf '\\033[?9l'; sleep 60";
   await exec(`DISPLAY=:0 setsid xterm -fn fixed -geometry 40x10+600+420 -title clicktarget -e sh -c "${script}" >/dev/null 2>&1 &`);
   const info = await waitForValue(() => exec('DISPLAY=:0 xwininfo -name clicktarget 2>/dev/null'), (s) => s.includes('Map State: IsViewable'), 30_000, 'the click target is on screen');
   const ax = Number(/Absolute upper-left X:\s+(\d+)/.exec(info)![1]);
   const ay = Number(/Absolute upper-left Y:\s+(\d+)/.exec(info)![1]);
-  // wait until the program inside has switched mouse reporting on (its shell runs head)
-  await waitFor(async () => (await exec('pgrep -f "head -c 6" >/dev/null && echo y')).trim() === 'y', 30_000, 'the reporter runs');
+  // wait until the program inside has switched mouse reporting on
+  await waitFor(async () => (await exec('test -e /tmp/click.ready && echo y')).trim() === 'y', 30_000, 'the reporter runs');
   const x = ax + 2 + 6 * 10 + 3; // column 11 of a 6x13 font, inside a 2-pixel border
   const y = ay + 2 + 13 * 4 + 6; // row 5
   await box.input([{ type: 'click', x, y }]);

@@ -124,7 +124,8 @@ export class VmBackend implements Backend {
       bootConsole = new ConsoleWatch(join(runDir, 'display.sock'));
       const inner = new MicroVMSandbox(id, spec, runtime, this);
       const box = new VmSandbox(inner, runtime, this);
-      const deadline = Date.now() + (this.opts.bootTimeoutMs ?? 240_000);
+      // TCG runs the whole desktop boot (kernel, X) in software: on a loaded host that is minutes
+      const deadline = Date.now() + (this.opts.bootTimeoutMs ?? (accel === 'tcg' ? 600_000 : 180_000));
       await inner.connect(Math.max(1000, deadline - Date.now()));
       await box.desktopReady(deadline);
       await bootConsole.stop();
