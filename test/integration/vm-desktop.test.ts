@@ -105,8 +105,8 @@ test.serial('the VMM is jailed like a microVM: own namespaces, unprivileged, sec
 });
 
 test.serial('a screenshot is a PNG of the configured size showing the desktop', async (t) => {
-  const png = await box.screenshot();
-  const img = decodePng(png);
+  // the terminal is mapped when the create returns; a loaded guest may still be drawing it
+  const img = await waitForValue(shot, (i) => pixel(i, 300, 200).every((c) => c === 255), 60_000, 'the terminal is drawn', 500);
   t.is(img.width, W);
   t.is(img.height, H);
   t.deepEqual(pixel(img, W - 20, H - 20), [0x3a, 0x6e, 0xa5], 'the root window colour');

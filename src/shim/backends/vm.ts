@@ -371,15 +371,16 @@ export class VmSandbox implements BackendSandbox {
     return this.inner.stats();
   }
 
-  /** Wait until the desktop shows its terminal (the guest's desktop script marks it). */
+  /** Wait until the desktop shows its terminal (the guest's desktop script marks it, X maps it). */
   async desktopReady(deadline: number): Promise<void> {
     for (;;) {
       const kind = await this.files.kind('/run/warren/desktop-ready').catch((err: unknown) => {
         if (err instanceof WarrenError && err.code === 'FILE_NOT_FOUND') return null;
         throw err;
       });
-      if (kind === 'file') return;
-      if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'the desktop did not come up (no /run/warren/desktop-ready)');
+      // the terminal exists once the file is there; it is on the screen once X says it is viewable
+      if (kind === 'file' && (await this.exec({ cmd: 'DISPLAY=:0 xwininfo -name terminal', timeoutMs: 30_000 })).stdout.includes('IsViewable')) return;
+      if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'the desktop did not come up (its terminal is not on the screen)');
       await new Promise((r) => setTimeout(r, 200));
     }
   }
