@@ -41,7 +41,7 @@ async function main(): Promise<void> {
     return;
   }
   const accel = vmAccelerator();
-  const vmSpec = () => spec({ backend: 'vm', cpu: 2, memoryMb: 512, diskMb: 1024 });
+  const vmSpec = () => spec({ backend: 'vm', image: 'desktop', cpu: 2, memoryMb: 512, diskMb: 1024 });
   const cond: Record<string, string> = { ...conditions(), accelerator: `${accel.accel} (${accel.why})`, guest: 'vm: 512 MiB, 2 vCPUs, 1024x768 desktop; microvm: 192 MiB, 1 vCPU', loadavg: loadavg().map((x) => x.toFixed(1)).join(' ') };
   console.log('# conditions');
   for (const [k, v] of Object.entries(cond)) console.log(`${k}: ${v}`);
