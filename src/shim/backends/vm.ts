@@ -155,7 +155,8 @@ export class VmBackend implements Backend {
   async launch(id: string, r: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
     const runtime = r as VmRuntime;
     const khz = hostTscKhz();
-    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`].join(' ');
+    // no_timer_check: a TCG guest starved by a loaded host fails the kernel's IO-APIC timer check and panics
+    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', 'no_timer_check', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`].join(' ');
     const sock = (n: string) => join(runtime.runDir, n);
     const sessionSockets = Array.from({ length: SESSION_SLOTS }, (_, i) => sock(`s${i}.sock`));
     for (const f of ['agent.sock', 'qmp.sock', 'display.sock', 'vnc.sock'].map(sock).concat(sessionSockets)) await rm(f, { force: true });
