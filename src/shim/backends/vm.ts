@@ -200,6 +200,9 @@ export class VmBackend implements Backend {
     return proc.pid;
   }
 
+  /** vms have no network (see facets): nothing to tear down. */
+  async tearDownNetwork(): Promise<void> {}
+
   /** A file of the sandbox's data dir as the (jailed, unprivileged) VMM sees it. */
   inJail(file: string): string {
     return vmmUser() === null ? file : join(this.stash, 'data', basename(file));

@@ -449,7 +449,7 @@ export async function consoleTail(qmpSocket: string): Promise<string> {
 }
 
 /** What a sandbox asks of its backend: start its VMM again (resume), and paths as the jailed VMM sees them. */
-export type VmHost = Pick<MicroVMBackend, 'launch' | 'inJail'>;
+export type VmHost = Pick<MicroVMBackend, 'launch' | 'inJail' | 'tearDownNetwork'>;
 
 /** Sandboxes this process holds a connection for, by id (see adopt). */
 const live = new Map<string, MicroVMSandbox>();
