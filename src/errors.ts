@@ -20,6 +20,10 @@ export const ErrorCodes = {
   LIMIT_OUT_OF_RANGE: 400,
   /** A security policy file is malformed, half-written, symlinked or contradictory. */
   POLICY_INVALID: 400,
+  /** A computer-use input action names a point outside the screen. */
+  OFF_SCREEN: 400,
+  /** A computer-use input action names a key (or types a character) the VM's keyboard does not have. */
+  UNKNOWN_KEY: 400,
   // 401/403: who you are and what you may do
   UNAUTHENTICATED: 401,
   FORBIDDEN: 403,

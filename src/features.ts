@@ -349,9 +349,34 @@ export function microvmBackendStatus(): { available: boolean; reason?: string; a
   return { available: true, reason: `QEMU microvm, ${feature('microvm-guest').action}; Firecracker: ${fc.reason}`, accelerator: `${a.accel} (${a.why})` };
 }
 
+/** The accelerator full VMs use here and why (the same probe as microVMs: can this host's KVM run a guest?). */
+export function vmAccelerator(): { accel: 'kvm' | 'tcg'; why: string } {
+  const forced = process.env.WARREN_VM_ACCEL;
+  if (forced === 'tcg') return { accel: 'tcg', why: 'WARREN_VM_ACCEL=tcg' };
+  return microvmAccelerator();
+}
+
+export function vmBackendStatus(): { available: boolean; reason?: string; accelerator?: string } {
+  for (const n of ['qemu', 'native-helper'] as const) {
+    const s = feature(n);
+    if (!s.supported) return { available: false, reason: `${n}: ${s.reason}` };
+  }
+  const { desktopBuildMissing, cachedDesktopImage } = require('./shim/backends/vm/image') as typeof import('./shim/backends/vm/image');
+  const missing = desktopBuildMissing();
+  if (missing !== null) return { available: false, reason: `the desktop image cannot be built: ${missing}` };
+  const a = vmAccelerator();
+  const img = cachedDesktopImage();
+  return {
+    available: true,
+    reason: `QEMU q35 with a desktop (Xorg, twm, xterm; ${img ? `image cached in ${img.dir}` : 'image built on first use, a few minutes'}); screen, input and VNC over QMP`,
+    accelerator: `${a.accel} (${a.why})`,
+  };
+}
+
 function backendStatus(backend: BackendName): { available: boolean; reason?: string } {
   if (backend === 'container') return containerBackendStatus();
   if (backend === 'microvm') return microvmBackendStatus();
+  if (backend === 'vm') return vmBackendStatus();
   return { available: false, reason: `${backend} backend is not implemented in this build` };
 }
 

@@ -64,6 +64,9 @@ commands:
   hibernate ID | extend ID (--seconds N|--ttl N)   CRIU checkpoint; push the ttl out
   pack ID NAME [--scrub P]... [--publish] [--squash]   pack_diff: the sandbox's changes become an environment
   env ls|publish|unpublish [NAME] | quota [ACCOUNT] [--sandboxes N] [--cpu N] [--memory MB]
+  screenshot ID OUT.png [--width W]                the screen of a vm sandbox as PNG
+  input ID JSON                                    keyboard/pointer actions for a vm sandbox (docs/vm.md)
+  vnc ID [--listen HOST:PORT]                      a vm's live view on a local port for any VNC viewer
   version
 
 connection: --url URL (or WARREN_URL, default ${DEFAULT_URL})
@@ -742,6 +745,10 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   network: cmdNetwork,
   env: async (args, io) => (await import('./lifecycle')).cmdEnv(args, io),
   quota: async (args, io) => (await import('./lifecycle')).cmdQuota(args, io),
+  // Computer use (src/cli/screen.ts), loaded on use.
+  screenshot: async (args, io) => (await import('./screen')).cmdScreenshot(args, io),
+  input: async (args, io) => (await import('./screen')).cmdInput(args, io),
+  vnc: async (args, io) => (await import('./screen')).cmdVnc(args, io),
 };
 
 /** Run the CLI; resolves with the exit code. */

@@ -23,6 +23,7 @@ import { registerSandboxRoutes } from './routes/sandboxes';
 import { registerSystemRoutes } from './routes/system';
 import { registerPolicyRoutes } from './routes/policy';
 import { type ShellOptions, registerShellRoutes } from './ws-shell';
+import { registerScreenRoutes } from './routes/screen';
 import { registerUiRoutes } from './routes/ui';
 import { startE2bSurface } from './e2b';
 import { IDEMPOTENCY_DEFAULTS, type IdempotencyOptions, IdempotencyStore } from './idempotency';
@@ -133,6 +134,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   registerFunctionRoutes(app, ctx);
   registerUiRoutes(app, ctx);
   const shells = registerShellRoutes(app, ctx, { ...opts.shell, allowedOrigins: opts.allowedOrigins ?? [], reclaimer });
+  const screens = registerScreenRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
 
   app.set_not_found_handler((req, res) => {
     sendError(res, new WarrenError('NOT_FOUND', `no route for ${req.method} ${req.path}`), log, !req.received);
@@ -161,6 +163,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       closed = true;
       clearInterval(gcTimer);
       shells.closeAll();
+      screens.closeAll();
       reclaimer.close();
       app.close();
       await e2b?.close();

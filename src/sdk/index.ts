@@ -390,6 +390,18 @@ export class WarrenClient {
   }
 }
 
+export type MouseButton = 'left' | 'middle' | 'right';
+/** One computer-use input action (docs/vm.md). */
+export type InputAction =
+  | { type: 'key'; keys: string | string[]; repeat?: number }
+  | { type: 'type'; text: string }
+  | { type: 'move'; x: number; y: number }
+  | { type: 'click'; x?: number; y?: number; button?: MouseButton; count?: number }
+  | { type: 'down' | 'up'; x?: number; y?: number; button?: MouseButton }
+  | { type: 'drag'; from: { x: number; y: number }; to: { x: number; y: number }; button?: MouseButton }
+  | { type: 'scroll'; x?: number; y?: number; dx?: number; dy?: number }
+  | { type: 'wait'; ms: number };
+
 export class Sandbox {
   readonly id: string;
   /** The last fetched description (null for handles made with client.sandbox(id) until refresh()). */
@@ -543,6 +555,25 @@ export class Sandbox {
   /** Open (or with `session`, re-attach to) a shell session. */
   shell(opts: ShellOptions = {}): Promise<ShellClient> {
     return ShellClient.connect(this.client.shellUrl(this.id), this.client.bearer, opts);
+  }
+
+  /** The current screen as PNG (vm backend), scaled down to `width` pixels wide when given. */
+  screenshot(opts: { width?: number } = {}): Promise<Buffer> {
+    return this.client.requestBuffer('GET', this.path('/screen'), opts.width === undefined ? {} : { query: { width: String(opts.width) } });
+  }
+
+  /**
+   * Keyboard and pointer input at the hypervisor level (vm backend), e.g.
+   * [{ type: 'click', x: 100, y: 200 }, { type: 'type', text: 'ls\n' }, { type: 'key', keys: 'ctrl+c' }]
+   * (docs/vm.md lists the actions).
+   */
+  input(actions: InputAction[]): Promise<{ actions: number; events: number }> {
+    return this.client.requestJson('POST', this.path('/input'), { json: { actions } });
+  }
+
+  /** WebSocket URL of the live view (VNC over WebSocket; authenticate with the bearer header or a bearer.<token> subprotocol). */
+  vncUrl(): string {
+    return `${this.client.url.replace(/^http/, 'ws')}/v1/sandboxes/${encodeURIComponent(this.id)}/vnc`;
   }
 
   delete(): Promise<void> {

@@ -41,6 +41,7 @@ import type {
   ExecResult,
   ExecStream,
   FeatureReport,
+  DisplayFacet,
   FileEntry,
   ImageInfo,
   ImportProgress,
@@ -360,7 +361,13 @@ export class ShimNode implements Shim {
     return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
       // and every reference goes through the one authorisation check.
-      const image = this.access.resolve(principal, spec.image, 'image');
+      // A vm's root is its disk image (the desktop), not layers: only that image and no extra layers.
+      if (spec.backend === 'vm') {
+        if (spec.image !== 'default' && spec.image !== 'desktop') throw new WarrenError('INVALID_ARGUMENT', `the vm backend boots its desktop image: image must be "desktop" (got ${JSON.stringify(spec.image)})`, { field: 'image' });
+        if (spec.toolkits.length > 0 || spec.workspaces.length > 0) throw new WarrenError('NOT_SUPPORTED', 'the vm backend takes no workspaces or toolkits (its root is a disk image, not layers)', { field: 'workspaces' });
+        spec.image = 'desktop';
+      }
+      const image = spec.backend === 'vm' ? { digests: [] as string[] } : this.access.resolve(principal, spec.image, 'image');
       const extra = [
         ...spec.toolkits.map((ref) => this.access.resolve(principal, ref, 'toolkit').digests[0]!),
         ...spec.workspaces.map((ref) => this.access.resolve(principal, ref, 'workspace').digests[0]!),
@@ -580,6 +587,28 @@ export class ShimNode implements Shim {
     return (await this.filesOf(id)).listDir(path);
   }
 
+  /** The display of a sandbox that has a screen (vm backend); NOT_SUPPORTED otherwise. */
+  private async displayOf(id: string): Promise<DisplayFacet> {
+    const box = await this.awake(id);
+    if (box.display === undefined) {
+      const backend = this.live(id).record.spec.backend;
+      throw new WarrenError('NOT_SUPPORTED', `sandbox ${id} has no screen: the ${backend} backend offers computer use only for backend "vm"`, { backend, facet: 'display' });
+    }
+    return box.display;
+  }
+
+  async screenshot(id: string, opts: { width?: number } = {}): Promise<{ png: Buffer; width: number; height: number }> {
+    return (await this.displayOf(id)).screenshot(opts);
+  }
+
+  async sendInput(id: string, actions: unknown): Promise<{ actions: number; events: number }> {
+    return (await this.displayOf(id)).input(actions);
+  }
+
+  async openVnc(id: string): Promise<import('node:net').Socket> {
+    return (await this.displayOf(id)).openVnc();
+  }
+
   async uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
     const files = await this.filesOf(id);
     const box = this.running(id);
@@ -770,7 +799,13 @@ export class ShimNode implements Shim {
     return principal === undefined ? all : this.access.environments(principal, all);
   }
 
-  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void {
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[]; backend?: string }): void {
+    // a vm boots the node's desktop image, which is not in the layer store (createSandbox checks the name)
+    if (refs.backend === 'vm') {
+      const { image: _image, ...rest } = refs;
+      this.access.check(principal, rest);
+      return;
+    }
     this.access.check(principal, refs);
   }
 

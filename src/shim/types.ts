@@ -285,6 +285,20 @@ export interface BackendSandbox {
   readonly freeze?: FreezeFacet;
   readonly snapshot?: SnapshotFacet;
   readonly export?: ExportFacet;
+  /** Screen, keyboard and pointer at the hypervisor level (the vm backend); absent elsewhere. */
+  readonly display?: DisplayFacet;
+}
+
+/** Computer use: what a person at the VM's screen could do, from the host (QMP, VNC). */
+export interface DisplayFacet {
+  readonly width: number;
+  readonly height: number;
+  /** The current screen as PNG, scaled down to `width` (aspect kept) when given. */
+  screenshot(opts?: { width?: number }): Promise<{ png: Buffer; width: number; height: number }>;
+  /** Send input actions (src/shim/backends/vm/input.ts); checked whole before anything is sent. */
+  input(actions: unknown): Promise<{ actions: number; events: number }>;
+  /** A connection to the VM's VNC server (RFB, no authentication: reach it only through the gateway's checks). */
+  openVnc(): Promise<import('node:net').Socket>;
 }
 
 /** Confined file access: every path is resolved inside the sandbox's root; escapes are PATH_ESCAPE. */
@@ -547,6 +561,10 @@ export interface Shim {
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, mode?: number): Promise<void>;
   listDir(id: string, path: string): Promise<FileEntry[]>;
+  // computer use (vm backend): NOT_SUPPORTED for sandboxes without a screen
+  screenshot?(id: string, opts?: { width?: number }): Promise<{ png: Buffer; width: number; height: number }>;
+  sendInput?(id: string, actions: unknown): Promise<{ actions: number; events: number }>;
+  openVnc?(id: string): Promise<import('node:net').Socket>;
   /** Extract a tar stream into `dir` inside the sandbox; entries escaping `dir` are refused before anything is written. */
   uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }>;
   downloadTar(id: string, path: string): Promise<import('node:stream').Readable>;
@@ -572,7 +590,7 @@ export interface Shim {
   /** With a principal: only what it may use (the same check as createSandbox's). */
   listEnvironments(principal?: Principal): EnvironmentInfo[];
   /** Throws (FORBIDDEN, or not found for digests) unless `principal` may use every reference. */
-  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[] }): void;
+  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[]; backend?: string }): void;
   publishEnvironment(name: string, published: boolean): EnvironmentInfo;
 
   // per-service egress

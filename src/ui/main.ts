@@ -12,6 +12,7 @@ import { renderNodes } from './views/nodes';
 import { renderOverview } from './views/overview';
 import { renderSandbox } from './views/sandbox';
 import { renderSandboxes } from './views/sandboxes';
+import { renderScreen } from './views/screen';
 import { renderTerminal } from './views/terminal';
 
 const ID = '([a-z0-9][a-z0-9-]{0,62})';
@@ -21,6 +22,7 @@ const routes: Route[] = [
   { pattern: new RegExp(`^/sandboxes/${ID}$`), nav: 'sandboxes', render: renderSandbox },
   { pattern: new RegExp(`^/sandboxes/${ID}/terminal$`), nav: 'sandboxes', render: renderTerminal },
   { pattern: new RegExp(`^/sandboxes/${ID}/files$`), nav: 'sandboxes', render: renderFiles },
+  { pattern: new RegExp(`^/sandboxes/${ID}/screen$`), nav: 'sandboxes', render: renderScreen },
   { pattern: /^\/fncall$/, nav: 'fncall', render: renderFncall },
   { pattern: /^\/network$/, nav: 'network', render: renderNetwork },
   { pattern: /^\/nodes$/, nav: 'nodes', render: renderNodes },

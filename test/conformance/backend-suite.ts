@@ -65,7 +65,9 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   }
 
   if (skip === null) {
-    test.before(async () => {
+    test.before(async (t) => {
+      // a VM boot under TCG on a loaded machine can take minutes
+      t.timeout(10 * 60_000);
       harness = await open();
       shared = await harness.backend.create(harness.newId(), harness.spec, harness.layers);
     });
@@ -159,6 +161,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   });
 
   t0(title('adopt re-attaches to a live sandbox and refuses a dead one'), async (t) => {
+    t.timeout(10 * 60_000); // boots a VM of its own
     const id = harness.newId();
     const box = await harness.backend.create(id, harness.spec, harness.layers);
     const record: SandboxRecord = { id, spec: harness.spec, layers: harness.layers.map((l) => l.digest), state: 'running', createdAt: new Date().toISOString(), runtime: box.runtime };
@@ -174,6 +177,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   });
 
   t0(title('destroy is idempotent and ends the sandbox'), async (t) => {
+    t.timeout(10 * 60_000); // boots a VM of its own
     const id = harness.newId();
     const box = await harness.backend.create(id, harness.spec, harness.layers);
     await Promise.all([box.destroy(), box.destroy()]);

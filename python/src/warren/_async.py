@@ -291,6 +291,19 @@ class AsyncSandbox:
         async with await self.shell() as sh:
             return await sh.run(text, timeout=timeout, on_output=on_output)
 
+    # ---- computer use (vm backend)
+
+    async def screenshot(self, width: Optional[int] = None) -> bytes:
+        """The current screen as PNG, scaled down to ``width`` pixels wide when given."""
+        q = [] if width is None else [("width", str(int(width)))]
+        res = await self._c._t.send(w.Call("GET", self._path("/screen"), query=q, idempotent=True))
+        return res.content
+
+    async def input(self, actions: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Keyboard and pointer actions at the hypervisor level, e.g.
+        ``[{"type": "click", "x": 10, "y": 20}, {"type": "type", "text": "ls\\n"}]`` (docs/vm.md)."""
+        return cast(Dict[str, Any], await self._c._json(w.Call("POST", self._path("/input"), json={"actions": list(actions)})))
+
     # ---- files
 
     async def read_file(self, path: str) -> bytes:

@@ -7,11 +7,12 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { WarrenError } from '../../errors';
-import { containerBackendStatus, microvmBackendStatus } from '../../features';
+import { containerBackendStatus, microvmBackendStatus, vmBackendStatus } from '../../features';
 import type { NetworkManager } from '../network/manager';
 import { BACKEND_NAMES, type Backend, type BackendName, type BackendStatus, type HostProcessBackend } from '../types';
 import { ContainerBackend, DEFAULT_PATH } from './container';
 import { MicroVMBackend } from './microvm/backend';
+import { VmBackend } from './vm';
 
 export { DEFAULT_PATH };
 
@@ -39,7 +40,8 @@ export class BackendRegistry {
     });
     const microvm = microvmBackendStatus();
     entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log, network: opts.network }) : null, status: microvm });
-    entries.set('vm', { backend: null, status: { available: false, reason: 'vm backend (full QEMU q35 guests) is not implemented in this build' } });
+    const vm = vmBackendStatus();
+    entries.set('vm', { backend: vm.available ? new VmBackend({ dataDir: opts.dataDir, log: opts.log }) : null, status: vm });
     for (const e of entries.values()) if (e.backend !== null) e.status = { ...e.status, facets: e.backend.facets };
     return new BackendRegistry(entries);
   }

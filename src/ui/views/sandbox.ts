@@ -5,9 +5,9 @@ import { button, bytes, field, h, input, kv, replace, table, until, age } from '
 import { plot } from '../plot';
 import { labelChips, lifecycleButtons, services, stateBadge } from './sandboxes';
 
-export function sandboxTabs(id: string, active: 'overview' | 'terminal' | 'files'): HTMLElement {
+export function sandboxTabs(id: string, active: 'overview' | 'terminal' | 'files' | 'screen'): HTMLElement {
   const tab = (name: typeof active, path: string, label: string) => h('a', { class: name === active ? 'active' : '', attrs: { href: `#${path}` } }, label);
-  return h('div', { class: 'tabs' }, tab('overview', `/sandboxes/${id}`, 'Overview'), tab('terminal', `/sandboxes/${id}/terminal`, 'Terminal'), tab('files', `/sandboxes/${id}/files`, 'Files'));
+  return h('div', { class: 'tabs' }, tab('overview', `/sandboxes/${id}`, 'Overview'), tab('terminal', `/sandboxes/${id}/terminal`, 'Terminal'), tab('files', `/sandboxes/${id}/files`, 'Files'), tab('screen', `/sandboxes/${id}/screen`, 'Screen'));
 }
 
 interface NetworkInfo {

@@ -331,7 +331,7 @@ export function vmmUser(): string | null {
 
 const VMM_USER = 'warren-vmm';
 let vmmIds: { uid: number; gid: number } | null | undefined;
-function vmmUserIds(): { uid: number; gid: number } | null {
+export function vmmUserIds(): { uid: number; gid: number } | null {
   if (vmmIds !== undefined) return vmmIds;
   try {
     const line = require('node:fs').readFileSync('/etc/passwd', 'utf8').split('\n').find((l: string) => l.startsWith(`${VMM_USER}:`)) as string | undefined;
@@ -344,7 +344,7 @@ function vmmUserIds(): { uid: number; gid: number } | null {
 }
 
 /** SIGKILL the VMM and everything under it (the jail's QEMU, its migration shell) and wait until all are gone. */
-async function killAndWait(pid: number): Promise<void> {
+export async function killAndWait(pid: number): Promise<void> {
   const pids = [...descendants(pid), pid];
   for (const p of pids) {
     try {
@@ -376,7 +376,7 @@ function descendants(pid: number, depth = 0): number[] {
 }
 
 /** Resident bytes of a process and its descendants. */
-function treeRss(pid: number): number {
+export function treeRss(pid: number): number {
   const fs = require('node:fs') as typeof import('node:fs');
   let total = 0;
   const visit = (p: number, depth: number): void => {
@@ -392,7 +392,7 @@ function treeRss(pid: number): number {
   return total;
 }
 
-function readState(pid: number): string | null {
+export function readState(pid: number): string | null {
   try {
     const s = require('node:fs').readFileSync(`/proc/${pid}/stat`, 'utf8') as string;
     return s.slice(s.lastIndexOf(')') + 2, s.lastIndexOf(')') + 3);
@@ -401,7 +401,7 @@ function readState(pid: number): string | null {
   }
 }
 
-async function destroyCgroup(id: string): Promise<void> {
+export async function destroyCgroup(id: string): Promise<void> {
   const deadline = Date.now() + 10_000;
   for (;;) {
     let remaining = 0;
@@ -424,7 +424,7 @@ async function destroyCgroup(id: string): Promise<void> {
 }
 
 /** The last bytes of a host-written log (QEMU's stderr), printable only. */
-function readTail(path: string): string {
+export function readTail(path: string): string {
   try {
     const text = require('node:fs').readFileSync(path, 'utf8') as string;
     return text.slice(-1000).replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-5).join(' | ');
@@ -434,7 +434,7 @@ function readTail(path: string): string {
 }
 
 /** The last lines of the guest console (QEMU's ring buffer), for a failed boot. */
-async function consoleTail(qmpSocket: string): Promise<string> {
+export async function consoleTail(qmpSocket: string): Promise<string> {
   try {
     const q = await Qmp.connect(qmpSocket, 2000);
     try {
@@ -447,6 +447,9 @@ async function consoleTail(qmpSocket: string): Promise<string> {
     return '';
   }
 }
+
+/** What a sandbox asks of its backend: start its VMM again (resume), and paths as the jailed VMM sees them. */
+export type VmHost = Pick<MicroVMBackend, 'launch' | 'inJail' | 'tearDownNetwork'>;
 
 /** Sandboxes this process holds a connection for, by id (see adopt). */
 const live = new Map<string, MicroVMSandbox>();
@@ -471,7 +474,7 @@ export class MicroVMSandbox implements BackendSandbox {
     readonly id: string,
     private readonly spec: SandboxSpec,
     readonly runtime: MicroVMRuntime,
-    private readonly backend: MicroVMBackend,
+    private readonly backend: VmHost,
     suspended = false,
   ) {
     this.suspended = suspended;

@@ -64,13 +64,13 @@ export interface VmJail {
 }
 
 export interface VmmDriver {
-  readonly name: 'qemu-microvm' | 'firecracker';
+  readonly name: 'qemu-microvm' | 'qemu-q35' | 'firecracker';
   status(): { available: boolean; reason?: string };
   command(l: VmLaunch): { bin: string; args: string[] };
 }
 
 /** QEMU option values are comma-separated: a comma in a path would be parsed as an option. */
-function optPath(p: string): string {
+export function optPath(p: string): string {
   if (/[,\n]/.test(p)) throw new WarrenError('INVALID_ARGUMENT', `path ${JSON.stringify(p)} contains a comma or newline (not passable to QEMU)`);
   return p;
 }
@@ -157,7 +157,7 @@ function jailScript(j: VmJail): string {
   ].join('\n');
 }
 
-function shellWord(p: string): string {
+export function shellWord(p: string): string {
   if (!/^[A-Za-z0-9_./-]+$/.test(p)) throw new WarrenError('INVALID_ARGUMENT', `snapshot path ${JSON.stringify(p)} has characters a shell would interpret`);
   return p;
 }
