@@ -118,13 +118,15 @@ export const SHARE_LABEL = 'warren.share';
 export const INDEX_LABEL = 'warren.index';
 
 /** A shim that refuses creates past the node's capacity or while fenced: the node's final admission. */
-export function admissionShim(shim: Shim, admit: () => void): Shim {
+export function admissionShim(shim: Shim, admit: () => () => void): Shim {
   return new Proxy(shim, {
     get(target, prop, receiver) {
       if (prop === 'createSandbox') {
-        return (spec: SandboxSpec, principal?: Principal) => {
-          admit();
-          return target.createSandbox(spec, principal);
+        return async (spec: SandboxSpec, principal?: Principal) => {
+          const done = admit();
+          const info = await target.createSandbox(spec, principal);
+          done();
+          return info;
         };
       }
       const v = Reflect.get(target, prop, receiver) as unknown;
@@ -251,10 +253,21 @@ export class NodeAgent {
     }
   }
 
+  private live = { count: 0, at: 0 };
+
+  /** Live sandboxes, counted at most every 250 ms (listing them all is O(n)); creates in between are added as they finish. */
   private liveCount(): number {
-    let n = 0;
-    for (const s of this.opts.shim.listSandboxes()) if (s.state !== 'stopped' && s.state !== 'failed') n++;
-    return n;
+    if (Date.now() - this.live.at > 250) {
+      let n = 0;
+      for (const s of this.opts.shim.listSandboxes()) if (s.state !== 'stopped' && s.state !== 'failed') n++;
+      this.live = { count: n, at: Date.now() };
+    }
+    return this.live.count;
+  }
+
+  /** A create admitted by admit() finished: count it until the next full count. */
+  createdOne(): void {
+    this.live.count++;
   }
 
   /**
@@ -504,6 +517,7 @@ export class NodeAgent {
           } finally {
             this.creating--;
           }
+          this.createdOne();
           run.created(info.id);
           // a pause that arrived while this one was being created
           if (this.control.get(share.job) === 'paused') await shim.pauseSandbox(info.id).catch(() => undefined);

@@ -201,9 +201,11 @@ export function placeMany(nodes: readonly NodeRecord[], req: PlacementRequest, c
     const open = cands.filter((n) => capacityLeft(n, reserved) > 0);
     if (open.length === 0) return null;
     const holders = open.filter((n) => holdsAll(n, layers));
-    const samples: NodeRecord[] = [];
-    if (holders.length > 0) samples.push(holders[Math.floor(rng() * holders.length)]!);
-    while (samples.length < Math.min(k, open.length)) samples.push(open[Math.floor(rng() * open.length)]!);
+    // distinct samples (with two nodes, power-of-two compares both)
+    const samples = new Set<NodeRecord>();
+    if (holders.length > 0) samples.add(holders[Math.floor(rng() * holders.length)]!);
+    const want = Math.min(k, open.length);
+    for (let tries = 0; samples.size < want && tries < 4 * k; tries++) samples.add(open[Math.floor(rng() * open.length)]!);
     let best: NodeRecord | null = null;
     let bestScore = Infinity;
     for (const n of samples) {

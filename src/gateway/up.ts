@@ -7,6 +7,7 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openDatabase } from '../state/db';
+import { WarrenError } from '../errors';
 import { type NetworkConfig, openShim } from '../shim/node';
 import { feature } from '../features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
@@ -122,7 +123,14 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     shim = await openShim(shimOpts);
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
     let agent: NodeAgent | null = null;
-    const served = opts.cluster ? admissionShim(shim, () => agent?.admit()) : shim;
+    const served = opts.cluster
+      ? admissionShim(shim, () => {
+          if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
+          const a = agent;
+          a.admit();
+          return () => a.createdOne();
+        })
+      : shim;
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
     if (credential) gatewayOpts.auth = new ClusterNodeAuth(db, credential);
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
