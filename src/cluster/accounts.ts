@@ -62,6 +62,14 @@ export class ClusterAccounts {
     return this.accounts.get(id)?.quota ?? fallback;
   }
 
+  /** The quota as etcd has it now (a quorum read): admissions do not act on a stale copy. */
+  async freshQuota(id: string, fallback: Quota = UNLIMITED): Promise<Quota> {
+    const v = await store('read quota', () => this.etcd.get(keys.account(id)).string());
+    const a = parseJson<ClusterAccount>(v);
+    if (a) this.accounts.set(id, a);
+    return a?.quota ?? fallback;
+  }
+
   list(): Account[] {
     return [...this.accounts.values()].map((a) => ({ id: a.id, name: a.name, role: a.role, createdAt: a.createdAt }));
   }

@@ -336,16 +336,22 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     return s.size === 0 ? ['container'] : [...s];
   }
 
-  /** Sandboxes of an account across the cluster: node records, this gateway's in-flight creates, and job work not created yet. */
+  /**
+   * Sandboxes of an account across the cluster: what the node records say
+   * (about a second old), but at least what its live jobs made there (the
+   * records lag behind a burst), plus job work not created yet and this
+   * gateway's creates in flight.
+   */
   function usage(accountId: string): number {
     let n = inflightByAccount.get(accountId) ?? 0;
-    for (const rec of members.nodes.values()) n += rec.accounts[accountId] ?? 0;
+    const byJobs = new Map<string, number>();
     for (const j of jobs.jobs.values()) {
-      if (!j.spec || j.spec.owner !== accountId) continue;
+      if (!j.spec || j.spec.owner !== accountId || j.control === 'deleted') continue;
       const st = jobStatus(j.spec, j.control, j.progress, (nd, e) => members.isLost(nd, e));
-      if (isTerminal(st.state) || st.state === 'deleting') continue;
-      n += Math.max(0, st.count - st.created - st.failed - st.lost);
+      for (const [node, ns] of Object.entries(st.nodes)) byJobs.set(node, (byJobs.get(node) ?? 0) + ns.created);
+      if (!isTerminal(st.state)) n += Math.max(0, st.count - st.created - st.failed - st.lost);
     }
+    for (const rec of members.nodes.values()) n += Math.max(rec.accounts[accountId] ?? 0, byJobs.get(rec.id) ?? 0);
     return n;
   }
 
@@ -372,8 +378,8 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     const { placement, ...rest } = body;
     const ask = validatePlacementAsk(placement);
     const spec = validateCreateRequest(rest, { owner: account.id, host: hostCapacity(), availableBackends: backends() });
-    await probeQuorum();
-    checkQuota(accounts.quota(account.id, opts.defaultQuota), { sandboxes: usage(account.id), cpu: 0, memoryMb: 0 }, { cpu: 0, memoryMb: 0 });
+    // the quota read is also the quorum check: without quorum nothing new is placed
+    checkQuota(await accounts.freshQuota(account.id, opts.defaultQuota), { sandboxes: usage(account.id), cpu: 0, memoryMb: 0 }, { cpu: 0, memoryMb: 0 });
     const exclude = new Set<string>();
     const req = placementRequest(spec, ask);
     let lastErr: WarrenError | null = null;
@@ -460,8 +466,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         throw new WarrenError('IMAGE_NOT_FOUND', `image ${ref} not found (or not usable by this account)`, { image: ref });
       }
     }
-    await probeQuorum();
-    const quota = accounts.quota(account.id, opts.defaultQuota);
+    const quota = await accounts.freshQuota(account.id, opts.defaultQuota);
     const epochKey = keys.quotaEpoch(account.id);
     for (let attempt = 0; attempt < 5; attempt++) {
       const cur = await store('quota', () => etcd.get(epochKey).exec());

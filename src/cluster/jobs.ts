@@ -90,6 +90,8 @@ export interface NodeShareStatus {
   failed: number;
   refused: number;
   lost: number;
+  paused: number;
+  releasedBytes: number;
   state: string;
 }
 
@@ -140,7 +142,7 @@ export function jobStatus(spec: JobSpec, control: JobControlState, progress: Rea
   let deletedShares = 0;
   for (const ref of spec.shares) {
     const p = progress.get(`${ref.node}/${ref.share}`);
-    const n = (st.nodes[ref.node] ??= { assigned: 0, created: 0, failed: 0, refused: 0, lost: 0, state: 'creating' });
+    const n = (st.nodes[ref.node] ??= { assigned: 0, created: 0, failed: 0, refused: 0, lost: 0, paused: 0, releasedBytes: 0, state: 'creating' });
     n.assigned += ref.count;
     const lost = isLost(ref.node, ref.epoch);
     const created = p?.created ?? 0;
@@ -163,6 +165,8 @@ export function jobStatus(spec: JobSpec, control: JobControlState, progress: Rea
       if (p.refused > 0 && !spec.handled.includes(`${ref.node}/${ref.share}`)) st.pending += p.refused;
       st.paused += p.paused;
       st.releasedBytes += p.releasedBytes;
+      n.paused += p.paused;
+      n.releasedBytes += p.releasedBytes;
       st.deleted += p.deleted;
       for (const [c, k] of Object.entries(p.errors)) st.errors[c] = (st.errors[c] ?? 0) + k;
       for (const f of p.failures) if (st.failures.length < 50) st.failures.push({ ...f, node: ref.node });

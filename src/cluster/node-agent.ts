@@ -284,6 +284,7 @@ export class NodeAgent {
       // Our lease expired while we were down: gateways reported our sandboxes lost.
       this.log(`cluster: node ${this.nodeId} epoch ${this.epoch} expired while the node was down; reconciling`);
       await this.reconcileLost();
+      this.epoch++;
     }
     this.saveEpoch();
     await this.register();

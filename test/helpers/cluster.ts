@@ -205,7 +205,15 @@ export class ClusterFixture {
 
   async startEtcd(n = 3): Promise<void> {
     this.credential = ClusterCredential.generate(this.credentialFile);
+    // one busybox tree for every node: the same image digest everywhere
+    await busyboxRootfs();
     await this.etcd.start(n);
+  }
+
+  node(id: string): NodeProc {
+    const n = this.nodes.find((x) => x.id === id);
+    if (!n) throw new Error(`no node ${id} in the fixture`);
+    return n;
   }
 
   nodeArgs(id: string, dataDir: string, o: NodeOptions): string[] {
@@ -261,14 +269,18 @@ export class ClusterFixture {
     return new WarrenClient({ url: gw.url, token, connections: 8 });
   }
 
-  /** Wait until every gateway-visible node is registered (through the first gateway). */
+  /** Wait until every gateway sees these nodes registered and reporting the busybox image. */
   async waitNodes(ids: string[], timeoutMs = 20_000): Promise<void> {
-    const c = this.client();
+    for (const gw of this.gateways) await this.waitNodesOn(gw, ids, timeoutMs);
+  }
+
+  private async waitNodesOn(gw: GatewayProc, ids: string[], timeoutMs: number): Promise<void> {
+    const c = this.client(gw);
     try {
       await waitFor(
         async () => {
-          const r = await c.requestJson<{ nodes: { id: string; fenced: boolean }[] }>('GET', '/v1/cluster/nodes').catch(() => ({ nodes: [] }));
-          return ids.every((id) => r.nodes.some((n) => n.id === id && !n.fenced));
+          const r = await c.requestJson<{ nodes: { id: string; fenced: boolean; images: string[] }[] }>('GET', '/v1/cluster/nodes').catch(() => ({ nodes: [] }));
+          return ids.every((id) => r.nodes.some((n) => n.id === id && !n.fenced && n.images.includes('busybox')));
         },
         timeoutMs,
         `nodes ${ids.join(', ')} registered`,
