@@ -300,6 +300,8 @@ export class NodeAgent {
     renameSync(tmp, this.epochFile);
   }
 
+  private backendsCache: { at: number; names: BackendName[] } | null = null;
+
   record(): NodeRecord {
     const shim = this.opts.shim;
     const sandboxes = shim.listSandboxes();
@@ -314,7 +316,11 @@ export class NodeAgent {
     const layers = new Set<string>();
     for (const i of images) for (const l of i.layers.length > 0 ? i.layers : [i.digest]) layers.add(l);
     for (const l of this.opts.heldLayers?.() ?? []) layers.add(l);
-    const backends = shim.features().backends;
+    // the backend probes read /proc and /sys: once every 30 s is enough for placement
+    if (this.backendsCache === null || Date.now() - this.backendsCache.at > 30_000) {
+      const b = shim.features().backends;
+      this.backendsCache = { at: Date.now(), names: (Object.keys(b) as BackendName[]).filter((n) => b[n]?.available) };
+    }
     const meminfo = (() => {
       try {
         const m = /MemAvailable:\s+(\d+)/.exec(readFileSync('/proc/meminfo', 'utf8'));
@@ -331,7 +337,7 @@ export class NodeAgent {
       epoch: this.epoch,
       capacity: { sandboxes: this.opts.maxSandboxes, cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / 1048576) },
       used: { sandboxes: live, creating: this.creating, memoryAvailableMb: meminfo, load1: os.loadavg()[0] ?? 0 },
-      backends: (Object.keys(backends) as BackendName[]).filter((b) => backends[b]?.available),
+      backends: this.backendsCache.names,
       images,
       layers: [...layers],
       lazy: this.opts.lazyLayers?.() ?? false,

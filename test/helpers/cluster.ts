@@ -218,7 +218,7 @@ export class ClusterFixture {
 
   nodeArgs(id: string, dataDir: string, o: NodeOptions): string[] {
     const args = ['node', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network', '--node-id', id];
-    args.push('--pool', o.pool ?? 'onprem', '--max-sandboxes', String(o.maxSandboxes ?? 1000), '--lease-ttl', String(o.leaseTtlS ?? 2));
+    args.push('--pool', o.pool ?? 'onprem', '--max-sandboxes', String(o.maxSandboxes ?? 1000), '--lease-ttl', String(o.leaseTtlS ?? 5));
     if (o.createWindow !== undefined) args.push('--create-window', String(o.createWindow));
     for (const [k, v] of Object.entries(o.labels ?? {})) args.push('--node-label', `${k}=${v}`);
     return args;

@@ -20,7 +20,7 @@ import { testUnless } from '../helpers/skip';
 import { waitFor, waitForValue } from '../helpers/wait';
 
 const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
-const JOB_COUNT = 200;
+const JOB_COUNT = 2000;
 
 let f: ClusterFixture;
 
