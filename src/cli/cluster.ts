@@ -64,7 +64,11 @@ function positiveInt(text: string | undefined, flag: string): number | undefined
 }
 
 export async function cmdNode(args: string[], io: Io): Promise<number> {
-  const { picked, rest } = take(args, ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise']);
+  const lazy = args.includes('--lazy-layers');
+  const { picked, rest } = take(
+    args.filter((a) => a !== '--lazy-layers'),
+    ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise'],
+  );
   if (rest.includes('--help') || rest.includes('-h')) return cmdUp(['--help'], io);
   const credentialFile = one(picked, 'cluster-credential');
   if (!credentialFile) throw new UsageError('--cluster-credential FILE is required (the secret shared by the nodes and gateways)');
@@ -81,6 +85,7 @@ export async function cmdNode(args: string[], io: Io): Promise<number> {
   if (ttl !== undefined) cluster.leaseTtlS = ttl;
   const window = positiveInt(one(picked, 'create-window'), 'create-window');
   if (window !== undefined) cluster.createWindow = window;
+  if (lazy) cluster.lazyLayers = true;
   const adv = one(picked, 'advertise');
   if (adv !== undefined) cluster.advertiseUrl = adv;
   return cmdUp(rest, io, cluster);

@@ -47,7 +47,7 @@ commands:
      [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
      [--pull-mode lazy|eager] [--lazy-cache-mib N]
   node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
-       [--lease-ttl S] [--create-window N] [--advertise URL] <up options>      a cluster node (docs/cluster.md)
+       [--lease-ttl S] [--create-window N] [--advertise URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]

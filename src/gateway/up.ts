@@ -70,6 +70,8 @@ export interface NodeClusterOptions {
   createWindow?: number;
   /** URL gateways reach this node at (default: the listen URL). */
   advertiseUrl?: string;
+  /** This node mounts layers it lacks from the registry on demand (placement may send it requests for staged layers). */
+  lazyLayers?: boolean;
 }
 
 export interface Warren {
@@ -147,6 +149,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       const agentOpts: ConstructorParameters<typeof NodeAgent>[0] = { etcd, credential, shim, url: c.advertiseUrl ?? gateway.url, dataDir: opts.dataDir, pool: c.pool, labels: c.labels, maxSandboxes: c.maxSandboxes };
       if (c.leaseTtlS !== undefined) agentOpts.leaseTtlS = c.leaseTtlS;
       if (c.createWindow !== undefined) agentOpts.createWindow = c.createWindow;
+      if (c.lazyLayers) agentOpts.lazyLayers = () => true;
       if (opts.log !== undefined) agentOpts.log = opts.log;
       agent = new NodeAgent(agentOpts);
       try {

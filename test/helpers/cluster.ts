@@ -291,6 +291,24 @@ export class ClusterFixture {
     }
   }
 
+  /** Wait until the nodes' records show no sandboxes (what earlier tests deleted has reached the load the gateways place by). */
+  async waitIdle(ids: string[], timeoutMs = 60_000): Promise<void> {
+    const c = this.client();
+    try {
+      await waitFor(
+        async () => {
+          const r = await c.requestJson<{ nodes: { id: string; used: { sandboxes: number; creating: number } }[] }>('GET', '/v1/cluster/nodes').catch(() => ({ nodes: [] }));
+          return ids.every((id) => r.nodes.some((n) => n.id === id && n.used.sandboxes === 0 && n.used.creating === 0));
+        },
+        timeoutMs,
+        `nodes ${ids.join(', ')} idle`,
+        100,
+      );
+    } finally {
+      await c.close();
+    }
+  }
+
   /** Delete every sandbox on every running node (through the node itself), stop everything, remove the data. */
   async close(): Promise<void> {
     for (const gw of this.gateways) await stopChild(gw.child);

@@ -163,26 +163,30 @@ test.serial(`a job of ${JOB_COUNT} sandboxes completes with streamed progress; p
 
 test.serial('job pause releases memory on every node and resume restores', async (t) => {
   t.timeout(300_000);
+  await f.waitIdle(['n1', 'n2']);
   await withClients(async (a, b) => {
     const job = await a.jobs.create({ count: 8, template: { image: 'busybox', memoryMb: 128 }, placement: { nodes: ['n1', 'n2'] } });
-    const done = await a.jobs.watch(job.id);
-    t.is(done.state, 'done');
-    t.true((done.nodes.n1?.created ?? 0) > 0 && (done.nodes.n2?.created ?? 0) > 0, JSON.stringify(done.nodes));
-    const sbs = await a.jobs.sandboxes(job.id);
-    for (const s of sbs) await (await a.getSandbox(s.id)).exec(['sh', '-c', 'dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>/dev/null && sync && echo kept > /root/mark']);
-    await b.jobs.pause(job.id);
-    const paused = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'paused' && s.paused === 8, 120_000, 'the job paused', 200);
-    for (const n of ['n1', 'n2']) t.true((paused.nodes[n]?.releasedBytes ?? 0) > 0, `${n} released ${paused.nodes[n]?.releasedBytes}`);
-    for (const s of sbs) t.is((await b.getSandbox(s.id)).info?.state, 'paused');
-    await a.jobs.resume(job.id);
-    await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'done' && s.paused === 0, 120_000, 'the job resumed', 200);
-    for (const s of sbs) {
-      const sb = await b.getSandbox(s.id);
-      t.is(sb.info?.state, 'running');
-      t.is((await sb.exec(['cat', '/root/mark'])).stdout, 'kept\n');
+    try {
+      const done = await a.jobs.watch(job.id);
+      t.is(done.state, 'done');
+      t.true((done.nodes.n1?.created ?? 0) > 0 && (done.nodes.n2?.created ?? 0) > 0, JSON.stringify(done.nodes));
+      const sbs = await a.jobs.sandboxes(job.id);
+      for (const s of sbs) await (await a.getSandbox(s.id)).exec(['sh', '-c', 'dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>/dev/null && sync && echo kept > /root/mark']);
+      await b.jobs.pause(job.id);
+      const paused = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'paused' && s.paused === 8, 120_000, 'the job paused', 200);
+      for (const n of ['n1', 'n2']) t.true((paused.nodes[n]?.releasedBytes ?? 0) > 0, `${n} released ${paused.nodes[n]?.releasedBytes}`);
+      for (const s of sbs) t.is((await b.getSandbox(s.id)).info?.state, 'paused');
+      await a.jobs.resume(job.id);
+      await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'done' && s.paused === 0, 120_000, 'the job resumed', 200);
+      for (const s of sbs) {
+        const sb = await b.getSandbox(s.id);
+        t.is(sb.info?.state, 'running');
+        t.is((await sb.exec(['cat', '/root/mark'])).stdout, 'kept\n');
+      }
+    } finally {
+      await a.jobs.delete(job.id);
+      await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'deleted', 120_000, 'the job deleted', 200);
     }
-    await a.jobs.delete(job.id);
-    await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'deleted', 120_000, 'the job deleted', 200);
   });
 });
 
@@ -286,6 +290,7 @@ test.serial('without etcd quorum creates answer 503 CLUSTER_UNAVAILABLE while ru
 
 test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, the others are untouched; it comes back, reconciles and re-registers', async (t) => {
   t.timeout(180_000);
+  await f.waitIdle(['n1', 'n2']);
   await withClients(async (a, b) => {
     const job = await a.jobs.create({ count: 6, template: { image: 'busybox' }, placement: { nodes: ['n1', 'n2'] } });
     const done = await a.jobs.watch(job.id);
