@@ -171,7 +171,7 @@ test.serial('job pause releases memory on every node and resume restores', async
       t.is(done.state, 'done');
       t.true((done.nodes.n1?.created ?? 0) > 0 && (done.nodes.n2?.created ?? 0) > 0, JSON.stringify(done.nodes));
       const sbs = await a.jobs.sandboxes(job.id);
-      for (const s of sbs) await (await a.getSandbox(s.id)).exec(['sh', '-c', 'dd if=/dev/zero of=/tmp/fill bs=1M count=16 2>/dev/null && sync && echo kept > /root/mark']);
+      for (const s of sbs) await (await a.getSandbox(s.id)).exec(['sh', '-c', 'dd if=/dev/zero of=/root/fill bs=1M count=16 2>/dev/null && sync && cat /root/fill > /dev/null && echo kept > /root/mark']);
       await b.jobs.pause(job.id);
       const paused = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'paused' && s.paused === 8, 120_000, 'the job paused', 200);
       for (const n of ['n1', 'n2']) t.true((paused.nodes[n]?.releasedBytes ?? 0) > 0, `${n} released ${paused.nodes[n]?.releasedBytes}`);
