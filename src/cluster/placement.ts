@@ -197,10 +197,34 @@ export function placeMany(nodes: readonly NodeRecord[], req: PlacementRequest, c
   const counts = new Map<string, number>();
   let unplaced = 0;
   let lastPool: Pool | null = null;
-  const pick = (cands: NodeRecord[]): NodeRecord | null => {
-    const open = cands.filter((n) => capacityLeft(n, reserved) > 0);
+  // What each candidate holds and has left is computed once; nodes that fill up leave the
+  // sampling lists, so that each sandbox costs O(k), not O(nodes).
+  const holds = new Map<string, boolean>();
+  const left = new Map<string, number>();
+  for (const n of fits) {
+    holds.set(n.id, holdsAll(n, layers));
+    left.set(n.id, capacityLeft(n, reserved));
+  }
+  interface Lists {
+    open: NodeRecord[];
+    holders: NodeRecord[];
+  }
+  const lists = (cands: NodeRecord[]): Lists => {
+    const open = cands.filter((n) => left.get(n.id)! > 0);
+    return { open, holders: open.filter((n) => holds.get(n.id)) };
+  };
+  const onLists = lists(onFits);
+  const ovLists = lists(ovFits);
+  const drop = (arr: NodeRecord[], n: NodeRecord) => {
+    const i = arr.indexOf(n);
+    if (i >= 0) {
+      arr[i] = arr[arr.length - 1]!;
+      arr.pop();
+    }
+  };
+  const pick = (l: Lists): NodeRecord | null => {
+    const { open, holders } = l;
     if (open.length === 0) return null;
-    const holders = open.filter((n) => holdsAll(n, layers));
     // distinct samples (with two nodes, power-of-two compares both)
     const samples = new Set<NodeRecord>();
     if (holders.length > 0) samples.add(holders[Math.floor(rng() * holders.length)]!);
@@ -209,7 +233,7 @@ export function placeMany(nodes: readonly NodeRecord[], req: PlacementRequest, c
     let best: NodeRecord | null = null;
     let bestScore = Infinity;
     for (const n of samples) {
-      const score = utilisation(n, reserved) - (holdsAll(n, layers) ? bonus : 0);
+      const score = utilisation(n, reserved) - (holds.get(n.id) ? bonus : 0);
       if (score < bestScore) {
         bestScore = score;
         best = n;
@@ -220,15 +244,22 @@ export function placeMany(nodes: readonly NodeRecord[], req: PlacementRequest, c
   for (let i = 0; i < count; i++) {
     const onUtil = onCap === 0 ? 1 : onUsed / onCap;
     let chosen: NodeRecord | null = null;
-    if (onUtil < threshold || !overflowEligible) chosen = pick(onFits);
-    if (chosen === null && overflowEligible) chosen = pick(ovFits);
-    if (chosen === null && onUtil >= threshold) chosen = pick(onFits);
-    if (chosen === null) {
+    let from: Lists | null = null;
+    if (onUtil < threshold || !overflowEligible) chosen = pick((from = onLists));
+    if (chosen === null && overflowEligible) chosen = pick((from = ovLists));
+    if (chosen === null && onUtil >= threshold) chosen = pick((from = onLists));
+    if (chosen === null || from === null) {
       unplaced = count - i;
       break;
     }
     reserved.set(chosen.id, (reserved.get(chosen.id) ?? 0) + 1);
     counts.set(chosen.id, (counts.get(chosen.id) ?? 0) + 1);
+    const l = left.get(chosen.id)! - 1;
+    left.set(chosen.id, l);
+    if (l <= 0) {
+      drop(from.open, chosen);
+      drop(from.holders, chosen);
+    }
     if (chosen.pool === 'onprem') onUsed++;
     lastPool = chosen.pool;
     verdicts.get(chosen.id)!.placed++;
