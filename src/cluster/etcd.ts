@@ -5,12 +5,12 @@
  * The etcd3 client's default fault handling is a per-host circuit breaker
  * (3 consecutive failures open it for 5 s): after a leader is killed, every
  * host trips it and every call fails for seconds after the cluster has
- * recovered. Here each host gets no policy of its own and one global retry
+ * recovered. Here a failed host is skipped for 1 s only, one global retry
  * with exponential backoff runs over all hosts, every unary call has a short
  * deadline, and what is left after the retries becomes CLUSTER_UNAVAILABLE
  * with the cause in its message.
  */
-import { ExponentialBackoff, handleWhen, noop, retry } from 'cockatiel';
+import { BrokenCircuitError, ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleWhen, retry } from 'cockatiel';
 import { Etcd3, type IOptions, isRecoverableError } from 'etcd3';
 import { WarrenError } from '../errors';
 
@@ -19,7 +19,7 @@ export interface EtcdConfig {
   endpoints: string[];
   /** Deadline of one unary call in ms (default 1000). */
   callTimeoutMs?: number;
-  /** Attempts over all hosts before a call fails (default 4: about 2 s with the backoff). */
+  /** Attempts over all hosts before a call fails (default 6: about 4 s with the backoff). */
   attempts?: number;
 }
 
@@ -63,8 +63,10 @@ export function openEtcd(cfg: EtcdConfig): Etcd3 {
     dialTimeout: timeout * 2,
     defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + timeout }),
     faultHandling: {
-      host: () => noop,
-      global: retry(handleWhen(isRecoverableError), { maxAttempts: (cfg.attempts ?? 4) - 1, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 800 }) }),
+      // a host that failed is skipped for 1 s (not 5): the next attempt goes to another member
+      host: () => circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: 1000, breaker: new ConsecutiveBreaker(1) }),
+      // every host skipped (all failed within the last second) is retried too, after the backoff
+      global: retry(handleWhen((e) => isRecoverableError(e) || e instanceof BrokenCircuitError), { maxAttempts: (cfg.attempts ?? 6) - 1, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 1000 }) }),
       // etcd3 itself passes a backoff factory here; its type names the older backoff interface
       watchBackoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 2000 }) as unknown as NonNullable<NonNullable<IOptions['faultHandling']>['watchBackoff']>,
     },
