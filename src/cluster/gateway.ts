@@ -187,6 +187,15 @@ class JobsCache extends EventEmitter {
     this.emit(`job:${id}`);
   }
 
+  /** A job this gateway just admitted: known here at once (its own watch event follows). */
+  admitted(spec: JobSpec, rev: string): void {
+    const j = this.job(spec.id);
+    if (j.spec === null) {
+      j.spec = spec;
+      j.specRev = rev;
+    }
+  }
+
   async start(): Promise<void> {
     const res = await this.etcd.getAll().prefix(keys.jobs).exec();
     for (const kv of res.kvs) this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
@@ -512,6 +521,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       ];
       const res = await store('admit job', () => etcd.if(epochKey, 'Mod', '==', rev).then(...puts).commit());
       if (!res.succeeded) continue; // another job of this account was admitted meanwhile: count again
+      jobs.admitted(jspec, res.header.revision);
       return {
         status: 202,
         body: { id, count, requested: jr.count, placed: Object.fromEntries(placed.counts), pending: placed.unplaced, ...(explain ? { explain: placed.explain } : {}) },
