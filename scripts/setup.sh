@@ -18,6 +18,7 @@ APT_PACKAGES=(
   iproute2 nftables util-linux tar gzip zstd    # networking and archives
   chromium fonts-dejavu-core                    # dashboard tests (headless, test/ui) and its screenshots
   python3-httpx python3-websockets              # the Python SDK (python/)
+  etcd-server etcd-client                       # the cluster store (warren node / warren gateway, test/cluster)
   python3-pytest                                # its tests (scripts/test.sh)
   python3-setuptools python3-mypy               # pip install ./python offline; lint type-checks it
   docker-registry skopeo                        # OCI registry of layer tests and benchmarks (the CNCF distribution registry); staging copies

@@ -37,6 +37,7 @@ export const ErrorCodes = {
   IMAGE_NOT_FOUND: 404,
   LAYER_NOT_FOUND: 404,
   FILE_NOT_FOUND: 404,
+  JOB_NOT_FOUND: 404,
   // 409: the state does not allow it
   SANDBOX_NOT_RUNNING: 409,
   ALREADY_EXISTS: 409,
@@ -46,6 +47,9 @@ export const ErrorCodes = {
   IDEMPOTENCY_IN_PROGRESS: 409,
   /** The first run under this idempotency key was cut by a gateway restart; its outcome is unknown and it is not run again. */
   IDEMPOTENCY_INTERRUPTED: 409,
+  // 410: it was there and is gone for good
+  /** The sandbox's node lost its cluster lease: the sandbox is gone with it (its owner and job were told). */
+  SANDBOX_LOST: 410,
   // 422: the request contradicts an earlier one
   /** An idempotency key sent again with a different request body. */
   IDEMPOTENCY_KEY_REUSED: 422,
@@ -79,6 +83,10 @@ export const ErrorCodes = {
   REGISTRY_ERROR: 502,
   /** Bytes from a registry do not match their digest (a corrupt blob or chunk): nothing of them is used. */
   LAYER_CORRUPT: 502,
+  /** The cluster store (etcd) has no quorum or cannot be reached: nothing new is placed. */
+  CLUSTER_UNAVAILABLE: 503,
+  /** The node lost its cluster lease and admits nothing until it has re-registered. */
+  NODE_FENCED: 503,
 } as const;
 
 export type ErrorCode = keyof typeof ErrorCodes;

@@ -10,13 +10,15 @@ import { WarrenError } from '../errors';
 import { type CreateSandboxRequest, type ImportProgress, type SandboxInfo, WarrenClient } from '../sdk';
 import { ProgressPrinter, formatTable } from './output';
 import { runShell } from './shell';
+import type { NodeClusterOptions } from '../gateway/up';
+import { cmdGateway, cmdJob, cmdNode } from './cluster';
 
 export const DEFAULT_URL = 'http://127.0.0.1:7070';
 export const DEFAULT_DATA_DIR = '/var/lib/warren';
 
 export class UsageError extends Error {}
 
-interface Io {
+export interface Io {
   out: (s: string) => void;
   err: (s: string) => void;
   env: NodeJS.ProcessEnv;
@@ -44,6 +46,10 @@ commands:
      [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
      [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
      [--pull-mode lazy|eager] [--lazy-cache-mib N]
+  node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
+       [--lease-ttl S] [--create-window N] [--advertise URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
+  gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
+  job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
@@ -81,14 +87,14 @@ function parse<O extends NonNullable<ParseArgsConfig['options']>>(args: string[]
   }
 }
 
-type Values = Record<string, string | boolean | string[] | undefined>;
+export type Values = Record<string, string | boolean | string[] | undefined>;
 
-function str(v: Values, name: string): string | undefined {
+export function str(v: Values, name: string): string | undefined {
   const x = v[name];
   return typeof x === 'string' ? x : undefined;
 }
 
-function num(v: Values, name: string): number | undefined {
+export function num(v: Values, name: string): number | undefined {
   const s = str(v, name);
   if (s === undefined) return undefined;
   const n = Number(s);
@@ -96,7 +102,7 @@ function num(v: Values, name: string): number | undefined {
   return n;
 }
 
-function keyValues(items: string[], flag: string): Record<string, string> {
+export function keyValues(items: string[], flag: string): Record<string, string> {
   const out: Record<string, string> = {};
   for (const item of items) {
     const eq = item.indexOf('=');
@@ -126,7 +132,7 @@ export function connection(v: Values, env: NodeJS.ProcessEnv): { url: string; to
   return { url, token: token === '' ? undefined : token };
 }
 
-function clientFor(v: Values, io: Io): WarrenClient {
+export function clientFor(v: Values, io: Io): WarrenClient {
   const c = connection(v, io.env);
   return new WarrenClient({ url: c.url, token: c.token, connections: 4 });
 }
@@ -173,7 +179,7 @@ export function parseDurationMs(text: string, flag: string): number {
   return ms;
 }
 
-async function cmdUp(args: string[], io: Io): Promise<number> {
+export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions): Promise<number> {
   // A server whose log destination goes away (its stdout or stderr a pipe whose reader exited)
   // keeps serving; the lines it writes are lost instead of the write error ending the process.
   for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
@@ -269,6 +275,7 @@ async function cmdUp(args: string[], io: Io): Promise<number> {
   const cacheMib = num(values, 'lazy-cache-mib');
   if (cacheMib !== undefined) layers.lazyCacheBytes = Math.floor(cacheMib * 1024 * 1024);
   if (Object.keys(layers).length > 0) opts.layers = layers;
+  if (cluster) opts.cluster = cluster;
   if (values['no-network']) opts.network = false;
   else {
     const net: NonNullable<Exclude<typeof opts.network, false>> = {};
@@ -723,6 +730,9 @@ export function describeError(err: unknown): string {
 
 const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   up: cmdUp,
+  node: cmdNode,
+  gateway: cmdGateway,
+  job: cmdJob,
   create: cmdCreate,
   exec: cmdExec,
   shell: cmdShell,

@@ -60,6 +60,8 @@ export interface GatewayOptions {
   shell?: Pick<ShellOptions, 'highWaterBytes' | 'stallTimeoutMs' | 'bufferBudgetBytes'>;
   /** Idempotency keys: window and stored output bound (docs/idempotency.md). */
   idempotency?: IdempotencyOptions;
+  /** Who may call (default: the tokens in `db`); a cluster node also accepts gateway-signed assertions. */
+  auth?: Auth;
 }
 
 export interface Gateway {
@@ -90,7 +92,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log: Log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
   const ctx: GatewayContext = {
     shim: opts.shim,
-    auth: new Auth(opts.db),
+    auth: opts.auth ?? new Auth(opts.db),
     log,
     host: { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
     uploadLimit: opts.uploadLimitBytes ?? DEFAULT_UPLOAD_LIMIT,

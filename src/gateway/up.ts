@@ -7,6 +7,7 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openDatabase } from '../state/db';
+import { WarrenError } from '../errors';
 import { type NetworkConfig, openShim } from '../shim/node';
 import { feature } from '../features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
@@ -17,6 +18,11 @@ import { raiseHostLimits } from '../shim/host-tunables';
 import type { CapacityOptions } from '../shim/capacity';
 import { Auth, type Quota } from './auth';
 import { type GatewayOptions, createGateway } from './server';
+import { ClusterCredential } from '../cluster/credential';
+import { type EtcdConfig, openEtcd } from '../cluster/etcd';
+import { NodeAgent, admissionShim } from '../cluster/node-agent';
+import { ClusterNodeAuth } from '../cluster/node-auth';
+import type { Pool } from '../cluster/placement';
 
 export interface StartOptions {
   dataDir: string;
@@ -50,6 +56,22 @@ export interface StartOptions {
   idempotency?: GatewayOptions['idempotency'];
   /** Reserves and caps of the node's host-capacity admission (default: WARREN_HOST_TASKS_MAX caps host tasks). */
   capacity?: CapacityOptions;
+  /** Join a cluster as a node (`warren node`): register in etcd, run job shares, take the distributed policy. */
+  cluster?: NodeClusterOptions;
+}
+
+export interface NodeClusterOptions {
+  etcd: EtcdConfig;
+  credentialFile: string;
+  pool: Pool;
+  labels: Record<string, string>;
+  maxSandboxes: number;
+  leaseTtlS?: number;
+  createWindow?: number;
+  /** URL gateways reach this node at (default: the listen URL). */
+  advertiseUrl?: string;
+  /** This node mounts layers it lacks from the registry on demand (placement may send it requests for staged layers). */
+  lazyLayers?: boolean;
 }
 
 export interface Warren {
@@ -71,7 +93,10 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     // the operator gets it even if the build fails.
     const adminToken = new Auth(db).ensureAdminToken(opts.dataDir);
     // the policy in force; an invalid policy directory stops the start (nothing to fall back to yet)
-    usePolicyStore(new PolicyStore(opts.policyDir ?? BUNDLED_POLICY_DIR, join(opts.dataDir, 'policy-audit.log')));
+    // A cluster node keeps its own copy of the policy directory: the policy distributed through etcd is written there.
+    const credential = opts.cluster ? ClusterCredential.readFile(opts.cluster.credentialFile) : null;
+    const policyDir = opts.policyDir ?? (opts.cluster ? NodeAgent.policyDir(opts.dataDir) : BUNDLED_POLICY_DIR);
+    usePolicyStore(new PolicyStore(policyDir, join(opts.dataDir, 'policy-audit.log')));
     const shimOpts: Parameters<typeof openShim>[0] = {
       dataDir: opts.dataDir,
       db,
@@ -99,7 +124,17 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     }
     shim = await openShim(shimOpts);
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
-    const gatewayOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
+    let agent: NodeAgent | null = null;
+    const served = opts.cluster
+      ? admissionShim(shim, () => {
+          if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
+          const a = agent;
+          a.admit();
+          return () => a.createdOne();
+        })
+      : shim;
+    const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
+    if (credential) gatewayOpts.auth = new ClusterNodeAuth(db, credential);
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
@@ -108,6 +143,24 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.idempotency !== undefined) gatewayOpts.idempotency = opts.idempotency;
     const gateway = await createGateway(gatewayOpts);
     const openShimRef = shim;
+    const etcd = opts.cluster && credential ? openEtcd(opts.cluster.etcd) : null;
+    if (opts.cluster && credential && etcd) {
+      const c = opts.cluster;
+      const agentOpts: ConstructorParameters<typeof NodeAgent>[0] = { etcd, credential, shim, url: c.advertiseUrl ?? gateway.url, dataDir: opts.dataDir, pool: c.pool, labels: c.labels, maxSandboxes: c.maxSandboxes };
+      if (c.leaseTtlS !== undefined) agentOpts.leaseTtlS = c.leaseTtlS;
+      if (c.createWindow !== undefined) agentOpts.createWindow = c.createWindow;
+      if (c.lazyLayers) agentOpts.lazyLayers = () => true;
+      if (opts.log !== undefined) agentOpts.log = opts.log;
+      agent = new NodeAgent(agentOpts);
+      try {
+        await agent.start();
+      } catch (err) {
+        await agent.close().catch(() => undefined);
+        etcd.close();
+        await gateway.close();
+        throw err;
+      }
+    }
     let closing: Promise<void> | null = null;
     return {
       url: gateway.url,
@@ -115,6 +168,8 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       adminToken,
       close() {
         closing ??= (async () => {
+          await agent?.close();
+          etcd?.close();
           await gateway.close();
           await openShimRef.close();
           if (telemetry) await telemetry.shutdown().catch(() => undefined);

@@ -36,6 +36,7 @@ import type {
 import { NdjsonDecoder } from './ndjson';
 import { ShellClient, type ShellOptions, errorFromBody } from './shell';
 import { FunctionsApi } from './functions';
+import { JobsApi } from './jobs';
 
 export { WarrenError, ErrorCodes, type ErrorCode } from '../errors';
 export type {
@@ -63,6 +64,7 @@ export type {
 export { ShellClient, type ShellOptions, type ShellOutput, type CommandOutcome, type ShellExit, type RunOptions } from './shell';
 export { NdjsonDecoder } from './ndjson';
 export * from './functions';
+export * from './jobs';
 
 export interface WarrenClientOptions {
   /** Gateway base URL, e.g. http://127.0.0.1:7070 */
@@ -210,6 +212,8 @@ export class WarrenClient {
   readonly images: ImagesApi;
   /** FnCall pools, invoke, judge, batch, run_code. */
   readonly functions: FunctionsApi;
+  /** Jobs of many sandboxes (a cluster gateway). */
+  readonly jobs: JobsApi;
   private readonly token: string | undefined;
   private readonly pool: Pool;
   private readonly basePath: string;
@@ -229,6 +233,7 @@ export class WarrenClient {
     });
     this.images = new ImagesApi(this);
     this.functions = new FunctionsApi(this);
+    this.jobs = new JobsApi(this);
   }
 
   /** Low-level request; resolves with the raw undici response after checking the status. */

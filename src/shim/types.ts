@@ -4,6 +4,7 @@
  */
 import type { Readable, Writable } from 'node:stream';
 import type { Principal } from './access';
+import type { FnCallManager } from './fncall/manager';
 
 export type { Principal } from './access';
 
@@ -535,6 +536,8 @@ export interface FeatureReport {
 export interface Shim {
   readonly nodeId: string;
   features(): FeatureReport;
+  /** FnCall warm pools (src/shim/fncall); absent on nodes without them. */
+  readonly functions?: FnCallManager;
 
   /**
    * `principal`: the account asking; every image, workspace and toolkit

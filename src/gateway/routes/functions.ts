@@ -16,9 +16,9 @@ import { type Account, bearerFromHeader, can, principalOf, requirePermission } f
 import { type GatewayContext, authed, open } from '../context';
 import { publicError, queryOf, readJson, rejectUnknownQuery, sendEmpty, sendJson, writeError } from '../http';
 
-/** The node's FnCall manager (ShimNode.functions); NOT_SUPPORTED on shims without one. */
+/** The node's FnCall manager (part of the Shim contract); NOT_SUPPORTED on shims without one. */
 export function fncallOf(ctx: GatewayContext): FnCallManager {
-  const fn = (ctx.shim as unknown as { functions?: FnCallManager }).functions;
+  const fn = ctx.shim.functions;
   if (fn === undefined) throw new WarrenError('NOT_SUPPORTED', 'this node has no FnCall pools');
   return fn;
 }

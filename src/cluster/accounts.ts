@@ -1,0 +1,124 @@
+/**
+ * Accounts, tokens, roles and quotas of a cluster, in etcd. Only token
+ * hashes are stored (`/warren/tokens/<sha256 hex>` -> account id). Every
+ * gateway keeps a watched copy, so that requests to running sandboxes are
+ * authenticated without a round trip and go on working while etcd has no
+ * quorum; changes (new accounts, quotas) need etcd.
+ */
+import { randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import type { Etcd3 } from 'etcd3';
+import { WarrenError } from '../errors';
+import { type Account, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
+import type { Role } from '../gateway/validation';
+import { keys, nextRevision, parseJson, readPrefix, store } from './etcd';
+
+export interface ClusterAccount extends Account {
+  quota?: Quota;
+}
+
+export class ClusterAccounts {
+  private readonly accounts = new Map<string, ClusterAccount>();
+  private readonly tokens = new Map<string, string>();
+  private watchers: { cancel(): Promise<void> }[] = [];
+
+  constructor(private readonly etcd: Etcd3) {}
+
+  async start(): Promise<void> {
+    for (const [prefix, apply, drop] of [
+      [keys.accounts, (k: string, v: string) => this.putAccount(k, v), (k: string) => this.accounts.delete(k.slice(keys.accounts.length))],
+      [`${keys.token('')}`, (k: string, v: string) => this.tokens.set(k.slice(keys.token('').length), v), (k: string) => this.tokens.delete(k.slice(keys.token('').length))],
+    ] as const) {
+      const res = await readPrefix(this.etcd, prefix);
+      for (const kv of res.kvs) apply(kv.key, kv.value);
+      const w = await this.etcd.watch().prefix(prefix).startRevision(nextRevision(res.revision)).create();
+      w.on('put', (kv) => apply(kv.key.toString('utf8'), kv.value.toString('utf8')));
+      w.on('delete', (kv) => drop(kv.key.toString('utf8')));
+      this.watchers.push(w);
+    }
+  }
+
+  private putAccount(key: string, value: string): void {
+    const a = parseJson<ClusterAccount>(value);
+    if (a) this.accounts.set(key.slice(keys.accounts.length), a);
+  }
+
+  authenticate(token: string | undefined | null): Account | null {
+    if (typeof token !== 'string' || !TOKEN_RE.test(token)) return null;
+    const id = this.tokens.get(hashToken(token).toString('hex'));
+    const a = id === undefined ? undefined : this.accounts.get(id);
+    if (a === undefined) return null;
+    return { id: a.id, name: a.name, role: a.role, createdAt: a.createdAt };
+  }
+
+  require(token: string | undefined | null): Account {
+    if (token === undefined || token === null || token === '') throw new WarrenError('UNAUTHENTICATED', 'missing bearer token (Authorization: Bearer <token>)');
+    const a = this.authenticate(token);
+    if (a === null) throw new WarrenError('UNAUTHENTICATED', 'invalid or revoked token');
+    return a;
+  }
+
+  quota(id: string, fallback: Quota = UNLIMITED): Quota {
+    return this.accounts.get(id)?.quota ?? fallback;
+  }
+
+  /** The quota as etcd has it now (a quorum read): admissions do not act on a stale copy. */
+  async freshQuota(id: string, fallback: Quota = UNLIMITED): Promise<Quota> {
+    const v = await store('read quota', () => this.etcd.get(keys.account(id)).string());
+    const a = parseJson<ClusterAccount>(v);
+    if (a) this.accounts.set(id, a);
+    return a?.quota ?? fallback;
+  }
+
+  list(): Account[] {
+    return [...this.accounts.values()].map((a) => ({ id: a.id, name: a.name, role: a.role, createdAt: a.createdAt }));
+  }
+
+  async create(name: string, role: Role, token = generateToken()): Promise<{ account: Account; token: string }> {
+    const account: Account = { id: `acct-${randomUUID().replace(/-/g, '').slice(0, 16)}`, name, role, createdAt: new Date().toISOString() };
+    const tk = keys.token(hashToken(token).toString('hex'));
+    const res = await store('create account', () =>
+      this.etcd.if(tk, 'Create', '==', 0).then(this.etcd.put(keys.account(account.id)).value(JSON.stringify(account)), this.etcd.put(tk).value(account.id)).commit(),
+    );
+    if (!res.succeeded) throw new WarrenError('ALREADY_EXISTS', 'that token is already registered');
+    this.accounts.set(account.id, account);
+    this.tokens.set(tk.slice(keys.token('').length), account.id);
+    return { account, token };
+  }
+
+  async setQuota(id: string, patch: Partial<Quota>): Promise<Quota> {
+    const cur = this.accounts.get(id);
+    if (!cur) throw new WarrenError('NOT_FOUND', `no account ${id}`);
+    const q = { ...(cur.quota ?? UNLIMITED), ...patch };
+    const next = { ...cur, quota: q };
+    await store('set quota', () => this.etcd.put(keys.account(id)).value(JSON.stringify(next)).exec());
+    this.accounts.set(id, next);
+    return q;
+  }
+
+  /**
+   * The operator's admin token: the one in `file` when it exists (registered
+   * if it is not yet), else a new one (the caller writes it). Two gateways
+   * starting on one file register it once (create-if-absent on its hash).
+   */
+  async ensureAdmin(file: string): Promise<{ token: string; created: boolean }> {
+    if (existsSync(file)) {
+      const token = readFileSync(file, 'utf8').trim();
+      if (!TOKEN_RE.test(token)) throw new WarrenError('INVALID_ARGUMENT', `${file} does not hold a Warren token`);
+      if (this.authenticate(token) === null) {
+        try {
+          await this.create('admin', 'admin', token);
+        } catch (err) {
+          if (!(err instanceof WarrenError && err.code === 'ALREADY_EXISTS')) throw err;
+        }
+      }
+      return { token, created: false };
+    }
+    const { token } = await this.create('admin', 'admin');
+    return { token, created: true };
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
+  }
+}

@@ -1,0 +1,104 @@
+/**
+ * The cluster's only shared state is etcd. This module makes the client and
+ * names the keys.
+ *
+ * The etcd3 client's default fault handling is a per-host circuit breaker
+ * (3 consecutive failures open it for 5 s): after a leader is killed, every
+ * host trips it and every call fails for seconds after the cluster has
+ * recovered. Here a failed host is skipped for 1 s only, one global retry
+ * with exponential backoff runs over all hosts, every unary call has a short
+ * deadline, and what is left after the retries becomes CLUSTER_UNAVAILABLE
+ * with the cause in its message.
+ */
+import { BrokenCircuitError, ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleWhen, retry } from 'cockatiel';
+import { Etcd3, type IOptions, isRecoverableError } from 'etcd3';
+import { WarrenError } from '../errors';
+
+export interface EtcdConfig {
+  /** Client URLs (http://127.0.0.1:2379,...). */
+  endpoints: string[];
+  /** Deadline of one unary call in ms (default 1000). */
+  callTimeoutMs?: number;
+  /** Attempts over all hosts before a call fails (default 6: about 4 s with the backoff). */
+  attempts?: number;
+}
+
+export const PREFIX = '/warren/';
+
+/** Key layout (docs/cluster.md). */
+export const keys = {
+  node: (id: string) => `${PREFIX}nodes/${id}`,
+  nodes: `${PREFIX}nodes/`,
+  /** A node declared lost, per epoch (the node's registration generation). */
+  lost: (node: string, epoch: number) => `${PREFIX}lost/${node}/${epoch}`,
+  lostAll: `${PREFIX}lost/`,
+  account: (id: string) => `${PREFIX}accounts/${id}`,
+  accounts: `${PREFIX}accounts/`,
+  token: (hashHex: string) => `${PREFIX}tokens/${hashHex}`,
+  /** Bumped by every job admission of an account: the compare of its quota transaction. */
+  quotaEpoch: (account: string) => `${PREFIX}quota/${account}`,
+  job: (id: string) => `${PREFIX}jobs/${id}/spec`,
+  /** Job-wide state (running, paused, cancelled, deleted), watched by every node. */
+  jobControl: (id: string) => `${PREFIX}control/${id}`,
+  controls: `${PREFIX}control/`,
+  /** A share of a job placed on a node: each node watches only its own prefix. */
+  jobShare: (id: string, node: string, share: string) => `${PREFIX}shares/${node}/${id}/${share}`,
+  shares: `${PREFIX}shares/`,
+  jobProgress: (id: string, node: string, share: string) => `${PREFIX}jobs/${id}/progress/${node}/${share}`,
+  jobPrefix: (id: string) => `${PREFIX}jobs/${id}/`,
+  jobs: `${PREFIX}jobs/`,
+  /** Layers staged in the overflow pool's registry (written by the registry staging). */
+  overflowStaged: (digest: string) => `${PREFIX}overflow/staged/${digest}`,
+  overflowStagedAll: `${PREFIX}overflow/staged/`,
+  policy: `${PREFIX}policy/bundle`,
+  policyStatus: (node: string) => `${PREFIX}policy/status/${node}`,
+  settings: `${PREFIX}settings`,
+};
+
+export function openEtcd(cfg: EtcdConfig): Etcd3 {
+  if (cfg.endpoints.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'no etcd endpoint given (--etcd URL[,URL...])');
+  const timeout = cfg.callTimeoutMs ?? 1000;
+  const options: IOptions = {
+    hosts: cfg.endpoints,
+    dialTimeout: timeout * 2,
+    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + timeout }),
+    faultHandling: {
+      // a host that failed is skipped for 1 s (not 5): the next attempt goes to another member
+      host: () => circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: 1000, breaker: new ConsecutiveBreaker(1) }),
+      // every host skipped (all failed within the last second) is retried too, after the backoff
+      global: retry(handleWhen((e) => isRecoverableError(e) || e instanceof BrokenCircuitError), { maxAttempts: (cfg.attempts ?? 6) - 1, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 1000 }) }),
+      // etcd3 itself passes a backoff factory here; its type names the older backoff interface
+      watchBackoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 2000 }) as unknown as NonNullable<NonNullable<IOptions['faultHandling']>['watchBackoff']>,
+    },
+  };
+  return new Etcd3(options);
+}
+
+/** Run an etcd call; failures of the store become CLUSTER_UNAVAILABLE (503) with the cause. */
+export async function store<T>(what: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof WarrenError) throw err;
+    throw new WarrenError('CLUSTER_UNAVAILABLE', `cluster store unavailable (${what}): ${(err as Error).message}`, { what });
+  }
+}
+
+export function parseJson<T>(v: Buffer | string | null | undefined): T | null {
+  if (v === null || v === undefined) return null;
+  try {
+    return JSON.parse(typeof v === 'string' ? v : v.toString('utf8')) as T;
+  } catch {
+    return null;
+  }
+}
+
+/** A prefix read and the revision it was read at (watch from revision + 1 to miss nothing). */
+export async function readPrefix(etcd: Etcd3, prefix: string): Promise<{ kvs: { key: string; value: string }[]; revision: string }> {
+  const res = await etcd.getAll().prefix(prefix).exec();
+  return { kvs: res.kvs.map((kv) => ({ key: kv.key.toString('utf8'), value: kv.value.toString('utf8') })), revision: res.header.revision };
+}
+
+export function nextRevision(rev: string): string {
+  return (BigInt(rev) + 1n).toString();
+}

@@ -1,0 +1,364 @@
+/**
+ * A real cluster on this machine: 3 etcd members, 3 `warren node` processes
+ * (n1 and n2 on-prem, n3 an overflow node), 2 `warren gateway` processes,
+ * all on loopback, each node with its own data dir. The tests run in order
+ * on one cluster (starting it costs seconds): placement and routing, forged
+ * ids and records, a job of 2,000 sandboxes, job pause/resume, quotas,
+ * policy distribution, etcd member loss and quorum loss, kill -9 and
+ * SIGSTOP of a node, a gateway restart.
+ */
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
+import { join } from 'node:path';
+import type { TestFn } from 'ava';
+import anyTest from 'ava';
+import { Etcd3 } from 'etcd3';
+import { BUNDLED_POLICY_DIR } from '../../src/security/confinement';
+import { type JobEvent, type JobStatus, WarrenClient, WarrenError } from '../../src/sdk';
+import { ClusterFixture, etcdReason, stopChild } from '../helpers/cluster';
+import { testUnless } from '../helpers/skip';
+import { waitFor, waitForValue } from '../helpers/wait';
+
+const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
+const JOB_COUNT = 2000;
+
+let f: ClusterFixture;
+
+test.before(async () => {
+  f = new ClusterFixture();
+  await f.startEtcd(3);
+  await f.startGateway();
+  await f.startGateway();
+  await Promise.all([
+    f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200 }),
+    f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200 }),
+    f.startNode('n3', { pool: 'overflow', maxSandboxes: 1000 }),
+  ]);
+  await f.waitNodes(['n1', 'n2', 'n3']);
+});
+
+test.after.always(async () => {
+  await f?.close();
+});
+
+async function withClients<T>(fn: (a: WarrenClient, b: WarrenClient) => Promise<T>): Promise<T> {
+  const a = f.client(f.gateways[0]);
+  const b = f.client(f.gateways[1]);
+  try {
+    return await fn(a, b);
+  } finally {
+    await a.close();
+    await b.close();
+  }
+}
+
+async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+    return 'ok';
+  } catch (err) {
+    return err instanceof WarrenError ? err.code : String(err);
+  }
+}
+
+interface ClusterNodes {
+  nodes: { id: string; epoch: number; fenced: boolean; pool: string }[];
+  lost: { node: string; epochs: number[] }[];
+}
+
+test.serial('creates spread over the on-prem nodes, honour node labels, explain their placement, and route through either gateway (HTTP and shells)', async (t) => {
+  await withClients(async (a, b) => {
+    const first = await a.requestJson<{ id: string; node: string; placement: { nodes: { node: string; excluded?: string }[]; onpremUtilisation: number } }>('POST', '/v1/sandboxes', { json: { image: 'busybox' }, query: { explain: '1' } });
+    t.deepEqual(first.placement.nodes.map((n) => n.node).sort(), ['n1', 'n2', 'n3']);
+    const ids = [first.id];
+    for (let i = 0; i < 7; i++) ids.push((await a.createSandbox({ image: 'busybox' })).id);
+    const nodes = ids.map((id) => id.split('-')[0]);
+    t.true(nodes.includes('n1') && nodes.includes('n2'), `placed on ${nodes.join(',')}`);
+    t.false(nodes.includes('n3'), 'the overflow node is not used below the on-prem threshold');
+    const zoned = await a.requestJson<{ id: string; node: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodeSelector: { zone: 'b' } } } });
+    t.is(zoned.node, 'n2');
+    ids.push(zoned.id);
+    for (const id of ids) {
+      const sb = await b.getSandbox(id);
+      t.is((await sb.exec(['sh', '-c', `echo $((6*7)) ${id}`])).stdout, `42 ${id}\n`);
+    }
+    const shell = await (await b.getSandbox(ids[0]!)).shell({ mode: 'command' });
+    const r = await shell.run('cd /tmp && echo through-gateway-$PWD');
+    t.is(r.stdout, 'through-gateway-/tmp\n');
+    await shell.close();
+    const listed = await b.listSandboxes();
+    for (const id of ids) t.true(listed.some((s) => s.id === id));
+    for (const id of ids) await a.deleteSandbox(id);
+    t.is(await codeOf(b.getSandbox(ids[1]!)), 'SANDBOX_NOT_FOUND');
+  });
+});
+
+test.serial('forged ids, unsigned node records and forged assertions are never routed', async (t) => {
+  let connections = 0;
+  const trap = net.createServer((s) => {
+    connections++;
+    s.destroy();
+  });
+  await new Promise<void>((r) => trap.listen(0, '127.0.0.1', () => r()));
+  const trapUrl = `http://127.0.0.1:${(trap.address() as net.AddressInfo).port}`;
+  const etcd = new Etcd3({ hosts: f.etcd.endpoints });
+  try {
+    await withClients(async (a) => {
+      t.is(await codeOf(a.getSandbox('zz-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
+      t.is(await codeOf(a.getSandbox('n1-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
+      t.is(await codeOf(a.request('GET', '/v1/sandboxes/..%2f..%2fetc-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
+      // a record written without the cluster credential
+      const before = f.gateways[0]!.log.join('').split('without a valid cluster signature').length;
+      await etcd.put('/warren/nodes/evil').value(JSON.stringify({ id: 'evil', url: trapUrl, pool: 'onprem', epoch: 1, sig: 'AAAA' })).exec();
+      await waitFor(() => f.gateways[0]!.log.join('').split('without a valid cluster signature').length > before, 10_000, 'the gateway saw the unsigned record', 50);
+      t.is(await codeOf(a.getSandbox('evil-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
+      const nodes = await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes');
+      t.false(nodes.nodes.some((n) => n.id === 'evil'));
+      t.is(connections, 0, 'nothing was sent to the host the forged record named');
+    });
+    // a node's API: a forged assertion is refused; the gateway does not take a node's local token
+    const n1 = f.node('n1');
+    const forged = new WarrenClient({ url: n1.url, token: `wrc_${Buffer.from(JSON.stringify({ id: 'x', name: 'x', role: 'admin', createdAt: 'x', exp: 1e15 })).toString('base64url')}.AAAA` });
+    t.is(await codeOf(forged.listSandboxes()), 'UNAUTHENTICATED');
+    await forged.close();
+    const local = new WarrenClient({ url: f.gateways[0]!.url, token: n1.adminToken });
+    t.is(await codeOf(local.listSandboxes()), 'UNAUTHENTICATED');
+    await local.close();
+  } finally {
+    await etcd.delete().key('/warren/nodes/evil').exec();
+    etcd.close();
+    trap.close();
+  }
+});
+
+test.serial(`a job of ${JOB_COUNT} sandboxes completes with streamed progress; past 80% on-prem the rest goes to the overflow node`, async (t) => {
+  t.timeout(900_000);
+  await withClients(async (a, b) => {
+    const job = await a.jobs.create({ count: JOB_COUNT, template: { image: 'busybox', memoryMb: 64 }, labels: { exp: 'burst' }, concurrency: 16 });
+    t.is(job.count, JOB_COUNT);
+    t.is(job.pending, 0);
+    const ids = new Set<string>();
+    let progress = 0;
+    const end = await b.jobs.watch(job.id, (ev: JobEvent) => {
+      if (ev.type === 'sandboxes') for (const id of ev.ids) ids.add(id);
+      if (ev.type === 'progress') progress++;
+    });
+    t.is(end.state, 'done', JSON.stringify({ ...end, failures: end.failures.slice(0, 3) }));
+    t.is(end.created, JOB_COUNT);
+    t.is(ids.size, JOB_COUNT, 'every sandbox id was streamed once');
+    t.true(progress >= 2, `progress lines: ${progress}`);
+    const on = (n: string) => end.nodes[n]?.created ?? 0;
+    t.log(`placed: n1 ${on('n1')}, n2 ${on('n2')}, n3 (overflow) ${on('n3')}`);
+    t.true(on('n1') > 0 && on('n2') > 0);
+    // 80% of the 2,400 on-prem places is 1,920: the rest went to the overflow pool
+    t.true(on('n3') > 0 && on('n3') <= JOB_COUNT - 1900, `overflow ${on('n3')}`);
+    const listed = await a.jobs.sandboxes(job.id);
+    t.is(listed.length, JOB_COUNT);
+    await a.jobs.delete(job.id);
+    const gone = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'deleted', 600_000, 'the job deleted on every node', 500);
+    t.is(gone.deleted, JOB_COUNT);
+    t.is((await a.jobs.sandboxes(job.id)).length, 0);
+  });
+});
+
+test.serial('job pause reaches every node (its sandboxes frozen, what was released reported per node) and resume restores them', async (t) => {
+  t.timeout(300_000);
+  await f.waitIdle(['n1', 'n2']);
+  await withClients(async (a, b) => {
+    const job = await a.jobs.create({ count: 8, template: { image: 'busybox', memoryMb: 128 }, placement: { nodes: ['n1', 'n2'] } });
+    try {
+      const done = await a.jobs.watch(job.id);
+      t.is(done.state, 'done');
+      t.true((done.nodes.n1?.created ?? 0) > 0 && (done.nodes.n2?.created ?? 0) > 0, JSON.stringify(done.nodes));
+      const sbs = await a.jobs.sandboxes(job.id);
+      for (const s of sbs) await (await a.getSandbox(s.id)).exec(['sh', '-c', 'dd if=/dev/zero of=/root/fill bs=1M count=16 2>/dev/null && sync && cat /root/fill > /dev/null && echo kept > /root/mark']);
+      await b.jobs.pause(job.id);
+      const paused = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'paused' && s.paused === 8, 120_000, 'the job paused', 200);
+      // every node paused its share (the bytes reclaim gave back are reported per node in the status)
+      t.log(`released: n1 ${paused.nodes.n1?.releasedBytes} B, n2 ${paused.nodes.n2?.releasedBytes} B`);
+      for (const n of ['n1', 'n2']) t.is(paused.nodes[n]?.paused, done.nodes[n]?.created, `${n} paused its sandboxes`);
+      for (const s of sbs) t.is((await b.getSandbox(s.id)).info?.state, 'paused');
+      await a.jobs.resume(job.id);
+      await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'done' && s.paused === 0, 120_000, 'the job resumed', 200);
+      for (const s of sbs) {
+        const sb = await b.getSandbox(s.id);
+        t.is(sb.info?.state, 'running');
+        t.is((await sb.exec(['cat', '/root/mark'])).stdout, 'kept\n');
+      }
+    } finally {
+      await a.jobs.delete(job.id);
+      await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'deleted', 120_000, 'the job deleted', 200);
+    }
+  });
+});
+
+test.serial('a job over the account quota is refused whole or admitted up to it; bad templates are refused before placing', async (t) => {
+  t.timeout(300_000);
+  await withClients(async (a, b) => {
+    const acct = await a.requestJson<{ id: string; token: string }>('POST', '/v1/accounts', { json: { name: 'rl-runner', role: 'runtime' } });
+    await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: 3 } });
+    const user = new WarrenClient({ url: f.gateways[1]!.url, token: acct.token });
+    try {
+      t.is(await codeOf(user.jobs.create({ count: 5, template: { image: 'busybox' } })), 'QUOTA_EXCEEDED');
+      const before = (await user.jobs.list()).length;
+      t.is(await codeOf(user.jobs.create({ count: 5, template: { image: 'busybox', memoryMb: -1 } })), 'LIMIT_OUT_OF_RANGE');
+      t.is(await codeOf(user.jobs.create({ count: 5, template: { image: 'no-such-image' } })), 'IMAGE_NOT_FOUND');
+      t.is(await codeOf(user.jobs.create({ count: 40_000, template: { image: 'busybox' } })), 'LIMIT_OUT_OF_RANGE');
+      t.is((await user.jobs.list()).length, before, 'nothing was recorded for refused jobs');
+      const job = await user.jobs.create({ count: 5, template: { image: 'busybox' }, quota: 'upTo' });
+      t.is(job.count, 3);
+      t.is(job.requested, 5);
+      const end = await user.jobs.watch(job.id);
+      t.is(end.created, 3);
+      t.is(await codeOf(user.createSandbox({ image: 'busybox' })), 'QUOTA_EXCEEDED');
+      // other accounts do not see it
+      t.is(await codeOf(user.jobs.get('job-0000000000000000')), 'JOB_NOT_FOUND');
+      await user.jobs.delete(job.id);
+      await waitForValue(() => user.jobs.get(job.id), (s) => s.state === 'deleted', 60_000, 'deleted', 200);
+      t.is((await b.listSandboxes({ owner: acct.id })).length, 0);
+    } finally {
+      await user.close();
+    }
+  });
+});
+
+test.serial('a policy applied through a gateway reaches every node by watch; an invalid one is refused there and the last good one stays', async (t) => {
+  await withClients(async (a) => {
+    const good = readFileSync(join(BUNDLED_POLICY_DIR, 'services.yaml'), 'utf8');
+    const applied = await a.requestJson<{ rev: string }>('POST', '/v1/policy/apply', { json: { files: { 'services.yaml': `# distributed through etcd\n${good}` } } });
+    type St = { rev: string | null; nodes: Record<string, { rev: string; applied: boolean; error?: string }> };
+    await waitForValue(() => a.requestJson<St>('GET', '/v1/policy'), (s) => ['n1', 'n2', 'n3'].every((n) => s.nodes[n]?.rev === applied.rev && s.nodes[n]?.applied), 20_000, 'every node applied the policy', 100);
+    const bad = await a.requestJson<{ rev: string }>('POST', '/v1/policy/apply', { json: { files: { 'services.yaml': 'services: [not valid' } } });
+    const st = await waitForValue(() => a.requestJson<St>('GET', '/v1/policy'), (s) => ['n1', 'n2', 'n3'].every((n) => s.nodes[n]?.rev === bad.rev), 20_000, 'every node answered the bad policy', 100);
+    for (const n of ['n1', 'n2', 'n3']) t.false(st.nodes[n]!.applied, n);
+    // the node kept its last good files and policy: it still creates sandboxes
+    const sb = await a.createSandbox({ image: 'busybox', placement: { nodes: ['n1'] } } as never);
+    t.is((await sb.exec(['true'])).exitCode, 0);
+    await sb.delete();
+    const restored = await a.requestJson<{ rev: string }>('POST', '/v1/policy/apply', { json: { files: { 'services.yaml': good } } });
+    await waitForValue(() => a.requestJson<St>('GET', '/v1/policy'), (s) => ['n1', 'n2', 'n3'].every((n) => s.nodes[n]?.rev === restored.rev && s.nodes[n]?.applied), 20_000, 'restored', 100);
+  });
+});
+
+test.serial('losing one of three etcd members changes nothing visible', async (t) => {
+  await withClients(async (a, b) => {
+    await f.etcd.kill(0);
+    try {
+      const x = await a.createSandbox({ image: 'busybox' });
+      const y = await b.createSandbox({ image: 'busybox' });
+      t.is((await (await b.getSandbox(x.id)).exec(['echo', 'x'])).stdout, 'x\n');
+      const job = await b.jobs.create({ count: 4, template: { image: 'busybox' } });
+      t.is((await a.jobs.watch(job.id)).state, 'done');
+      await a.jobs.delete(job.id);
+      await x.delete();
+      await y.delete();
+      const nodes = await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes');
+      t.deepEqual(nodes.nodes.map((n) => n.id).sort(), ['n1', 'n2', 'n3']);
+    } finally {
+      f.etcd.restart(0);
+      await f.etcd.waitHealthy();
+    }
+  });
+});
+
+test.serial('without etcd quorum creates answer 503 CLUSTER_UNAVAILABLE while running sandboxes and their shells keep working; nothing is lost', async (t) => {
+  t.timeout(180_000);
+  await withClients(async (a, b) => {
+    const sb = await a.createSandbox({ image: 'busybox' });
+    const shell = await (await b.getSandbox(sb.id)).shell({ mode: 'command' });
+    t.is((await shell.run('echo before')).stdout, 'before\n');
+    await f.etcd.kill(1);
+    await f.etcd.kill(2);
+    try {
+      t.is(await codeOf(a.createSandbox({ image: 'busybox' })), 'CLUSTER_UNAVAILABLE');
+      t.is(await codeOf(b.jobs.create({ count: 2, template: { image: 'busybox' } })), 'CLUSTER_UNAVAILABLE');
+      t.is((await (await a.getSandbox(sb.id)).exec(['echo', 'during'])).stdout, 'during\n');
+      t.is((await shell.run('echo during-shell')).stdout, 'during-shell\n');
+    } finally {
+      f.etcd.restart(1);
+      f.etcd.restart(2);
+      await f.etcd.waitHealthy(60_000);
+    }
+    const again = await waitForValue(() => a.createSandbox({ image: 'busybox' }).catch(() => null), (s) => s !== null, 30_000, 'creates work again', 200);
+    t.is((await shell.run('echo after')).stdout, 'after\n');
+    await shell.close();
+    const nodes = await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes');
+    t.deepEqual(nodes.nodes.map((n) => n.id).sort(), ['n1', 'n2', 'n3']);
+    t.deepEqual(nodes.lost, [], 'no node lost its lease over the quorum loss');
+    await again!.delete();
+    await sb.delete();
+  });
+});
+
+test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, the others are untouched; it comes back, reconciles and re-registers', async (t) => {
+  t.timeout(180_000);
+  await f.waitIdle(['n1', 'n2']);
+  await withClients(async (a, b) => {
+    const job = await a.jobs.create({ count: 6, template: { image: 'busybox' }, placement: { nodes: ['n1', 'n2'] } });
+    const done = await a.jobs.watch(job.id);
+    const onN2 = done.nodes.n2?.created ?? 0;
+    t.true(onN2 > 0 && (done.nodes.n1?.created ?? 0) > 0, JSON.stringify(done.nodes));
+    const keep = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n1'] } } });
+    const doomed = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n2'] } } });
+    const n2 = f.node('n2');
+    await stopChild(n2.child, 'SIGKILL');
+    const lostStatus = await waitForValue(() => b.jobs.get(job.id), (s: JobStatus) => s.lost === onN2, 30_000, 'the job reports the lost sandboxes', 100);
+    t.is(lostStatus.state, 'partial');
+    t.is(lostStatus.nodes.n2!.state, 'lost');
+    t.is(await codeOf(b.getSandbox(doomed.id)), 'SANDBOX_LOST');
+    t.is((await (await b.getSandbox(keep.id)).exec(['echo', 'alive'])).stdout, 'alive\n');
+    // the node comes back on its data dir: its lease is gone, so it removes the lost sandboxes and registers anew
+    await f.restartNode(n2);
+    const back = await waitForValue(() => a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n2' && n.epoch === 2 && !n.fenced), 30_000, 'n2 registered again', 100);
+    t.truthy(back);
+    const local = new WarrenClient({ url: n2.url, token: n2.adminToken });
+    t.is((await local.listSandboxes()).length, 0, 'the lost epoch left nothing behind');
+    await local.close();
+    const fresh = await a.requestJson<{ id: string; node: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n2'] } } });
+    t.is(fresh.node, 'n2');
+    await a.deleteSandbox(fresh.id);
+    await a.deleteSandbox(keep.id);
+    await a.jobs.delete(job.id);
+  });
+});
+
+test.serial('a node stopped past its lease fences itself when it wakes: it stops admitting, removes the lost sandboxes and re-registers', async (t) => {
+  t.timeout(120_000);
+  await withClients(async (a) => {
+    const n1 = f.node('n1');
+    const sb = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n1'] } } });
+    const epoch = (await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes')).nodes.find((n) => n.id === 'n1')!.epoch;
+    n1.child.kill('SIGSTOP');
+    try {
+      await waitFor(async () => !(await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes')).nodes.some((n) => n.id === 'n1'), 30_000, 'the lease of n1 expired', 100);
+      t.is(await codeOf(a.getSandbox(sb.id)), 'SANDBOX_LOST');
+    } finally {
+      n1.child.kill('SIGCONT');
+    }
+    await waitForValue(() => a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n1' && n.epoch === epoch + 1), 30_000, 'n1 re-registered', 100);
+    await waitFor(() => n1.log.join('').includes('lost its lease'), 5_000, 'n1 logged the fence');
+    const local = new WarrenClient({ url: n1.url, token: n1.adminToken });
+    t.false((await local.listSandboxes()).some((s) => s.id === sb.id), 'the sandbox of the lost epoch is gone');
+    await local.close();
+  });
+});
+
+test.serial('a gateway restart loses nothing', async (t) => {
+  await withClients(async (a) => {
+    const sb = await a.createSandbox({ image: 'busybox' });
+    const job = await a.jobs.create({ count: 3, template: { image: 'busybox' } });
+    await a.jobs.watch(job.id);
+    const gw = f.gateways[0]!;
+    await stopChild(gw.child, 'SIGKILL');
+    await f.restartGateway(gw);
+    const again = f.client(gw);
+    try {
+      t.is((await again.jobs.get(job.id)).created, 3);
+      t.is((await (await again.getSandbox(sb.id)).exec(['echo', 'same'])).stdout, 'same\n');
+      await again.jobs.delete(job.id);
+      await again.deleteSandbox(sb.id);
+    } finally {
+      await again.close();
+    }
+  });
+});
