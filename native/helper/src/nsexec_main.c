@@ -294,6 +294,9 @@ static int supervise(wn_exec_spec *s, const char *dir, uint64_t max_output, uint
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigpipe; /* a handler, not SIG_IGN: the command must get the default back */
   sigaction(SIGPIPE, &sa, NULL);
+  /* This process outlives its caller: nothing the caller leaked to it (a descriptor it inherited
+     without close-on-exec) may stay open here. fds 0..2 are ours; 1 is the answer pipe. */
+  syscall(SYS_close_range, 3U, ~0U, 0U);
   if (wn_exec_spec_check(s, &err) < 0) {
     snprintf(line, sizeof line, "err %s 0 %s\n", wn_code_name(err.code), err.msg);
     say(line);
