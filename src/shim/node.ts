@@ -552,7 +552,7 @@ export class ShimNode implements Shim {
     const live = this.live(id);
     if (live.box !== null && live.box.supervised !== undefined) return null;
     if (live.box === null && this.backendOf(live.record).name === 'container') return null;
-    return `the ${live.record.spec.backend} backend runs execs through the gateway process only (its exec output is a stream of the VMM's agent connection), so an exec cannot outlive a gateway restart there`;
+    return `the ${live.record.spec.backend} backend runs execs through the gateway process only (the guest agent's exec output and exit status come over the gateway process's own virtio-serial connection), so an exec cannot outlive a gateway restart there`;
   }
 
   /** Start `req` under a supervisor of its own (run `runId`, see supervised-exec.ts) and follow it. */

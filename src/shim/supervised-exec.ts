@@ -11,7 +11,7 @@
  * process or in the next one.
  */
 import { spawn } from 'node:child_process';
-import { closeSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, writeFileSync } from 'node:fs';
+import { type FSWatcher, closeSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, watch, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -20,9 +20,9 @@ import type { ExecOutcome, ExecStatus, LiveExec } from './types';
 
 const SIGKILL = 9;
 /** How often a follower looks for new output and for the result. */
-const POLL_MS = 15;
+const POLL_MS = 25;
 /** How often it checks that the supervisor is still there. */
-const ALIVE_EVERY = 8;
+const ALIVE_EVERY = 4;
 
 /** What the supervisor writes into DIR/result. */
 interface RawResult {
@@ -185,9 +185,31 @@ export function followSupervised(dir: string, oomKills: () => number, kill: () =
   const stderr = new FileTail(join(dir, 'stderr'));
   const done = new Promise<ExecOutcome>((resolve, reject) => {
     let ticks = 0;
+    let timer: NodeJS.Timeout | null = null;
+    let finished = false;
+    // inotify on the run's directory wakes the follower at once (output written, result renamed in);
+    // the timer is the fallback and paces the liveness check.
+    let watcher: FSWatcher | null = null;
+    try {
+      watcher = watch(dir, { persistent: false }, () => {
+        if (finished || timer === null) return;
+        clearTimeout(timer);
+        timer = setTimeout(tick, 0);
+      });
+      watcher.on('error', () => undefined);
+    } catch {
+      watcher = null;
+    }
+    const stop = (): void => {
+      finished = true;
+      watcher?.close();
+    };
     const tick = (): void => {
+      timer = null;
+      if (finished) return;
       const outcome = supervisedOutcome(dir, oomKills);
       if (outcome !== null) {
+        stop();
         stdout.pump(true);
         stderr.pump(true);
         stdout.close();
@@ -198,12 +220,13 @@ export function followSupervised(dir: string, oomKills: () => number, kill: () =
       stdout.pump(false);
       stderr.pump(false);
       if (++ticks % ALIVE_EVERY === 0 && !supervisorAlive(dir) && supervisedOutcome(dir, oomKills) === null) {
+        stop();
         stdout.destroy();
         stderr.destroy();
         reject(lost());
         return;
       }
-      setTimeout(tick, POLL_MS);
+      timer = setTimeout(tick, POLL_MS);
     };
     tick();
   });
