@@ -289,7 +289,7 @@ static void sup_pump(struct sup_out *o, uint64_t cap) {
 }
 
 static int supervise(wn_exec_spec *s, const char *dir, uint64_t max_output, uint64_t timeout_ms) {
-  char path[4096], line[2048];
+  char path[4096], line[8192];
   wn_error err;
   memset(&err, 0, sizeof err);
   struct sigaction sa;
