@@ -144,6 +144,7 @@ export class IdempotencyStore {
   private readonly dropSandboxStmt;
   private readonly interruptStmt;
   private readonly countStmt;
+  private readonly supervisedStmt;
 
   constructor(
     private readonly db: Database,
@@ -187,7 +188,13 @@ export class IdempotencyStore {
     this.expireStmt = db.prepare('DELETE FROM idempotency_keys WHERE expires_at <= ?');
     this.sandboxesStmt = db.prepare('SELECT DISTINCT sandbox FROM idempotency_keys');
     this.dropSandboxStmt = db.prepare('DELETE FROM idempotency_keys WHERE sandbox = ?');
-    this.interruptStmt = db.prepare("UPDATE idempotency_keys SET state = 'interrupted', outcome = ? WHERE state = 'running' AND kind = 'exec' AND instance != ?");
+    // Supervised execs (meta.run) outlive the gateway: they are followed again, not interrupted.
+    this.interruptStmt = db.prepare(
+      "UPDATE idempotency_keys SET state = 'interrupted', outcome = ? WHERE state = 'running' AND kind = 'exec' AND instance != ? AND json_extract(meta, '$.run') IS NULL",
+    );
+    this.supervisedStmt = db.prepare(
+      "SELECT * FROM idempotency_keys WHERE state = 'running' AND kind = 'exec' AND instance != ? AND json_extract(meta, '$.run') IS NOT NULL AND expires_at > ?",
+    );
     this.countStmt = db.prepare('SELECT COUNT(*) AS n FROM idempotency_keys');
   }
 
@@ -262,6 +269,11 @@ export class IdempotencyStore {
     return this.interruptStmt.run(JSON.stringify(error), this.instance).changes;
   }
 
+  /** Supervised execs 'running' under an earlier gateway process: they are followed to their result from here. */
+  runningElsewhere(): IdempotencyRecord[] {
+    return (this.supervisedStmt.all(this.instance, this.now()) as Row[]).map(toRecord);
+  }
+
   /** Remove expired keys and keys of sandboxes that no longer exist; returns how many went. */
   gc(sandboxExists: (id: string) => boolean): number {
     let removed = this.expireStmt.run(this.now()).changes;
@@ -311,7 +323,9 @@ export function recordError(rec: IdempotencyRecord): WarrenError {
   const e = rec.error;
   const details = { key: rec.scope.key, firstRequestAt: new Date(rec.createdAt).toISOString(), ...(e?.details ?? {}) };
   if (rec.state === 'interrupted' || e === undefined) {
-    return new WarrenError('IDEMPOTENCY_INTERRUPTED', e?.message ?? 'the first run of this request was interrupted; its outcome is unknown', details);
+    // Why this run could not outlive the gateway (the backend's reason), when it is known.
+    const why = typeof rec.meta.unsupervised === 'string' ? ` (${rec.meta.unsupervised})` : '';
+    return new WarrenError('IDEMPOTENCY_INTERRUPTED', `${e?.message ?? 'the first run of this request was interrupted; its outcome is unknown'}${why}`, details);
   }
   return new WarrenError(e.code as ConstructorParameters<typeof WarrenError>[0], e.message, details);
 }

@@ -27,7 +27,7 @@ import { registerScreenRoutes } from './routes/screen';
 import { registerUiRoutes } from './routes/ui';
 import { startE2bSurface } from './e2b';
 import { IDEMPOTENCY_DEFAULTS, type IdempotencyOptions, IdempotencyStore } from './idempotency';
-import type { IdempotencyContext } from './idempotent-exec';
+import { type IdempotencyContext, followElsewhere } from './idempotent-exec';
 
 /** Whether the node still knows sandbox `id` (any state): its idempotency keys are kept until it is gone. */
 function sandboxExists(ctx: GatewayContext, id: string): boolean {
@@ -104,8 +104,20 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   ctx.reclaimer = reclaimer;
   const idem: IdempotencyContext = { store: new IdempotencyStore(opts.db, opts.idempotency), inflight: new Map() };
   ctx.idempotency = idem;
-  // Execs that were running under the previous gateway process lost their pipes with it.
+  // Unsupervised execs that were running under the previous gateway process lost their pipes with it;
+  // supervised ones are followed to their result from here, and their files removed after.
   idem.store.markInterrupted();
+  const followed = new Map<string, Set<string>>();
+  for (const rec of idem.store.runningElsewhere()) {
+    followElsewhere(ctx, idem, rec);
+    const runs = followed.get(rec.scope.sandbox) ?? new Set<string>();
+    runs.add(rec.meta.run as string);
+    followed.set(rec.scope.sandbox, runs);
+  }
+  // Runs nobody will ask for (their key went, a crash before it was written) are removed once ended.
+  for (const sb of opts.shim.listSandboxes()) {
+    void opts.shim.sweepSupervised(sb.id, followed.get(sb.id) ?? new Set()).catch((err: Error) => log(`idempotency: sweeping supervised execs of ${sb.id} failed: ${err.message}`));
+  }
   const collectKeys = () => {
     try {
       idem.store.gc((id) => sandboxExists(ctx, id));

@@ -554,6 +554,51 @@ export class ShimNode implements Shim {
     }
   }
 
+  /** Why sandbox `id` cannot run supervised execs (null: it can). */
+  supervisedReason(id: string): string | null {
+    const live = this.live(id);
+    if (live.box !== null && live.box.supervised !== undefined) return null;
+    if (live.box === null && this.backendOf(live.record).name === 'container') return null;
+    return `the ${live.record.spec.backend} backend runs execs through the gateway process only (the guest agent's exec output and exit status come over the gateway process's own virtio-serial connection), so an exec cannot outlive a gateway restart there`;
+  }
+
+  /** Start `req` under a supervisor of its own (run `runId`, see supervised-exec.ts) and follow it. */
+  async execSupervised(id: string, req: ExecRequest, runId: string): Promise<LiveExec> {
+    const box = await this.awake(id);
+    if (box.supervised === undefined) throw new WarrenError('NOT_SUPPORTED', this.supervisedReason(id) ?? 'supervised execs are not available', { backend: this.live(id).record.spec.backend });
+    const end = this.lifecycle.begin(id);
+    try {
+      const ended = await box.supervised.start(req, runId);
+      const live = ended ?? box.supervised.follow(runId);
+      if (live === null) throw new WarrenError('INTERNAL', `supervised exec ${runId} left no files`);
+      void live.done.then((r) => this.metrics.execLatency.record(r.durationMs, { status: r.status }), () => undefined).finally(end);
+      return live;
+    } catch (err) {
+      end();
+      throw err;
+    }
+  }
+
+  /** Follow supervised run `runId` of sandbox `id` (started by this gateway process or an earlier one); null when it has no files. */
+  followSupervised(id: string, runId: string): LiveExec | null {
+    const live = this.sandboxes.get(id);
+    const box = live?.box ?? null;
+    if (box === null || box.supervised === undefined) return null;
+    const run = box.supervised.follow(runId);
+    if (run === null) return null;
+    const end = this.lifecycle.begin(id);
+    void run.done.catch(() => undefined).finally(end);
+    return run;
+  }
+
+  async dropSupervised(id: string, runId: string): Promise<void> {
+    await this.sandboxes.get(id)?.box?.supervised?.drop(runId);
+  }
+
+  async sweepSupervised(id: string, keep: ReadonlySet<string>): Promise<number> {
+    return (await this.sandboxes.get(id)?.box?.supervised?.sweep(keep)) ?? 0;
+  }
+
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
     const box = await this.awake(id);
     const end = this.lifecycle.begin(id);

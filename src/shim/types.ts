@@ -283,6 +283,8 @@ export interface BackendSandbox {
   // facets: present exactly when the backend's `facets` table offers them
   readonly files?: FilesFacet;
   readonly sessions?: SessionsFacet;
+  /** Execs that outlive the gateway process (absent: the backend cannot; see Backend.supervisedReason). */
+  readonly supervised?: SupervisedExecFacet | undefined;
   readonly freeze?: FreezeFacet;
   readonly snapshot?: SnapshotFacet;
   readonly export?: ExportFacet;
@@ -318,6 +320,22 @@ export interface SessionsFacet {
   shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<{ argv: string[]; ptmxPath?: string }>;
   /** The holder runs (pid on the host): count it with the sandbox (container: join its cgroup). */
   holderStarted(pid: number): void;
+}
+
+/**
+ * Execs run by a supervisor process of their own, with output and result in
+ * files under the node's data dir, so that another gateway process can follow
+ * them to their result (idempotent execs across a restart).
+ */
+export interface SupervisedExecFacet {
+  /** Start `req` as run `runId`; a LiveExec when it ended before it started (command not found), else null: follow it. */
+  start(req: ExecRequest, runId: string): Promise<LiveExec | null>;
+  /** The run's output from its start and its outcome (done rejects with IDEMPOTENCY_INTERRUPTED when it can have none); null: no such run. */
+  follow(runId: string): LiveExec | null;
+  /** Remove the run's files. */
+  drop(runId: string): Promise<void>;
+  /** Remove the files of runs not in `keep` whose supervisor has ended (nobody will ask for them); returns how many went. */
+  sweep(keep: ReadonlySet<string>): Promise<number>;
 }
 
 export interface PauseReportCore {
@@ -560,6 +578,15 @@ export interface Shim {
   /** exec with the output read as it comes (streamed answers). */
   execLive(id: string, req: ExecRequest): Promise<LiveExec>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
+  /** Why sandbox `id` cannot run execs that outlive the gateway process (null: it can). */
+  supervisedReason(id: string): string | null;
+  /** exec under a supervisor process of its own (run `runId`), followed from here. */
+  execSupervised(id: string, req: ExecRequest, runId: string): Promise<LiveExec>;
+  /** Follow a supervised run (of this gateway process or an earlier one); null when it has no files. */
+  followSupervised(id: string, runId: string): LiveExec | null;
+  dropSupervised(id: string, runId: string): Promise<void>;
+  /** Remove sandbox `id`'s supervised runs not in `keep` that have ended. */
+  sweepSupervised(id: string, keep: ReadonlySet<string>): Promise<number>;
 
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, mode?: number): Promise<void>;

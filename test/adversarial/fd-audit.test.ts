@@ -1,8 +1,9 @@
 /**
  * No descriptor of the gateway reaches a sandbox: every process in a sandbox's cgroup (pid 1,
- * execs, background jobs, the shell-session holder and its shell) is checked against the
- * gateway's own descriptors, including one the gateway inherited from whoever started it.
- * The gateway itself holds one descriptor per sandbox: a pidfd of its pid 1.
+ * execs, background jobs, the shell-session holder and its shell, a keyed exec and its
+ * supervisor) is checked against the gateway's own descriptors, including one the gateway
+ * inherited from whoever started it. The gateway itself holds one descriptor per sandbox: a
+ * pidfd of its pid 1.
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
@@ -26,6 +27,14 @@ function fdTargets(pid: number): Map<string, string> {
     }
   }
   return out;
+}
+
+/** Whether `fd` of `pid` is a pidfd of one of its own children (all pidfds read back alike). */
+function pidfdOfChild(pid: number, fd: string): boolean {
+  const of = /^Pid:\s*(\d+)/m.exec(readFileSync(`/proc/${pid}/fdinfo/${fd}`, 'utf8'))?.[1];
+  if (of === undefined) return false;
+  const stat = readFileSync(`/proc/${of}/stat`, 'utf8');
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1] === String(pid);
 }
 
 function pidsInCgroup(id: string): number[] {
@@ -60,15 +69,24 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
     await sb.exec('(sleep 300 &) ; true');
     const shell = await sb.shell({ mode: 'command' });
     await shell.run('sleep 300 & echo started');
+    // A keyed exec runs under a supervisor that holds its own output files, and nothing else of the node's.
+    const keyed = sb.exec('echo keyed > /tmp/keyed; sleep 300', { idempotencyKey: 'fd-audit', retryForMs: 0 }).catch((err: { code?: string }) => err.code);
+    await waitFor(async () => (await sb.exec('cat /tmp/keyed 2>/dev/null')).stdout === 'keyed\n', 10_000, 'the keyed exec to start', 20);
+    const runFiles = join(dataDir, 'supervised-exec', sb.id) + '/';
     const gateway = fdTargets(child.pid!);
     const inherited = gateway.get('3');
     t.truthy(inherited, 'the gateway holds the inherited descriptor');
     const gatewayTargets = new Set([...gateway.values()].filter((v) => v !== '/dev/null'));
     const pids = pidsInCgroup(sb.id);
-    t.true(pids.length >= 5, `pid 1, a background job, the holder, its shell and a job: ${pids.length}`);
+    t.true(pids.length >= 7, `pid 1, a background job, the holder, its shell and a job, a supervisor and its command: ${pids.length}`);
+    const supervisor = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('--supervise');
+    t.is(pids.filter(supervisor).length, 1, 'the keyed exec has its supervisor in the sandbox cgroup');
     for (const pid of pids) {
       const comm = readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
+      const own = supervisor(pid);
       for (const [fd, target] of fdTargets(pid)) {
+        // The supervisor's own: its run's files, and the pidfd of its command.
+        if (own && (target.startsWith(runFiles) || (target === 'anon_inode:[pidfd]' && pidfdOfChild(pid, fd)))) continue;
         t.false(gatewayTargets.has(target), `${comm} (pid ${pid}) fd ${fd} -> ${target} is the gateway's`);
         t.false(target.startsWith(dataDir), `${comm} (pid ${pid}) fd ${fd} -> ${target} is a file of the node's`);
       }
@@ -94,6 +112,7 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
       t.true([...own.values()].every((v) => v === '/dev/null'), JSON.stringify([...own]));
     }
     for (const s of more) await s.delete();
+    t.is(await keyed, 'IDEMPOTENCY_INTERRUPTED', 'the keyed exec ended with its sandbox');
   } finally {
     // a failed assertion must not leave the sandboxes running after the gateway is gone
     for (const s of (await client?.listSandboxes().catch(() => [])) ?? []) await client?.deleteSandbox(s.id).catch(() => undefined);

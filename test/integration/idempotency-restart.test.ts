@@ -1,12 +1,12 @@
 /**
  * Idempotency keys across a gateway kill -9: a real `warren up` in a child
- * process runs a keyed exec and a keyed shell command, is killed mid-run,
- * and a second `warren up` on the same data dir answers the retries without
- * running anything twice. Every command appends a line to a file, so the line
+ * process runs keyed execs and keyed shell commands, is killed mid-run, and a
+ * second `warren up` on the same data dir answers the retries with the real
+ * results, without running anything twice. Every command appends a line to a file, so the line
  * counts prove how often it ran.
  */
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
@@ -20,6 +20,31 @@ import { elapse, waitFor } from '../helpers/wait';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
 const it = testUnless(skip);
+
+/** Files of supervised execs of a sandbox under the data dir. */
+function supervisedFiles(dataDir: string, id: string): string[] {
+  try {
+    return readdirSync(join(dataDir, 'supervised-exec', id));
+  } catch {
+    return [];
+  }
+}
+
+/** Exec supervisors on the host working for this data dir (their command line names it). */
+function supervisors(dataDir: string): number[] {
+  const pids: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+      const i = cmd.indexOf('--supervise');
+      if (i >= 0 && cmd[i + 1]?.startsWith(dataDir)) pids.push(Number(p));
+    } catch {
+      /* gone */
+    }
+  }
+  return pids;
+}
 
 async function lines(sb: Sandbox, file: string): Promise<number> {
   return Number((await sb.exec(`cat ${file} 2>/dev/null | wc -l`)).stdout.trim());
@@ -90,9 +115,20 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
       await back.close();
     }
 
-    // A keyed exec and a keyed shell command, both cut by the kill while they sleep.
-    const execCmd = 'echo run >> /tmp/exec-runs; sleep 2; echo finished';
+    // Keyed execs cut by the kill: one still running after the restart (it waits for /tmp/go), one that
+    // ends while the gateway is down, one whose timeout passes while it is down.
+    const execCmd = 'echo run >> /tmp/exec-runs; echo before; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo finished; echo on-err >&2; exit 3';
     const pendingExec = sb.exec(execCmd, { idempotencyKey: 'exec-1', retryForMs: 0 }).then(
+      () => 'answered',
+      (err: { code?: string }) => err.code,
+    );
+    const fastCmd = 'echo run >> /tmp/fast-runs; while [ ! -e /tmp/go-fast ]; do sleep 0.05; done; echo fast-done';
+    const pendingFast = sb.exec(fastCmd, { idempotencyKey: 'exec-fast', retryForMs: 0 }).then(
+      () => 'answered',
+      (err: { code?: string }) => err.code,
+    );
+    const sleepyCmd = 'echo run >> /tmp/sleepy-runs; sleep 30; echo never';
+    const pendingSleepy = sb.exec(sleepyCmd, { idempotencyKey: 'exec-timeout', timeoutMs: 3000, retryForMs: 0 }).then(
       () => 'answered',
       (err: { code?: string }) => err.code,
     );
@@ -107,15 +143,27 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     const slowCmd = 'echo run >> /tmp/slow-runs; sleep 30; echo never';
     const pendingSlow = slow.run(slowCmd, { idempotencyKey: 'shell-timeout', timeoutMs: 2500 }).catch((err: { code?: string }) => err.code);
     await waitFor(
-      async () => (await lines(sb, '/tmp/exec-runs')) === 1 && (await lines(sb, '/tmp/shell-runs')) === 1 && (await lines(sb, '/tmp/slow-runs')) === 1,
+      async () =>
+        (await lines(sb, '/tmp/exec-runs')) === 1 &&
+        (await lines(sb, '/tmp/fast-runs')) === 1 &&
+        (await lines(sb, '/tmp/sleepy-runs')) === 1 &&
+        (await lines(sb, '/tmp/shell-runs')) === 1 &&
+        (await lines(sb, '/tmp/slow-runs')) === 1,
       10_000,
-      'the three commands to start',
+      'the five commands to start',
       20,
     );
 
+    const initPid = sb.info?.pid;
+    if (initPid === undefined) throw new Error('the admin sees the sandbox pid');
     await kill9(child);
     child = null;
+    // While the gateway is down, one of them ends (released through the sandbox's root) and its supervisor writes its result.
+    writeFileSync(`/proc/${initPid}/root/tmp/go-fast`, '');
+    await waitFor(() => supervisedFiles(dataDir, sb.id).filter((run) => existsSync(join(dataDir, 'supervised-exec', sb.id, run, 'result'))).length === 1, 10_000, 'the released exec to end', 20);
     t.is(await pendingExec, 'UNAVAILABLE');
+    t.is(await pendingFast, 'UNAVAILABLE');
+    t.is(await pendingSleepy, 'UNAVAILABLE');
     t.is(await pendingShell, 'UNAVAILABLE');
     t.is(await pendingSlow, 'UNAVAILABLE');
     await client.close();
@@ -127,13 +175,46 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     client = new WarrenClient({ url, token });
     const again = await client.getSandbox(sb.id);
 
-    // The exec's pipes ended with the gateway: its outcome is unknown, and it is not run again.
-    const cut = await execKeyed(url, token, sb.id, 'exec-1', { cmd: execCmd });
-    t.is(cut.status, 409);
-    t.is(cut.body.error?.code, 'IDEMPOTENCY_INTERRUPTED');
-    const cutAgain = await again.exec(execCmd, { idempotencyKey: 'exec-1' }).catch((err: { code?: string }) => err.code);
-    t.is(cutAgain, 'IDEMPOTENCY_INTERRUPTED');
-    t.is(await lines(again, '/tmp/exec-runs'), 1, 'the interrupted exec ran once');
+    // The keyed execs ran under supervisors of their own: the restarted gateway follows them.
+    // Still running: the retry attaches and gets the real exit code and all of the output.
+    const attached = execKeyed(url, token, sb.id, 'exec-1', { cmd: execCmd });
+    const attachedSdk = again.exec(execCmd, { idempotencyKey: 'exec-1' });
+    await again.exec('touch /tmp/go');
+    const cut = await attached;
+    t.is(cut.status, 200);
+    t.deepEqual([cut.body.exitCode, cut.body.signal, cut.body.status, cut.body.stdout, cut.body.stderr], [3, null, 'error', 'before\nfinished\n', 'on-err\n']);
+    const viaSdk = await attachedSdk;
+    t.deepEqual([viaSdk.exitCode, viaSdk.stdout], [3, 'before\nfinished\n']);
+    t.is(await lines(again, '/tmp/exec-runs'), 1, 'the exec cut by the kill ran once');
+    // Ended while the gateway was down: its stored result.
+    const fast = await execKeyed(url, token, sb.id, 'exec-fast', { cmd: fastCmd });
+    t.deepEqual([fast.status, fast.replayed, fast.body.exitCode, fast.body.stdout], [200, true, 0, 'fast-done\n']);
+    t.is(await lines(again, '/tmp/fast-runs'), 1);
+    // Its timeout passed while the gateway was down: the supervisor stopped it.
+    const sleepy = await execKeyed(url, token, sb.id, 'exec-timeout', { cmd: sleepyCmd, timeoutMs: 3000 });
+    t.deepEqual([sleepy.status, sleepy.body.status, sleepy.body.exitCode, sleepy.body.signal, sleepy.body.stdout], [200, 'timeout', null, 9, '']);
+    t.is(await lines(again, '/tmp/sleepy-runs'), 1);
+
+    // Keyed execs keep exec's semantics: output limit (the writer is stopped by SIGPIPE), stdin, signals, streaming.
+    const yes = await execKeyed(url, token, sb.id, 'yes-1', { cmd: ['yes'], maxOutputBytes: 1000 });
+    t.deepEqual([yes.body.status, yes.body.signal, yes.body.truncated, String(yes.body.stdout).length], ['killed', 13, true, 1000]);
+    const plainYes = await again.exec(['yes'], { maxOutputBytes: 1000 });
+    t.deepEqual([plainYes.status, plainYes.signal, plainYes.truncated], ['killed', 13, true], 'the same as an exec without a key');
+    const fed = await execKeyed(url, token, sb.id, 'stdin-1', { cmd: 'cat; echo; tr a b', stdin: 'abc' });
+    t.deepEqual([fed.body.exitCode, fed.body.stdout], [0, 'abc\n']);
+    const term = await execKeyed(url, token, sb.id, 'sig-1', { cmd: 'kill -TERM $$' });
+    t.deepEqual([term.body.status, term.body.exitCode, term.body.signal], ['killed', null, 15]);
+    const stopped = await execKeyed(url, token, sb.id, 'to-1', { cmd: 'echo started; sleep 30', timeoutMs: 300 });
+    t.deepEqual([stopped.body.status, stopped.body.exitCode, stopped.body.stdout], ['timeout', null, 'started\n']);
+    const nd = await execKeyed(url, token, sb.id, 'nd-1', { cmd: 'echo one; sleep 0.2; echo two >&2; exit 5' }, 'application/x-ndjson');
+    const ndTypes = (nd.body as unknown as { lines: Array<{ type: string; exitCode?: number }> }).lines;
+    t.deepEqual(ndTypes.map((l) => l.type), ['stdout', 'stderr', 'exit']);
+    t.is(ndTypes[2]!.exitCode, 5);
+    const missing = await execKeyed(url, token, sb.id, 'nf-1', { cmd: ['/no/such/cmd'] });
+    t.is(missing.body.exitCode, 127);
+    // Nothing of the finished runs is left on the host: no files, no supervisors.
+    await waitFor(() => supervisedFiles(dataDir, sb.id).length === 0, 5000, 'the supervised runs to be removed', 20);
+    t.deepEqual(supervisors(dataDir), []);
 
     // The shell command lives in the session holder: the retry gets its real result.
     const reattached = await again.shell({ mode: 'command', session: sessionId, offset });
@@ -214,7 +295,14 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
       }
     };
     t.true(keysOf(sb.id) > 0, 'the keys are in the node database');
+    // A keyed exec still running when its sandbox is deleted: the supervisor goes with it, and its files.
+    const lingering = execKeyed(url, token, sb.id, 'linger', { cmd: 'echo run >> /tmp/linger; sleep 30' });
+    await waitFor(async () => (await lines(again, '/tmp/linger')) === 1, 10_000, 'the lingering exec to start', 20);
+    t.is(supervisors(dataDir).length, 1);
     await client.deleteSandbox(sb.id);
+    await lingering;
+    t.deepEqual(supervisors(dataDir), []);
+    t.false(existsSync(join(dataDir, 'supervised-exec', sb.id)), 'the sandbox supervised-exec files went with it');
     const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
     t.is(left.processes, 0);
     t.is(left.cgroups, 0);

@@ -18,6 +18,19 @@ it(`going over memory is reported as OOM`, async (t) => {
   });
 });
 
+it(`a supervised exec (how keyed execs run) going over memory is reported as OOM by its supervisor`, async (t) => {
+  await withShim(t, async ({ shim }) => {
+    const { id } = await shim.createSandbox(spec({ memoryMb: 32 }));
+    const live = await shim.execSupervised(id, { cmd: ['dd', 'if=/dev/zero', 'of=/dev/null', 'bs=96M', 'count=1'] }, 'oom-run');
+    live.stdout.resume();
+    live.stderr.resume();
+    const r = await live.done;
+    t.is(r.status, 'oom');
+    t.is(r.signal, 9);
+    await shim.dropSupervised(id, 'oom-run');
+  });
+});
+
 it(`the pids limit stops a fork bomb and the sandbox survives`, async (t) => {
   await withShim(t, async ({ shim }) => {
     const { id } = await shim.createSandbox(spec({ pids: 32 }));

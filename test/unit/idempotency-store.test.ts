@@ -188,3 +188,23 @@ test('warren up --idempotency-window takes durations', async (t) => {
   t.is(parseDurationMs('500ms', '--w'), 500);
   for (const bad of ['', '0', '-1s', '1w', '31d', 'soon']) t.throws(() => parseDurationMs(bad, '--w'), { message: /--w expects a duration/ });
 });
+
+test('after a restart, supervised execs are followed (not interrupted); the others are interrupted with the backend reason', (t) => {
+  const db = openDatabase(':memory:');
+  const first = new IdempotencyStore(db);
+  const h = bodyHash({ cmd: 'sleep 1' });
+  first.begin(scope('supervised'), 'exec', h, { run: 'a1b2' });
+  first.begin(scope('plain'), 'exec', h, { unsupervised: 'the microvm backend cannot' });
+  const second = new IdempotencyStore(db);
+  t.is(second.markInterrupted(), 1);
+  t.deepEqual(second.runningElsewhere().map((r) => [r.scope.key, r.meta.run]), [['supervised', 'a1b2']]);
+  const cut = second.get(scope('plain'))!;
+  t.is(cut.state, 'interrupted');
+  const err = recordError(cut);
+  t.is(err.code, 'IDEMPOTENCY_INTERRUPTED');
+  t.true(err.message.endsWith('(the microvm backend cannot)'));
+  // Once stored, a supervised run is no longer followed.
+  second.finish(scope('supervised'), { exitCode: 0 }, Buffer.alloc(0), Buffer.alloc(0));
+  t.deepEqual(second.runningElsewhere(), []);
+  t.is(new IdempotencyStore(db).runningElsewhere().length, 0);
+});

@@ -4,7 +4,7 @@
  */
 import { existsSync, readdirSync } from 'node:fs';
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { Socket } from 'node:net';
 import { Readable } from 'node:stream';
 import { native, helperBinary } from '../../native';
@@ -31,6 +31,7 @@ import type {
   SandboxRecord,
   SandboxSpec,
   SessionsFacet,
+  SupervisedExecFacet,
   SnapshotFacet,
 } from '../types';
 import { RootFiles } from './container-files';
@@ -40,6 +41,7 @@ import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
 import { LimitedPipe, OutputCapture, captureInto } from '../exec-output';
 import { capacityErrorOf } from '../capacity';
+import { dropSupervised, followSupervised, startSupervised, sweepSupervised } from '../supervised-exec';
 import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
 import { assertConfinable, confineFor, confineForSandbox, forgetSandbox, nsexecConfineArgs, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
 
@@ -79,6 +81,11 @@ export class ContainerBackend implements HostProcessBackend {
     /** sandboxes whose spec has `network` join a pooled netns with egress enforced. */
     private readonly network: NetworkManager | null = null,
   ) {}
+
+  /** Supervised execs (supervised-exec.ts) keep their output and result here, one directory per sandbox. */
+  private get supervisedDir(): string {
+    return join(dirname(this.sandboxesDir), 'supervised-exec');
+  }
 
   async create(id: string, spec: SandboxSpec, layers: ResolvedLayer[]): Promise<ContainerSandbox> {
     const dir = join(this.sandboxesDir, id);
@@ -134,7 +141,7 @@ export class ContainerBackend implements HostProcessBackend {
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
-      return new ContainerSandbox(id, spec, runtime, proc.pidfd, this.network);
+      return new ContainerSandbox(id, spec, runtime, proc.pidfd, this.network, join(this.supervisedDir, id));
     } catch (err) {
       forgetSandbox(id);
       if (cgroupCreated) await destroyCgroup(id).catch(() => undefined);
@@ -154,7 +161,7 @@ export class ContainerBackend implements HostProcessBackend {
     if (net !== undefined && (this.network === null || !this.network.adopt(record.id, cgroupDir(record.id), net))) return null;
     const pidfd = native.pidfdOpen(runtime.pid);
     registerSandbox(record.id, typeof runtime.profile === 'string' ? runtime.profile : (this.profileName ?? profileForOwner(record.spec.owner)));
-    return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd, this.network);
+    return new ContainerSandbox(record.id, record.spec, runtime as ContainerRuntime, pidfd, this.network, join(this.supervisedDir, record.id));
   }
 
   /**
@@ -165,8 +172,12 @@ export class ContainerBackend implements HostProcessBackend {
    * the same host could use the same id prefix.
    */
   leftovers(known: ReadonlySet<string>, prefix: string): string[] {
-    if (!existsSync(this.sandboxesDir)) return [];
-    return readdirSync(this.sandboxesDir).filter((id) => id.startsWith(prefix) && !known.has(id));
+    const ids = new Set<string>();
+    for (const dir of [this.sandboxesDir, this.supervisedDir]) {
+      if (!existsSync(dir)) continue;
+      for (const id of readdirSync(dir)) if (id.startsWith(prefix) && !known.has(id)) ids.add(id);
+    }
+    return [...ids];
   }
 
   /**
@@ -199,6 +210,7 @@ export class ContainerBackend implements HostProcessBackend {
     forgetSandbox(id);
     unmountDisk(join(this.sandboxesDir, id));
     await rm(join(this.sandboxesDir, id), { recursive: true, force: true });
+    await rm(join(this.supervisedDir, id), { recursive: true, force: true });
   }
 }
 
@@ -286,6 +298,7 @@ export class ContainerSandbox implements HostProcessSandbox {
     () => this.fileCreds(),
   );
   readonly sessions: SessionsFacet;
+  readonly supervised: SupervisedExecFacet | undefined;
   readonly freeze: FreezeFacet;
   readonly snapshot: SnapshotFacet | undefined;
   readonly export: ExportFacet;
@@ -298,6 +311,7 @@ export class ContainerSandbox implements HostProcessSandbox {
     readonly runtime: ContainerRuntime,
     pidfd: number,
     private readonly network: NetworkManager | null = null,
+    private readonly supervisedDir: string | null = null,
   ) {
     // The watcher owns pid 1's pidfd (closed once pid 1 has ended): the one descriptor of the
     // gateway per sandbox (docs/density.md).
@@ -316,6 +330,20 @@ export class ContainerSandbox implements HostProcessSandbox {
       // The holder joins the sandbox's cgroup: deleting the sandbox kills it with everything else.
       holderStarted: (pid) => native.cgroupAttach(this.id, pid),
     };
+    const runDir = (runId: string): string => {
+      if (!/^[A-Za-z0-9_-]{1,64}$/.test(runId)) throw new WarrenError('INVALID_ARGUMENT', `bad supervised run id ${JSON.stringify(runId)}`);
+      return join(this.supervisedDir!, runId);
+    };
+    this.supervised =
+      this.supervisedDir === null
+        ? undefined
+        : {
+            start: async (req, runId) => this.startSupervised(req, runDir(runId)),
+            // A keyed run is never stopped by its reader: kill() does nothing.
+            follow: (runId) => (existsSync(runDir(runId)) ? followSupervised(runDir(runId), () => this.oomKills(), () => undefined) : null),
+            drop: async (runId) => dropSupervised(runDir(runId)),
+            sweep: async (keep) => sweepSupervised(this.supervisedDir!, keep),
+          };
     this.freeze = {
       pause: async (limitBytes): Promise<PauseReportCore> => {
         const r = await pauseCgroup(this.id, limitBytes);
@@ -513,6 +541,46 @@ export class ContainerSandbox implements HostProcessSandbox {
     return { stdout, stderr, done, kill: () => killGroup(proc) };
   }
 
+  /**
+   * Start `req` under warren-nsexec --supervise (supervised-exec.ts): the same
+   * namespaces, cgroup, user and confinement as execLive, but the output goes
+   * to files in `dir` and the supervisor, not this process, waits for it.
+   */
+  private async startSupervised(req: ExecRequest, dir: string): Promise<LiveExec | null> {
+    this.assertAlive();
+    const user = resolveUser(this.rootPath(), req.user ?? this.spec.user);
+    const argv = typeof req.cmd === 'string' ? ['/bin/sh', '-c', req.cmd] : req.cmd;
+    const nsexec = [helperBinary('warren-nsexec'), '--pid', String(this.runtime.pid), '--cgroup', this.id, '--uid', String(user.uid), '--gid', String(user.gid), '--cwd', req.cwd ?? user.home];
+    if (this.spec.priority === 'idle') nsexec.push('--sched-idle');
+    nsexec.push(...nsexecConfineArgs(confineForSandbox(this.id)));
+    for (const kv of this.environment(req.env, user)) nsexec.push('--env', kv);
+    const started = performance.now();
+    let pid: number;
+    try {
+      pid = await startSupervised(dir, { nsexec, argv, stdin: req.stdin, maxOutputBytes: req.maxOutputBytes ?? DEFAULT_MAX_OUTPUT, timeoutMs: req.timeoutMs, oomBefore: this.oomKills() });
+    } catch (err) {
+      await dropSupervised(dir);
+      if (err instanceof WarrenError && err.code === 'SPAWN_ERROR' && err.errno === EAGAIN) {
+        throw new WarrenError('RESOURCE_EXHAUSTED', `sandbox ${this.id} is at its pids limit (${this.spec.pids}); nothing new can start until processes exit`, { limit: 'pids' }, EAGAIN);
+      }
+      const notFound = commandNotFound(err, req.cmd);
+      if (notFound === null) throw err;
+      return {
+        stdout: Readable.from([]),
+        stderr: Readable.from([Buffer.from(notFound)]),
+        done: Promise.resolve({ exitCode: 127, signal: null, status: 'error', durationMs: performance.now() - started, truncated: false }),
+        kill: () => undefined,
+      };
+    }
+    // In the sandbox's cgroup: deleting the sandbox kills the supervisor with everything else.
+    try {
+      native.cgroupAttach(this.id, pid);
+    } catch {
+      /* the sandbox is being deleted: the supervisor goes with its command */
+    }
+    return null;
+  }
+
   /** Run `req` to its end with the output kept in bounded memory (spilled to a file past CAPTURE_MEMORY_BYTES). */
   async execCaptured(req: ExecRequest): Promise<CapturedExec> {
     const live = await this.execLive(req);
@@ -611,6 +679,7 @@ export class ContainerSandbox implements HostProcessSandbox {
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
     if (this.runtime.diskMb !== undefined && this.runtime.diskMb !== null) unmountDisk(this.runtime.dir);
     await rm(this.runtime.dir, { recursive: true, force: true });
+    if (this.supervisedDir !== null) await rm(this.supervisedDir, { recursive: true, force: true });
   }
 }
 
