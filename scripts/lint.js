@@ -68,6 +68,18 @@ for (const file of walk(path.join(root, 'src'), ['.ts'])) {
   });
 }
 
+// 4. The node never depends on the gateway: src/shim runs without it (a node process, other gateways).
+const GATEWAY = path.join(root, 'src/gateway');
+for (const file of walk(path.join(root, 'src/shim'), ['.ts'])) {
+  fs.readFileSync(file, 'utf8').split('\n').forEach((line, i) => {
+    for (const m of line.matchAll(/(?:from\s+|import\(|require\()'([^']+)'/g)) {
+      if (!m[1].startsWith('.')) continue;
+      const target = path.resolve(path.dirname(file), m[1]);
+      if (target === GATEWAY || target.startsWith(GATEWAY + path.sep)) findings.push(`${path.relative(root, file)}:${i + 1}: src/shim imports ${m[1]} (src/gateway); shared code belongs in a neutral module`);
+    }
+  });
+}
+
 if (findings.length > 0) {
   for (const f of findings) console.error(f);
   console.error(`lint: ${findings.length} finding(s)`);

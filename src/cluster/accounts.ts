@@ -10,7 +10,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
 import { type Account, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
-import type { Role } from '../gateway/validation';
+import type { Role } from '../validation';
 import { keys, nextRevision, parseJson, readPrefix, store } from './etcd';
 
 export interface ClusterAccount extends Account {

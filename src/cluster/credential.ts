@@ -13,7 +13,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { closeSync, openSync, readFileSync, writeSync } from 'node:fs';
 import { WarrenError } from '../errors';
-import type { Role } from '../gateway/validation';
+import type { Role } from '../validation';
 
 export const ASSERTION_PREFIX = 'wrc_';
 /** How long an assertion is valid: long enough for one request or the opening of a shell. */

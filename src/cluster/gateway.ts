@@ -26,7 +26,7 @@ import { request as undiciRequest, Agent as UndiciAgent } from 'undici';
 import { WarrenError, asWarrenError } from '../errors';
 import { type Account, type Quota, bearerFromHeader, bearerFromSubprotocols, can, checkQuota, principalOf, requirePermission } from '../gateway/auth';
 import { errorBody } from '../gateway/http';
-import { type HostCapacity, validateAccountRequest, validateCreateRequest, validateQuotaRequest } from '../gateway/validation';
+import { type HostCapacity, validateAccountRequest, validateCreateRequest, validateQuotaRequest } from '../validation';
 import { warrenVersion } from '../gateway/server';
 import type { BackendName, ImageInfo, SandboxInfo } from '../shim/types';
 import { ClusterAccounts } from './accounts';

@@ -5,7 +5,7 @@
  * the sandboxes themselves stay on their nodes (labelled warren.job).
  */
 import { WarrenError } from '../errors';
-import { expectNumber, expectObject, rejectUnknown, validateLabels } from '../gateway/validation';
+import { expectNumber, expectObject, rejectUnknown, validateLabels } from '../validation';
 import type { Principal, SandboxSpec } from '../shim/types';
 import type { IndexRange, JobControlState, ShareProgress } from './node-agent';
 import type { Explanation } from './placement';

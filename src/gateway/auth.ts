@@ -14,9 +14,9 @@ import { join } from 'node:path';
 import type { Principal } from '../shim/types';
 import type { Database } from '../state/db';
 import { WarrenError } from '../errors';
-import type { Role } from './validation';
+import type { Role } from '../validation';
 
-export type { Role } from './validation';
+export type { Role } from '../validation';
 
 export interface Account {
   id: string;

@@ -12,7 +12,7 @@ import { type Account, type Auth, type Quota, bearerFromHeader, can } from './au
 import { type Log, publicError, writeError } from './http';
 import type { Reclaimer } from './reclaim';
 import type { IdempotencyContext } from './idempotent-exec';
-import { type HostCapacity, validateSandboxId } from './validation';
+import { type HostCapacity, validateSandboxId } from '../validation';
 
 export interface GatewayContext {
   shim: Shim;

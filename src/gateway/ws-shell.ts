@@ -59,7 +59,7 @@ import {
   sessionOptions,
   validateCommandId,
   validateShellQuery,
-} from './validation';
+} from '../validation';
 
 export const SHELL_SUBPROTOCOL = 'warren.v1';
 

@@ -18,7 +18,7 @@ export const BACKEND_NAMES: readonly BackendName[] = ['container', 'microvm', 'v
 export type SandboxState = 'creating' | 'running' | 'paused' | 'hibernated' | 'stopped' | 'failed' | 'deleting';
 export type Priority = 'normal' | 'idle';
 
-/** A validated create request (see gateway/validation.ts for the wire form). */
+/** A validated create request (see src/validation.ts for the wire form). */
 export interface SandboxSpec {
   backend: BackendName;
   /** Image name ("default", "busybox", "name:tag") or "sha256:<hex>" digest. */

@@ -4,7 +4,7 @@ import { clockFor, dueAction, extendClock, idleAt, nextWake, type LifecycleClock
 import { LifecycleScheduler } from '../../src/shim/lifecycle/scheduler';
 import type { DueAction } from '../../src/shim/lifecycle/policy';
 import { checkQuota, UNLIMITED } from '../../src/gateway/auth';
-import { validateCreateRequest, validateExtendRequest, validatePackRequest, validateQuotaRequest } from '../../src/gateway/validation';
+import { validateCreateRequest, validateExtendRequest, validatePackRequest, validateQuotaRequest } from '../../src/validation';
 import { WarrenError } from '../../src/errors';
 
 const T0 = 1_800_000_000_000;

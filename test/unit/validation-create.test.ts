@@ -1,6 +1,6 @@
 import test from 'ava';
 import { WarrenError, type ErrorCode } from '../../src/errors';
-import { LIMITS, validateCreateRequest, type CreateContext } from '../../src/gateway/validation';
+import { LIMITS, validateCreateRequest, type CreateContext } from '../../src/validation';
 
 const ctx: CreateContext = { owner: 'acct-1', host: { cpus: 8, memoryMb: 32768 }, availableBackends: ['container'] };
 

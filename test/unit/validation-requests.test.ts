@@ -17,7 +17,7 @@ import {
   validateSandboxPath,
   validateSessionId,
   validateShellQuery,
-} from '../../src/gateway/validation';
+} from '../../src/validation';
 
 function code(t: import('ava').ExecutionContext, fn: () => unknown, expected: ErrorCode, field?: string): WarrenError {
   const err = t.throws(fn) as WarrenError;

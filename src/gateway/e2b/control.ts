@@ -25,7 +25,7 @@ import { type Account, bearerFromHeader, can, principalOf, requirePermission } f
 import { sandboxFor } from '../context';
 import { publicError } from '../http';
 import { withQuota } from '../routes/sandboxes';
-import { IMAGE_REF_RE, LIMITS, validateCreateRequest } from '../validation';
+import { IMAGE_REF_RE, LIMITS, validateCreateRequest } from '../../validation';
 import { type Plane, ensureUser } from './envd';
 import type { E2bRecord } from './state';
 import { E2bError, bodyPending, readBodyAnyEncoding, restErrorBody, toE2bError } from './wire';

@@ -23,7 +23,7 @@ import { WarrenError } from '../../errors';
 import type { ExecStream, SandboxInfo } from '../../shim/types';
 import type { GatewayContext } from '../context';
 import { publicError } from '../http';
-import { LIMITS, validateEnv, validateSandboxPath, validateUser } from '../validation';
+import { LIMITS, validateEnv, validateSandboxPath, validateUser } from '../../validation';
 import { E2bProcess, type ProcessConfig, type ProcessEnd, ProcessTable, endStatus } from './processes';
 import { E2bState } from './state';
 import {

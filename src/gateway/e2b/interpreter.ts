@@ -11,7 +11,7 @@ import { randomBytes } from 'node:crypto';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { type KernelEvent, KernelSession, SERVE_COMMAND } from '../../shim/kernels';
 import { publicError } from '../http';
-import { validateEnv } from '../validation';
+import { validateEnv } from '../../validation';
 import { DEFAULT_USER, type Plane, ensureUser, homeOf, planeSandbox, resolvePath } from './envd';
 import { E2bError, bodyPending, readBodyAnyEncoding, sendJsonBody, toE2bError } from './wire';
 

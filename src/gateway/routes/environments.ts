@@ -14,7 +14,7 @@ import type { EnvironmentInfo } from '../../shim/types';
 import { type Account, can, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { queryOf, readJson, rejectUnknownQuery, sendJson } from '../http';
-import { validateImageRef, validateQuotaRequest } from '../validation';
+import { validateImageRef, validateQuotaRequest } from '../../validation';
 import { accountUsage } from './sandboxes';
 
 function ownEnvironment(ctx: GatewayContext, account: Account, rawName: unknown): EnvironmentInfo {

@@ -12,7 +12,7 @@ import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
 import { type GatewayContext, authed, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readBody, rejectUnknownQuery, sendJson, streamBody } from '../http';
-import { parseFileMode, validateSandboxPath } from '../validation';
+import { parseFileMode, validateSandboxPath } from '../../validation';
 
 function requiredPath(q: URLSearchParams): string {
   const raw = queryOne(q, 'path');

@@ -14,7 +14,7 @@ import { principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { endChunked, publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
 import { NDJSON_CONTENT_TYPE, doneEvent, errorEvent, ndjsonLine, progressEvent, type ProgressEvent } from '../ndjson';
-import { validateImageRequest, validatePushRequest, validateStageRequest } from '../validation';
+import { validateImageRequest, validatePushRequest, validateStageRequest } from '../../validation';
 
 /** Stream progress lines of `work` and end with its result (`done`) or error. */
 async function streamWork<T>(res: Response, ctx: GatewayContext, start: string, work: (onProgress: (p: ImportProgress) => void) => Promise<T>, done: (r: T) => ProgressEvent): Promise<void> {

@@ -16,7 +16,7 @@ import {
   validateNetworkServices,
   validateOutputEncoding,
   validatePackRequest,
-} from '../validation';
+} from '../../validation';
 
 /** Sandbox creations in flight per account (counted against quotas until they are listed). */
 const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();

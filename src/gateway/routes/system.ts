@@ -3,7 +3,7 @@ import type { Server } from 'hyper-express';
 import { requirePermission } from '../auth';
 import { type GatewayContext, authed, open } from '../context';
 import { queryOf, readJson, rejectUnknownQuery, sendJson } from '../http';
-import { validateAccountRequest } from '../validation';
+import { validateAccountRequest } from '../../validation';
 
 export function registerSystemRoutes(app: Server, ctx: GatewayContext): void {
   app.get(

@@ -11,7 +11,7 @@
  * never turn every sample into an error. Errors name the request's own fields.
  */
 import { WarrenError } from '../../errors';
-import { expectObject, expectString } from '../../gateway/validation';
+import { expectObject, expectString } from '../../validation';
 import type { InvokeRequest, InvokeResult, PoolLimits, StepResult } from './types';
 import type { BatchCell } from '../kernels';
 import { validateFiles, validateLanguage, validateSandboxPath } from './wire';

@@ -5,7 +5,7 @@
  * INVALID_ID). See docs/fncall.md.
  */
 import { WarrenError } from '../../errors';
-import { expectNumber, expectObject, expectString, rejectUnknown, validateEnv, validateImageRef } from '../../gateway/validation';
+import { expectNumber, expectObject, expectString, rejectUnknown, validateEnv, validateImageRef } from '../../validation';
 import { parseChecker } from './checkers';
 import { LANGUAGE_NAMES, UNAVAILABLE, languageOf } from './languages';
 import type { FnCallConfig, InputFile, InvokeRequest, JudgeRequest, Language, PoolLimits, PoolSpec } from './types';

@@ -1,5 +1,6 @@
 /**
- * Wire-format validation for the REST and WebSocket APIs. Pure functions: they
+ * Wire-format validation for the REST and WebSocket APIs, FnCall and the cluster (a neutral
+ * module: the gateway and the node both use it, neither owns it). Pure functions: they
  * take parsed JSON (or query strings) and either return a validated value or
  * throw a WarrenError with a stable code:
  *
@@ -13,10 +14,10 @@
  * - PATH_ESCAPE         sandbox paths that are relative, contain `..` or NUL
  * - NOT_SUPPORTED       backends this node does not offer
  */
-import { WarrenError } from '../errors';
-import { BACKEND_NAMES } from '../shim/types';
-import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from '../shim/types';
-import { parseRegistryRef } from '../shim/layers/distribution';
+import { WarrenError } from './errors';
+import { BACKEND_NAMES } from './shim/types';
+import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from './shim/types';
+import { parseRegistryRef } from './shim/layers/distribution';
 
 // ---------------------------------------------------------------- limits
 
