@@ -317,12 +317,16 @@ maybe('bad input: a compile bomb stops at the compile limit, a JVM starting thre
   );
   t.is(threads.status, 'runtime_error', why(threads));
   t.regex(threads.stderr, /OutOfMemoryError: unable to create native thread|Cannot allocate memory|pthread_create failed/, why(threads));
-  const flood = await inv('nodejs', 'const s = "y".repeat(1 << 16); for (;;) process.stdout.write(s)', { maxOutputBytes: 100_000 });
-  // node's tight loop never yields to see its closed pipe, so it may buffer its way into the memory
-  // limit before the output limit is reported; either way the flood is cut at the limit
-  t.true(['output_limit', 'memory_limit'].includes(flood.status), why(flood));
+  // A writer that waits for the pipe (a tight loop that never yields would only buffer its way
+  // into the memory limit inside node, never reaching the pipe): the output limit cuts it off.
+  const flood = await inv('nodejs', 'const s = "y".repeat(1 << 16); const w = () => { while (process.stdout.write(s)); process.stdout.once("drain", w); }; w();', { maxOutputBytes: 100_000 });
+  t.is(flood.status, 'output_limit', why(flood));
   t.true(flood.truncated);
   t.is(flood.stdout.length, 100_000);
+  // The tight loop: whichever limit it reaches first, the answer never carries more than the limit.
+  const tight = await inv('nodejs', 'const s = "y".repeat(1 << 16); for (;;) process.stdout.write(s)', { maxOutputBytes: 100_000 });
+  t.true(['output_limit', 'memory_limit'].includes(tight.status), why(tight));
+  t.true(tight.stdout.length <= 100_000);
   const after = await inv('go', CASES.go!.hello);
   t.is(after.stdout, 'hello\n', why(after));
 });
