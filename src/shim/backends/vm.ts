@@ -17,7 +17,7 @@
  *   cgroup <id>                   the VMM
  */
 import { execFile } from 'node:child_process';
-import { chownSync, closeSync, existsSync, mkdirSync, openSync, readdirSync } from 'node:fs';
+import { chownSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
@@ -26,7 +26,7 @@ import { vmAccelerator } from '../../features';
 import { native } from '../../native';
 import { profile as policyProfile, profileForOwner } from '../../security/confinement';
 import type { Backend, BackendSandbox, ExecRequest, FacetName, FacetStatus, ResolvedLayer, SandboxRecord, SandboxSpec } from '../types';
-import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, destroyCgroup, killAndWait, readTail, vmmUser, vmmUserIds } from './microvm/backend';
+import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, destroyCgroup, killAndWait, readTail, vmLeftovers, vmmUser, vmmUserIds } from './microvm/backend';
 import { Qmp } from './microvm/qmp';
 import { hostTscKhz, spawnVmm } from './microvm/vmm';
 import { VmDisplay } from './vm/display';
@@ -237,15 +237,7 @@ export class VmBackend implements Backend {
   }
 
   leftovers(known: ReadonlySet<string>, prefix: string): string[] {
-    const found = new Set<string>();
-    for (const dir of [this.dir, this.runRoot]) {
-      try {
-        for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
-      } catch {
-        /* not there yet */
-      }
-    }
-    return [...found].filter((id) => !known.has(id));
+    return vmLeftovers([this.dir, this.runRoot], known, prefix);
   }
 
   async cleanup(id: string, record?: SandboxRecord): Promise<void> {

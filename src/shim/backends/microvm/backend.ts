@@ -296,15 +296,7 @@ export class MicroVMBackend implements Backend {
   }
 
   leftovers(known: ReadonlySet<string>, prefix: string): string[] {
-    const found = new Set<string>();
-    for (const dir of [this.dir, this.runRoot]) {
-      try {
-        for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
-      } catch {
-        /* not there yet */
-      }
-    }
-    return [...found].filter((id) => !known.has(id));
+    return vmLeftovers([this.dir, this.runRoot], known, prefix);
   }
 
   async cleanup(id: string, record?: SandboxRecord): Promise<void> {
@@ -399,6 +391,19 @@ export function readState(pid: number): string | null {
   } catch {
     return null;
   }
+}
+
+/** Sandbox ids with a data or run directory of a VM backend but no record (`known`): a create cut short. */
+export function vmLeftovers(dirs: readonly string[], known: ReadonlySet<string>, prefix: string): string[] {
+  const found = new Set<string>();
+  for (const dir of dirs) {
+    try {
+      for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
+    } catch {
+      /* not there yet */
+    }
+  }
+  return [...found].filter((id) => !known.has(id));
 }
 
 export async function destroyCgroup(id: string): Promise<void> {
