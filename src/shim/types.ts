@@ -317,7 +317,8 @@ export interface FilesFacet {
 
 /** How a session holder (src/shim/sessions) reaches a shell in the sandbox. */
 export interface SessionsFacet {
-  shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<{ argv: string[]; ptmxPath?: string }>;
+  /** `shellDepth`: generations from argv's process down to the shell (see SpawnHolderOptions). */
+  shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<{ argv: string[]; ptmxPath?: string; shellDepth?: number }>;
   /** The holder runs (pid on the host): count it with the sandbox (container: join its cgroup). */
   holderStarted(pid: number): void;
 }

@@ -1,5 +1,5 @@
 import test from 'ava';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { WarrenError } from '../../src/errors';
 import { listSessions, sessionInfo, spawnHolder } from '../../src/shim/sessions/session-manager';
@@ -124,6 +124,32 @@ test('timeout kills what the command started and keeps the shell', async (t) => 
   // the shell has no children left (read is a builtin: no fork to see itself)
   t.is((await session.run('n', 'read -r kids < /proc/$$/task/$$/children; echo "kids=[$kids]"')).exitCode, 0);
   t.regex(out.text('stdout'), /kids=\[\]\n$/);
+});
+
+test('a signal to the command spares a shell that came up after the command was sent (launcher in front)', async (t) => {
+  // A launcher (as warren-nsexec is) that starts the shell as its child only once told to:
+  // the command, and the snapshot of what was running when it began, arrive before the shell exists.
+  const dir = freshSocketDir();
+  const go = join(dir, 'go');
+  const launcher = ['/bin/bash', '-c', `while [ ! -e ${go} ]; do sleep 0.01; done; /bin/bash --noprofile --norc; exit $?`];
+  const { session } = await openSession(t, { argv: launcher, shellDepth: 1 });
+  const marker = `31.${process.pid}${Date.now() % 1000}`;
+  const running = session.run('c1', `sleep ${marker}`);
+  await session.refreshInfo(); // the holder handles frames in order: the MARK has been taken
+  writeFileSync(go, '');
+  const sleeping = (): boolean =>
+    readdirSync('/proc').some((p) => /^\d+$/.test(p) && (() => {
+      try {
+        return readFileSync(`/proc/${p}/cmdline`, 'latin1') === `sleep\0${marker}\0`;
+      } catch {
+        return false;
+      }
+    })());
+  await waitFor(sleeping, 30_000, 'the command to be running in the late shell');
+  session.signal(9);
+  t.deepEqual(await running, { commandId: 'c1', exitCode: 137, timedOut: false });
+  t.deepEqual(await session.run('c2', 'echo alive'), { commandId: 'c2', exitCode: 0, timedOut: false }, 'the shell was not what the signal hit');
+  t.true(session.info.alive);
 });
 
 test('a timeout also stops a builtin-only loop, and the shell keeps its state', async (t) => {

@@ -117,6 +117,10 @@ static const char *ptmx_path;
 static unsigned cols = 80, rows = 24;
 static unsigned long linger_ms = 300000;
 static unsigned long stall_ms = 500;
+/* Command mode: how many generations below the child are the shell and what starts it
+ * (0: the child is the shell; 1: the child is a launcher, such as warren-nsexec, whose own
+ * child is the shell). Signals to "the command" never reach them. */
+static int shell_depth;
 static int ready_fd = -1;
 
 static uint8_t *rb;                 /* the ring */
@@ -153,7 +157,9 @@ static uint8_t iobuf[MAX_CHUNK];
 static int closing;
 static int64_t close_deadline, linger_deadline;
 
-struct proc { pid_t pid; unsigned long long start; };
+/* depth: generations below the holder's child (0 = the child itself), or -1 for a process
+ * that is not under it (an orphan re-parented to the holder) */
+struct proc { pid_t pid; unsigned long long start; int depth; };
 static struct proc snap[MAX_PROCS]; static int nsnap, marked; /* descendants at the last MARK, sorted by pid */
 static struct proc scan[MAX_PROCS]; static int nscan;
 static char procbuf[65536];
@@ -301,7 +307,7 @@ static int proc_stat(pid_t pid, char *state, long *threads, unsigned long long *
 	return 0;
 }
 
-static void scan_add_children_of_task(pid_t pid, const char *tid)
+static void scan_add_children_of_task(pid_t pid, const char *tid, int depth)
 {
 	char path[96];
 	snprintf(path, sizeof path, "/proc/%d/task/%s/children", pid, tid);
@@ -313,18 +319,20 @@ static void scan_add_children_of_task(pid_t pid, const char *tid)
 		if (end == p) break;
 		scan[nscan].pid = (pid_t)v;
 		scan[nscan].start = 0;
+		/* the parent's depth is known: the holder's own children are the child (0) or orphans */
+		scan[nscan].depth = pid == holder_pid ? ((pid_t)v == child_pid ? 0 : -1) : depth < 0 ? -1 : depth + 1;
 		nscan++;
 		p = end;
 		while (*p == ' ' || *p == '\n') p++;
 	}
 }
 
-static void scan_add_children(pid_t pid, long threads)
+static void scan_add_children(pid_t pid, long threads, int depth)
 {
 	char tid[24];
 	if (threads <= 1) {
 		snprintf(tid, sizeof tid, "%d", pid);
-		scan_add_children_of_task(pid, tid);
+		scan_add_children_of_task(pid, tid, depth);
 		return;
 	}
 	char path[64];
@@ -334,7 +342,7 @@ static void scan_add_children(pid_t pid, long threads)
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-		scan_add_children_of_task(pid, e->d_name);
+		scan_add_children_of_task(pid, e->d_name, depth);
 	}
 	closedir(d);
 }
@@ -345,7 +353,7 @@ static void scan_add_children(pid_t pid, long threads)
 static void scan_tree(void)
 {
 	nscan = 0;
-	scan_add_children(holder_pid, 1);
+	scan_add_children(holder_pid, 1, -1);
 	int out = 0;
 	for (int i = 0; i < nscan; i++) {
 		char state;
@@ -353,11 +361,12 @@ static void scan_tree(void)
 		unsigned long long start;
 		pid_t pid = scan[i].pid;
 		if (proc_stat(pid, &state, &threads, &start) != 0 || state == 'Z' || state == 'X') continue;
-		scan_add_children(pid, threads);
+		scan_add_children(pid, threads, scan[i].depth);
 		/* scan[] is both the queue (children are appended at nscan) and the
 		 * result (compacted to out); out <= i, so nothing unread is overwritten */
 		scan[out].pid = pid;
 		scan[out].start = start;
+		scan[out].depth = scan[i].depth;
 		out++;
 	}
 	nscan = out;
@@ -398,8 +407,10 @@ static int signal_tree(int signo, int all)
 		scan_tree();
 		int n = 0;
 		for (int i = 0; i < nscan; i++) {
-			/* the shell's own process is never "what the command started" */
-			if (!all && (scan[i].pid == child_pid || in_snapshot(&scan[i]))) continue;
+			/* The shell (and a launcher in front of it) is never "what the command started",
+			 * also when it came up after the MARK: a launcher that is still entering the
+			 * sandbox when the first command arrives starts the shell after the snapshot. */
+			if (!all && ((scan[i].depth >= 0 && scan[i].depth <= shell_depth) || in_snapshot(&scan[i]))) continue;
 			if (kill(scan[i].pid, signo) == 0) n++;
 		}
 		total += n;
@@ -974,7 +985,8 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: warren-session --socket PATH --mode command|pty --buffer-bytes N\n"
 		"                      [--cols C --rows R] [--ptmx PATH] [--info JSON]\n"
-		"                      [--ready-fd FD] [--linger-seconds S] [--stall-ms MS] -- argv...\n");
+		"                      [--ready-fd FD] [--linger-seconds S] [--stall-ms MS]\n"
+		"                      [--shell-depth N] -- argv...\n");
 	exit(2);
 }
 
@@ -1140,6 +1152,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--info")) info_json = v;
 		else if (!strcmp(a, "--linger-seconds")) linger_ms = (unsigned long)parse_num(v, "--linger-seconds", 0, 86400 * 30) * 1000;
 		else if (!strcmp(a, "--stall-ms")) stall_ms = (unsigned long)parse_num(v, "--stall-ms", 0, 3600 * 1000);
+		else if (!strcmp(a, "--shell-depth")) shell_depth = (int)parse_num(v, "--shell-depth", 0, 4);
 		else if (!strcmp(a, "--ready-fd")) {
 			ready_fd = (int)parse_num(v, "--ready-fd", 0, 1 << 20);
 			if (fcntl(ready_fd, F_GETFD) < 0) { ready_fd = -1; fail("--ready-fd %s is not open", v); }

@@ -389,7 +389,7 @@ export class ContainerSandbox implements HostProcessSandbox {
   }
 
   /** The holder's child: warren-nsexec into the sandbox's namespaces and cgroup, confined like every exec. */
-  private shellCommand(opts: Parameters<SessionsFacet['shellCommand']>[0]): { argv: string[]; ptmxPath?: string } {
+  private shellCommand(opts: Parameters<SessionsFacet['shellCommand']>[0]): { argv: string[]; ptmxPath?: string; shellDepth: number } {
     this.assertAlive();
     const root = this.rootPath();
     const user = resolveUser(root, opts.user ?? this.spec.user);
@@ -411,7 +411,8 @@ export class ContainerSandbox implements HostProcessSandbox {
     argv.push(...nsexecConfineArgs(confineForSandbox(this.id)));
     for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
     argv.push('--', ...shell);
-    return opts.mode === 'pty' ? { argv, ptmxPath: `${root}/dev/pts/ptmx` } : { argv };
+    // warren-nsexec starts the shell as its own child (CLONE_PARENT of its clone)
+    return opts.mode === 'pty' ? { argv, ptmxPath: `${root}/dev/pts/ptmx`, shellDepth: 1 } : { argv, shellDepth: 1 };
   }
 
   get pid(): number {

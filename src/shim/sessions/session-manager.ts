@@ -41,6 +41,12 @@ export interface SpawnHolderOptions {
   stallMs?: number | undefined;
   /** How long to wait for the holder to listen (default 5000 ms). */
   readyTimeoutMs?: number | undefined;
+  /**
+   * Command mode: generations from `argv`'s process down to the shell (0: it is the shell; 1: it
+   * is a launcher whose child is the shell, as warren-nsexec). A signal to the running command
+   * never reaches these, also when the shell came up after the command was sent.
+   */
+  shellDepth?: number | undefined;
 }
 
 /** SessionInfo plus what the holder knows about itself. */
@@ -130,6 +136,7 @@ export async function spawnHolder(opts: SpawnHolderOptions): Promise<{ pid: numb
   if (opts.ptmxPath !== undefined) args.push('--ptmx', opts.ptmxPath);
   if (opts.lingerSeconds !== undefined) args.push('--linger-seconds', String(opts.lingerSeconds));
   if (opts.stallMs !== undefined) args.push('--stall-ms', String(opts.stallMs));
+  if (opts.shellDepth !== undefined) args.push('--shell-depth', String(opts.shellDepth));
   if (opts.info !== undefined) {
     const json = JSON.stringify(opts.info);
     if (Buffer.byteLength(json) > 16384) throw new WarrenError('INVALID_ARGUMENT', 'session info is larger than 16 KiB');
