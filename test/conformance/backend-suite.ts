@@ -46,6 +46,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   /** A facet block: `offered` runs when the backend offers it, else the refusal is checked. */
   function facetBlock(f: FacetName, what: string, offered: (t: ExecutionContext) => Promise<void>) {
     t0(title(`facet ${f}: ${what}, or refused with the backend's reason`), async (t) => {
+      t.timeout(5 * 60_000); // a guest under TCG on a loaded machine is slow; no facet test measures time
       const status = harness.backend.facets[f];
       if (status.offered) {
         t.true(status.how.length > 0);
@@ -131,11 +132,10 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   });
 
   t0(title('a writer that never stops is stopped at the output limit, not at its timeout'), async (t) => {
-    const started = Date.now();
-    const r = await shared.exec({ cmd: 'yes', maxOutputBytes: 64 * 1024, timeoutMs: 30_000 });
+    // the timeout is far beyond any machine's slowness: reaching it means the limit did not stop the writer
+    const r = await shared.exec({ cmd: 'yes', maxOutputBytes: 64 * 1024, timeoutMs: 300_000 });
     t.true(r.truncated);
     t.not(r.status, 'timeout');
-    t.true(Date.now() - started < 20_000, `took ${Date.now() - started} ms`);
     // Output exactly at the limit is whole, not truncated.
     const exact = await shared.exec({ cmd: 'printf abcde', maxOutputBytes: 5 });
     t.deepEqual([exact.stdout, exact.truncated, exact.exitCode], ['abcde', false, 0]);
@@ -216,19 +216,20 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
 
   facetBlock('sessions', 'a session holder reaches a shell in the sandbox', async (t) => {
     const sessions = facet(harness.backend, shared, 'sessions');
-    const { argv, ptmxPath } = await sessions.shellCommand({ mode: 'command', env: { CONF: 'yes' }, sessionId: 's-conformance' });
+    const { argv, ptmxPath, shellDepth } = await sessions.shellCommand({ mode: 'command', env: { CONF: 'yes' }, sessionId: 's-conformance' });
     t.is(ptmxPath, undefined);
     const dir = tempDir('warren-conf-sess-');
     const socketPath = join(dir, 's-conformance.sock');
-    const holder = await spawnHolder({ socketPath, mode: 'command', argv, bufferBytes: 65536, info: { sandboxId: shared.id, sessionId: 's-conformance' } });
+    const holder = await spawnHolder({ socketPath, mode: 'command', argv, shellDepth, bufferBytes: 65536, info: { sandboxId: shared.id, sessionId: 's-conformance' } });
     sessions.holderStarted(holder.pid);
     const att = await attachSession(socketPath, 0);
     try {
       const out: Buffer[] = [];
       att.onOutput((o) => out.push(o.data));
-      t.is((await att.run('c1', 'echo "$CONF"; cd /tmp', 20_000)).exitCode, 0);
-      t.is((await att.run('c2', 'pwd; false', 20_000)).exitCode, 1);
-      t.true(await until(async () => Buffer.concat(out).toString().includes('/tmp\n'), 5000));
+      // no timeouts: a guest under TCG on a loaded machine can take many seconds for a first command
+      t.is((await att.run('c1', 'echo "$CONF"; cd /tmp')).exitCode, 0);
+      t.is((await att.run('c2', 'pwd; false')).exitCode, 1);
+      t.true(await until(async () => Buffer.concat(out).toString().includes('/tmp\n'), 60_000));
       t.is(Buffer.concat(out).toString(), 'yes\n/tmp\n', 'env reaches the shell and cwd persists between commands');
     } finally {
       await att.close();
@@ -238,14 +239,14 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
   facetBlock('freeze', 'pause gives memory back, resume keeps processes running', async (t) => {
     const freeze = facet(harness.backend, shared, 'freeze');
     await shared.exec({ cmd: '(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.tmp; mv /tmp/counter.tmp /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 & echo $! > /tmp/counter.pid' });
-    t.true(await until(async () => (await shared.exec({ cmd: 'cat /tmp/counter' })).stdout.trim() !== '', 5000));
+    t.true(await until(async () => (await shared.exec({ cmd: 'cat /tmp/counter' })).stdout.trim() !== '', 60_000));
     const limit = harness.spec.memoryMb * 1024 * 1024;
     const report = await freeze.pause(limit);
     t.true(report.memoryBeforeBytes >= 0 && report.releasedBytes >= 0 && report.durationMs >= 0);
     t.is(typeof report.reclaim, 'string');
     await freeze.resume(limit, report.keep);
     const c1 = Number((await shared.exec({ cmd: 'cat /tmp/counter' })).stdout);
-    t.true(await until(async () => Number((await shared.exec({ cmd: 'cat /tmp/counter' })).stdout) > c1, 5000), 'the counter started before the pause goes on');
+    t.true(await until(async () => Number((await shared.exec({ cmd: 'cat /tmp/counter' })).stdout) > c1, 60_000), 'the counter started before the pause goes on');
     await shared.exec({ cmd: 'kill $(cat /tmp/counter.pid)' });
   });
 
