@@ -57,6 +57,7 @@ import type {
   SandboxSpec,
   SandboxStats,
   SessionAttachment,
+  CommandResult,
   SessionInfo,
   Shim,
 } from './types';
@@ -696,7 +697,7 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     const sessions = facet(this.backendOf(this.live(id).record), box, 'sessions');
     const sessionId = `s-${randomBytes(10).toString('hex')}`;
-    const { argv, ptmxPath } = await sessions.shellCommand({ mode: opts.mode, user: opts.user, cwd: opts.cwd, env: opts.env ?? {}, sessionId });
+    const { argv, ptmxPath, shellDepth } = await sessions.shellCommand({ mode: opts.mode, user: opts.user, cwd: opts.cwd, env: opts.env ?? {}, sessionId });
     const dir = this.sandboxSessionsDir(id);
     mkdirSync(dir, { recursive: true, mode: 0o700 });
     const socketPath = join(dir, `${sessionId}.sock`);
@@ -708,6 +709,7 @@ export class ShimNode implements Shim {
       cols: opts.cols,
       rows: opts.rows,
       ptmxPath,
+      shellDepth,
       info: { sandboxId: id, sessionId },
     });
     try {
@@ -723,16 +725,26 @@ export class ShimNode implements Shim {
    * sandbox before its input reaches the (then frozen) holder.
    */
   private tracked(id: string, att: SessionAttachment): SessionAttachment {
-    let chain: Promise<unknown> = Promise.resolve();
-    const whenAwake = (fn: () => void): void => {
+    // Everything that sends frames to the holder goes through one chain, so a client's
+    // messages reach it in the order they were sent: a signal sent before a run must not
+    // arrive after the run's MARK (it would then spare what it was meant to kill and could
+    // hit the new command instead). Each step first resumes a paused sandbox, whose holder
+    // is frozen with it.
+    let chain: Promise<void> = Promise.resolve();
+    const inOrder = (fn: (wakeError: unknown) => void): void => {
       this.lifecycle.touch(id);
-      const state = this.sandboxes.get(id)?.state;
-      if (state !== 'paused' && state !== 'hibernated') {
-        chain = chain.then(fn, fn);
-        return;
-      }
-      chain = chain.then(() => this.lifecycle.ensureAwake(id)).then(fn, fn);
+      chain = chain
+        .then(() => this.lifecycle.ensureAwake(id))
+        .then(() => null, (err: unknown) => err)
+        .then((wakeError) => {
+          try {
+            fn(wakeError);
+          } catch {
+            // a write or signal to an attachment that has ended: the client learns from the end itself
+          }
+        });
     };
+    const send = (fn: () => void): void => inOrder(() => fn());
     return {
       get info() {
         return att.info;
@@ -740,28 +752,42 @@ export class ShimNode implements Shim {
       onOutput: (l) => att.onOutput(l),
       onCommandDone: (l) => att.onCommandDone(l),
       onExit: (l) => att.onExit(l),
-      run: async (commandId, command, timeoutMs) => {
-        await this.lifecycle.ensureAwake(id);
-        const end = this.lifecycle.begin(id);
-        try {
-          return await att.run(commandId, command, timeoutMs);
-        } finally {
-          end();
-        }
-      },
-      write: (data) => whenAwake(() => att.write(data)),
-      resize: (cols, rows) => whenAwake(() => att.resize(cols, rows)),
-      signal: (signal) => whenAwake(() => att.signal(signal)),
+      run: (commandId, command, timeoutMs) =>
+        new Promise<CommandResult>((resolve, reject) => {
+          inOrder((wakeError) => {
+            if (wakeError !== null) return reject(wakeError);
+            const end = this.lifecycle.begin(id);
+            // att.run sends its frames before it returns: the next step cannot overtake them
+            let running: Promise<CommandResult>;
+            try {
+              running = att.run(commandId, command, timeoutMs);
+            } catch (err) {
+              end();
+              return reject(err);
+            }
+            running.then(resolve, reject).finally(end);
+          });
+        }),
+      write: (data) => send(() => att.write(data)),
+      resize: (cols, rows) => send(() => att.resize(cols, rows)),
+      signal: (signal) => send(() => att.signal(signal)),
       detach: () => att.detach(),
       onLost: (l) => att.onLost?.(l),
       pauseOutput: () => att.pauseOutput?.(),
       resumeOutput: () => att.resumeOutput?.(),
       recentStatus: async (commandId, after) => (att.recentStatus ? att.recentStatus(commandId, after) : null),
-      abortCommand: () => whenAwake(() => att.abortCommand?.()),
-      close: async () => {
-        await this.lifecycle.ensureAwake(id);
-        await att.close();
-      },
+      abortCommand: () => send(() => att.abortCommand?.()),
+      close: () =>
+        new Promise<void>((resolve, reject) => {
+          inOrder((wakeError) => {
+            if (wakeError !== null) return reject(wakeError);
+            try {
+              att.close().then(resolve, reject);
+            } catch (err) {
+              reject(err);
+            }
+          });
+        }),
     };
   }
 
