@@ -17,18 +17,18 @@
  *   cgroup <id>                   the VMM
  */
 import { execFile } from 'node:child_process';
-import { chownSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
+import { chownSync, existsSync, mkdirSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../errors';
 import { vmAccelerator } from '../../features';
 import { native } from '../../native';
 import { profile as policyProfile, profileForOwner } from '../../security/confinement';
 import type { Backend, BackendSandbox, ExecRequest, FacetName, FacetStatus, ResolvedLayer, SandboxRecord, SandboxSpec } from '../types';
-import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, destroyCgroup, killAndWait, readTail, vmLeftovers, vmmUser, vmmUserIds } from './microvm/backend';
+import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, destroyCgroup, inJail, killAndWait, launchVmm, readTail, vmLeftovers, vmmUser, vmmUserIds } from './microvm/backend';
 import { Qmp } from './microvm/qmp';
-import { hostTscKhz, spawnVmm } from './microvm/vmm';
+import { hostTscKhz } from './microvm/vmm';
 import { VmDisplay } from './vm/display';
 import { type DesktopImage, desktopImage } from './vm/image';
 import { type Q35Launch, qemuQ35 } from './vm/qemu';
@@ -180,32 +180,14 @@ export class VmBackend implements Backend {
       jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: [runtime.base, runtime.kernel, runtime.initrd], stash: this.stash, user: vmmUser() },
       ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
     };
-    const log = openSync(launch.logFile, 'a', 0o600);
-    let proc;
-    try {
-      proc = spawnVmm(qemuQ35, launch, log);
-    } finally {
-      closeSync(log);
-    }
-    try {
-      native.cgroupAttach(id, proc.pid);
-      if (idle) native.setSchedIdle(proc.pid);
-    } catch (err) {
-      await killAndWait(proc.pid);
-      throw err;
-    }
-    runtime.vmmPid = proc.pid;
-    runtime.startTime = native.processStartTime(proc.pid);
-    proc.release();
-    return proc.pid;
+    return launchVmm(qemuQ35, launch, runtime, idle);
   }
 
   /** vms have no network (see facets): nothing to tear down. */
   async tearDownNetwork(): Promise<void> {}
 
-  /** A file of the sandbox's data dir as the (jailed, unprivileged) VMM sees it. */
   inJail(file: string): string {
-    return vmmUser() === null ? file : join(this.stash, 'data', basename(file));
+    return inJail(this.stash, file);
   }
 
   async adopt(record: SandboxRecord): Promise<BackendSandbox | null> {

@@ -242,29 +242,11 @@ export class MicroVMBackend implements Backend {
       jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: runtime.layerFiles, stash: this.stash, user: vmmUser() },
       ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
     };
-    const log = openSync(launch.logFile, 'a', 0o600);
-    let proc;
-    try {
-      proc = spawnVmm(this.driver, launch, log);
-    } finally {
-      closeSync(log);
-    }
-    try {
-      native.cgroupAttach(id, proc.pid);
-      if (idle) native.setSchedIdle(proc.pid);
-    } catch (err) {
-      await killAndWait(proc.pid);
-      throw err;
-    }
-    runtime.vmmPid = proc.pid;
-    runtime.startTime = native.processStartTime(proc.pid);
-    proc.release();
-    return proc.pid;
+    return launchVmm(this.driver, launch, runtime, idle);
   }
 
-  /** A file of the sandbox's data dir as the (jailed, unprivileged) VMM sees it. */
   inJail(file: string): string {
-    return vmmUser() === null ? file : join(this.stash, 'data', basename(file));
+    return inJail(this.stash, file);
   }
 
   async adopt(record: SandboxRecord): Promise<MicroVMSandbox | null> {
@@ -336,6 +318,38 @@ export function vmmUserIds(): { uid: number; gid: number } | null {
 }
 
 /** SIGKILL the VMM and everything under it (the jail's QEMU, its migration shell) and wait until all are gone. */
+/**
+ * Start the VMM of `launch`: its output appended to the launch's log, the process counted in
+ * the sandbox's cgroup (and SCHED_IDLE for an idle sandbox) before anything waits on it. A VMM
+ * that cannot be counted is killed, not left running outside its limits. Its pid and start
+ * time go into `runtime` (re-adoption tells a live VMM from a reused pid by them).
+ */
+export async function launchVmm(driver: VmmDriver, launch: VmLaunch, runtime: { vmmPid: number; startTime: number }, idle: boolean): Promise<number> {
+  const log = openSync(launch.logFile, 'a', 0o600);
+  let proc;
+  try {
+    proc = spawnVmm(driver, launch, log);
+  } finally {
+    closeSync(log);
+  }
+  try {
+    native.cgroupAttach(launch.id, proc.pid);
+    if (idle) native.setSchedIdle(proc.pid);
+  } catch (err) {
+    await killAndWait(proc.pid);
+    throw err;
+  }
+  runtime.vmmPid = proc.pid;
+  runtime.startTime = native.processStartTime(proc.pid);
+  proc.release();
+  return proc.pid;
+}
+
+/** A file of a sandbox's data dir as the (jailed, unprivileged) VMM sees it: through the stash. */
+export function inJail(stash: string, file: string): string {
+  return vmmUser() === null ? file : join(stash, 'data', basename(file));
+}
+
 export async function killAndWait(pid: number): Promise<void> {
   const pids = [...descendants(pid), pid];
   for (const p of pids) {

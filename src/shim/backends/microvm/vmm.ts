@@ -75,31 +75,56 @@ export function optPath(p: string): string {
   return p;
 }
 
+/**
+ * What every QEMU that Warren starts gets, whatever its machine: a name, the accelerator (a
+ * TCG translation cache of `tbSizeMb`), memory and vCPUs, nothing by default, QEMU's seccomp
+ * filter, the direct kernel boot, and a bounded console.
+ */
+export function qemuBaseArgs(l: VmLaunch, machine: 'microvm' | 'q35', tbSizeMb: number): string[] {
+  return [
+    '-name', `warren-${l.id}`,
+    '-M', machine,
+    '-accel', l.accel === 'kvm' ? 'kvm' : `tcg,tb-size=${tbSizeMb}`,
+    ...(l.accel === 'kvm' ? ['-cpu', 'host'] : []),
+    '-m', `${l.memoryMb}M`,
+    '-smp', String(l.vcpus),
+    '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+    // QEMU's own seccomp filter: no obsolete syscalls, no resource-control syscalls; spawning stays
+    // allowed because pause saves the VM through `exec:cat`. QEMU 7.2 installs the filter before
+    // `-runas` drops to the VMM user, so set*id stays allowed when it drops (once unprivileged it
+    // cannot gain anything back); without the drop they are denied.
+    '-sandbox', `on,obsolete=deny,elevateprivileges=${l.jail?.user ? 'allow' : 'deny'},spawn=allow,resourcecontrol=deny`,
+    '-kernel', optPath(l.kernel),
+    '-initrd', optPath(l.initrd),
+    '-append', l.cmdline,
+    // The console is a bounded ring inside QEMU (read over QMP when a boot fails): a guest writing to it forever costs 64 KiB.
+    '-chardev', 'ringbuf,id=con,size=65536',
+    '-serial', 'chardev:con',
+  ];
+}
+
+/** The guest agent's and the sessions' virtio-serial ports on `serialDevice`, and QMP. */
+export function qemuChannelArgs(l: VmLaunch, serialDevice: 'virtio-serial-device' | 'virtio-serial-pci'): string[] {
+  return [
+    '-device', `${serialDevice},id=vser0`,
+    '-chardev', `socket,id=agent,path=${optPath(l.agentSocket)},server=on,wait=off`,
+    '-device', 'virtserialport,bus=vser0.0,chardev=agent,name=warren.agent',
+    ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
+    '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
+  ];
+}
+
+/** Last: the snapshot to restore from, and the drop to the VMM user. */
+export function qemuFinalArgs(l: VmLaunch): string[] {
+  return [...(l.incoming !== undefined ? ['-incoming', `exec:cat ${shellWord(l.incoming)}`] : []), ...(l.jail?.user ? ['-runas', l.jail.user] : [])];
+}
+
 export const qemuMicrovm: VmmDriver = {
   name: 'qemu-microvm',
   status: () => (feature('qemu').supported ? { available: true } : { available: false, reason: feature('qemu').reason ?? 'no qemu' }),
   command(l) {
-    const args = [
-      '-name', `warren-${l.id}`,
-      // ACPI stays on: this kernel has no VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI is how it finds the virtio-mmio devices.
-      '-M', 'microvm',
-      '-accel', l.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=32',
-      ...(l.accel === 'kvm' ? ['-cpu', 'host'] : []),
-      '-m', `${l.memoryMb}M`,
-      '-smp', String(l.vcpus),
-      '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
-      // QEMU's own seccomp filter: no obsolete syscalls, no resource-control syscalls; spawning stays
-      // allowed because pause saves the VM through `exec:cat`. QEMU 7.2 installs the filter before
-      // `-runas` drops to the VMM user, so set*id stays allowed when it drops (once unprivileged it
-      // cannot gain anything back); without the drop they are denied.
-      '-sandbox', `on,obsolete=deny,elevateprivileges=${l.jail?.user ? 'allow' : 'deny'},spawn=allow,resourcecontrol=deny`,
-      '-kernel', optPath(l.kernel),
-      '-initrd', optPath(l.initrd),
-      '-append', l.cmdline,
-      // The console is a bounded ring inside QEMU (read over QMP when a boot fails): a guest writing to it forever costs 64 KiB.
-      '-chardev', 'ringbuf,id=con,size=65536',
-      '-serial', 'chardev:con',
-    ];
+    // ACPI stays on: this kernel has no VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI is how it finds the virtio-mmio devices.
+    const args = qemuBaseArgs(l, 'microvm', 32);
     for (const d of l.disks) {
       // No image locking: QEMU re-opens images by path to change lock modes (at the end of a migration),
       // which the unprivileged, jailed VMM cannot do for the root-only layer store. Each VM has its own
@@ -107,20 +132,13 @@ export const qemuMicrovm: VmmDriver = {
       args.push('-drive', `id=${d.id},file=${optPath(d.file)},format=raw,if=none,file.locking=off${d.readOnly ? ',readonly=on' : ',discard=unmap'}`);
       args.push('-device', `virtio-blk-device,drive=${d.id},serial=${d.serial}`);
     }
-    args.push(
-      '-device', 'virtio-serial-device,id=vser0',
-      '-chardev', `socket,id=agent,path=${optPath(l.agentSocket)},server=on,wait=off`,
-      '-device', 'virtserialport,bus=vser0.0,chardev=agent,name=warren.agent',
-      ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
-      '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
-    );
+    args.push(...qemuChannelArgs(l, 'virtio-serial-device'));
     if (l.net !== undefined) {
       if (!/^[a-z0-9]{1,15}$/.test(l.net.tap) || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(l.net.mac)) throw new WarrenError('INVALID_ARGUMENT', `bad tap ${JSON.stringify(l.net)}`);
       // userspace virtio-net: vhost-net is not needed (and absent on some hosts, where vhost=on aborts QEMU)
       args.push('-netdev', `tap,id=n0,ifname=${l.net.tap},script=no,downscript=no,vhost=off`, '-device', `virtio-net-device,netdev=n0,mac=${l.net.mac}`);
     }
-    if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
-    if (l.jail?.user) args.push('-runas', l.jail.user);
+    args.push(...qemuFinalArgs(l));
     return { bin: 'qemu-system-x86_64', args };
   },
 };

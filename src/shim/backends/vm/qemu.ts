@@ -8,7 +8,7 @@
  */
 import { WarrenError } from '../../../errors';
 import { feature } from '../../../features';
-import { type VmLaunch, type VmmDriver, optPath, shellWord } from '../microvm/vmm';
+import { type VmLaunch, type VmmDriver, optPath, qemuBaseArgs, qemuChannelArgs, qemuFinalArgs } from '../microvm/vmm';
 
 export interface Q35Launch extends VmLaunch {
   screen: { width: number; height: number };
@@ -28,37 +28,19 @@ export const qemuQ35: VmmDriver = {
   command(l) {
     if (!isQ35(l)) throw new WarrenError('INTERNAL', 'the q35 driver needs a display and an overlay disk');
     const args = [
-      '-name', `warren-${l.id}`,
-      '-M', 'q35',
       // A desktop runs much more guest code than a microVM's agent: a bigger translation cache saves retranslation.
-      '-accel', l.accel === 'kvm' ? 'kvm' : 'tcg,tb-size=64',
-      ...(l.accel === 'kvm' ? ['-cpu', 'host'] : []),
-      '-m', `${l.memoryMb}M`,
-      '-smp', String(l.vcpus),
-      '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
-      // Same filter as the microVM (see microvm/vmm.ts): spawning stays allowed for pause's `exec:cat`.
-      '-sandbox', `on,obsolete=deny,elevateprivileges=${l.jail?.user ? 'allow' : 'deny'},spawn=allow,resourcecontrol=deny`,
-      '-kernel', optPath(l.kernel),
-      '-initrd', optPath(l.initrd),
-      '-append', l.cmdline,
-      '-chardev', 'ringbuf,id=con,size=65536',
-      '-serial', 'chardev:con',
+      ...qemuBaseArgs(l, 'q35', 64),
       '-device', `VGA,id=video0,edid=on,xres=${l.screen.width},yres=${l.screen.height},vgamem_mb=16`,
       '-device', 'virtio-tablet-pci,id=tablet0',
       // No image locking (see microvm/vmm.ts): the jailed VMM re-opens images by path after dropping privileges.
       '-drive', `id=root,file=${optPath(l.overlay)},format=qcow2,if=none,file.locking=off,discard=unmap`,
       '-device', 'virtio-blk-pci,drive=root,serial=root',
-      '-device', 'virtio-serial-pci,id=vser0',
-      '-chardev', `socket,id=agent,path=${optPath(l.agentSocket)},server=on,wait=off`,
-      '-device', 'virtserialport,bus=vser0.0,chardev=agent,name=warren.agent',
-      ...l.sessionSockets.flatMap((sock, i) => ['-chardev', `socket,id=s${i},path=${optPath(sock)},server=on,wait=off`, '-device', `virtserialport,bus=vser0.0,chardev=s${i},name=warren.session.${i}`]),
-      '-qmp', `unix:${optPath(l.qmpSocket)},server=on,wait=off`,
+      ...qemuChannelArgs(l, 'virtio-serial-pci'),
       '-chardev', `socket,id=dqmp,path=${optPath(l.displayQmpSocket)},server=on,wait=off`,
       '-mon', 'chardev=dqmp,mode=control',
       '-vnc', `unix:${optPath(l.vncSocket)}`,
     ];
-    if (l.incoming !== undefined) args.push('-incoming', `exec:cat ${shellWord(l.incoming)}`);
-    if (l.jail?.user) args.push('-runas', l.jail.user);
+    args.push(...qemuFinalArgs(l));
     return { bin: 'qemu-system-x86_64', args };
   },
 };
