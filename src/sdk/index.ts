@@ -24,6 +24,7 @@ import type {
   ImageInfo,
   ImagePushResult,
   ImportProgress,
+  InputAction,
   PackRequest,
   PackResult,
   PauseResult,
@@ -49,6 +50,8 @@ export type {
   ImageInfo,
   ImagePushResult,
   ImportProgress,
+  InputAction,
+  MouseButton,
   PackRequest,
   PackResult,
   PauseResult,
@@ -394,18 +397,6 @@ export class WarrenClient {
     await this.pool.close();
   }
 }
-
-export type MouseButton = 'left' | 'middle' | 'right';
-/** One computer-use input action (docs/vm.md). */
-export type InputAction =
-  | { type: 'key'; keys: string | string[]; repeat?: number }
-  | { type: 'type'; text: string }
-  | { type: 'move'; x: number; y: number }
-  | { type: 'click'; x?: number; y?: number; button?: MouseButton; count?: number }
-  | { type: 'down' | 'up'; x?: number; y?: number; button?: MouseButton }
-  | { type: 'drag'; from: { x: number; y: number }; to: { x: number; y: number }; button?: MouseButton }
-  | { type: 'scroll'; x?: number; y?: number; dx?: number; dy?: number }
-  | { type: 'wait'; ms: number };
 
 export class Sandbox {
   readonly id: string;

@@ -292,6 +292,18 @@ export interface BackendSandbox {
   readonly display?: DisplayFacet;
 }
 
+export type MouseButton = 'left' | 'middle' | 'right';
+/** One computer-use input action (docs/vm.md): what `input` takes, in the API and the SDKs. */
+export type InputAction =
+  | { type: 'key'; keys: string | string[]; repeat?: number }
+  | { type: 'type'; text: string }
+  | { type: 'move'; x: number; y: number }
+  | { type: 'click'; x?: number; y?: number; button?: MouseButton; count?: number }
+  | { type: 'down' | 'up'; x?: number; y?: number; button?: MouseButton }
+  | { type: 'drag'; from: { x: number; y: number }; to: { x: number; y: number }; button?: MouseButton }
+  | { type: 'scroll'; x?: number; y?: number; dx?: number; dy?: number }
+  | { type: 'wait'; ms: number };
+
 /** Computer use: what a person at the VM's screen could do, from the host (QMP, VNC). */
 export interface DisplayFacet {
   readonly width: number;

@@ -10,18 +10,7 @@
  * absurd counts, INVALID_ARGUMENT for malformed actions.
  */
 import { WarrenError } from '../../../errors';
-
-export type MouseButton = 'left' | 'middle' | 'right';
-
-export type InputAction =
-  | { type: 'key'; keys: string | string[]; repeat?: number }
-  | { type: 'type'; text: string }
-  | { type: 'move'; x: number; y: number }
-  | { type: 'click'; x?: number; y?: number; button?: MouseButton; count?: number }
-  | { type: 'down' | 'up'; x?: number; y?: number; button?: MouseButton }
-  | { type: 'drag'; from: { x: number; y: number }; to: { x: number; y: number }; button?: MouseButton }
-  | { type: 'scroll'; x?: number; y?: number; dx?: number; dy?: number }
-  | { type: 'wait'; ms: number };
+import type { InputAction, MouseButton } from '../../types';
 
 export const INPUT_LIMITS = {
   actions: 256,
