@@ -15,9 +15,12 @@ import { waitForValue } from '../helpers/wait';
 let w: E2bWarren;
 let sb: Sandbox;
 
-test.before(async () => {
+test.before(async (t) => {
+  // On a cold machine the first create builds the judge image's python toolkit (minutes): the
+  // SDK's own request timeout (60 s) would abort it.
+  t.timeout(20 * 60_000);
   w = await startE2bWarren('e2bci');
-  sb = await Sandbox.create(w.opts);
+  sb = await Sandbox.create({ ...w.opts, requestTimeoutMs: 20 * 60_000 });
 });
 
 test.after.always(async () => {
