@@ -167,6 +167,16 @@ static struct proc *proc_by_chan(uint32_t chan) {
 /* T_EXPORT runs one fixed command outside the sandbox root (the upper dir is not reachable from inside it). */
 static int exec_outside_root = 0;
 
+/* cgroup.procs of the group every sandbox process runs in (the sandbox's pids limit; see the
+ * initramfs' /init), or -1 where the guest kernel has no cgroup2. The agent and its session
+ * servers stay outside it, so a fork bomb that fills the group cannot stop them from forking. */
+static int sandbox_procs = -1;
+
+/* In a child, before anything else: join the sandbox's group. */
+static int join_sandbox_group(void) {
+  return sandbox_procs < 0 || write(sandbox_procs, "0", 1) == 1 ? 0 : -1;
+}
+
 static void do_exec(uint32_t chan, const char *p, const char *end) {
   const char *cwd = next_str(&p, end), *uid_s = next_str(&p, end), *gid_s = next_str(&p, end), *nargs_s = next_str(&p, end);
   if (!cwd || !uid_s || !gid_s || !nargs_s) return send_err(chan, EINVAL, "malformed exec");
@@ -189,12 +199,12 @@ static void do_exec(uint32_t chan, const char *p, const char *end) {
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);
+    int e = join_sandbox_group() ? errno : 0;
     setsid();
     dup2(in[0], 0);
     dup2(out[1], 1);
     dup2(er[1], 2);
-    int e = 0;
-    if (!exec_outside_root && (fchdir(rootfd) || chroot("."))) e = errno;
+    if (!e && !exec_outside_root && (fchdir(rootfd) || chroot("."))) e = errno;
     if (!e && chdir(cwd)) e = errno | 0x10000;
     gid_t gid = (gid_t)atol(gid_s);
     if (!e && (setgroups(0, NULL) || setgid(gid) || setuid((uid_t)atol(uid_s)))) e = errno;
@@ -589,6 +599,7 @@ static void session_server(const char *portpath) {
               sigset_t none;
               sigemptyset(&none);
               sigprocmask(SIG_SETMASK, &none, NULL);
+              if (join_sandbox_group()) { fprintf(stderr, "warren-agent: session cgroup: %m\n"); _exit(127); }
               setsid();
               /* into the root first: rootfd may be one of the fds (3) the dup2s below replace */
               int rooted = fchdir(rootfd) == 0 && chroot(".") == 0;
@@ -692,6 +703,13 @@ int main(void) {
   if (rootfd < 0) { perror("warren-agent: root"); return 1; }
   port = open(portname, O_RDWR | O_NONBLOCK | O_CLOEXEC);
   if (port < 0) { perror("warren-agent: port"); return 1; }
+  const char *cg = getenv("WARREN_CGROUP");
+  if (cg && *cg) {
+    char procs_path[256];
+    snprintf(procs_path, sizeof procs_path, "%s/cgroup.procs", cg);
+    sandbox_procs = open(procs_path, O_WRONLY | O_CLOEXEC);
+    if (sandbox_procs < 0) perror("warren-agent: sandbox cgroup");
+  }
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);

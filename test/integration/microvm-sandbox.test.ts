@@ -120,6 +120,24 @@ it(title('a memory hog and a fork bomb stay inside the guest'), async (t) => {
   t.is(f.shim.getSandbox(vm.id).pid, vmmBefore, 'the VMM itself was never killed');
 });
 
+it(title("the sandbox's pids limit holds inside the guest, and the agent can still start commands at it"), async (t) => {
+  t.timeout(5 * 60_000);
+  const limit = vmSpec().pids;
+  // More background processes than the limit allows: the fork past it fails (EAGAIN), which ends this shell.
+  const flood = await f.shim.exec(vm.id, { cmd: `i=0; while [ $i -lt ${limit + 50} ]; do sleep 600 & i=$((i+1)); done; echo all started`, timeoutMs: 240_000 });
+  t.regex(flood.stderr, /can't fork: Resource temporarily unavailable/);
+  t.notRegex(flood.stdout, /all started/);
+  // At the limit a new command still starts (the agent forks outside the group); builtins only
+  // from here on, as no process in the group can fork until some are gone.
+  const forEachSleep = (action: string) => `n=0; for p in /proc/[0-9]*; do read -r c < $p/comm 2>/dev/null && [ "$c" = sleep ] && { n=$((n+1)); ${action}; }; done; echo $n`;
+  const count = await f.shim.exec(vm.id, { cmd: forEachSleep(':'), timeoutMs: 60_000 });
+  const started = Number(count.stdout.trim());
+  t.log(`${started} of ${limit + 50} background processes started under pids ${limit}`);
+  t.true(started < limit && started > limit / 2, `${started} started: ${JSON.stringify(count)}`);
+  await f.shim.exec(vm.id, { cmd: forEachSleep('kill -9 ${p#/proc/}'), timeoutMs: 60_000 });
+  t.true(await until(async () => (await f.shim.exec(vm.id, { cmd: forEachSleep(':') })).stdout.trim() === '0', 60_000), 'the sleeps are gone');
+});
+
 it(title('pause saves the VM to disk and ends the VMM; any request resumes it with its processes running'), async (t) => {
   await f.shim.exec(vm.id, { cmd: '(i=0; while :; do i=$((i+1)); echo $i > /root/count.tmp; mv /root/count.tmp /root/count; sleep 0.1; done) >/dev/null 2>&1 &' });
   t.true(await until(async () => Number((await f.shim.exec(vm.id, { cmd: 'cat /root/count' })).stdout) > 1, 20_000));

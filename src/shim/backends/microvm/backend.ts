@@ -13,7 +13,7 @@
  *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
  */
 import { execFile } from 'node:child_process';
-import { chownSync, closeSync, existsSync, mkdirSync, openSync, readdirSync, statSync } from 'node:fs';
+import { chownSync, closeSync, copyFileSync, existsSync, linkSync, mkdirSync, openSync, readdirSync, statSync } from 'node:fs';
 import { rm, truncate } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { PassThrough } from 'node:stream';
@@ -86,6 +86,8 @@ export interface MicroVMRuntime {
   vcpus: number;
   guestMb: number;
   layerFiles: string[];
+  /** The sandbox's pids limit, enforced by a cgroup inside the guest (the host's counts QEMU's threads). */
+  pids?: number;
   /** Set while paused: the snapshot file the next resume restores. */
   snapshot?: string;
   /** The sandbox's namespace, cgroup policy and tap (absent: the guest has no NIC). */
@@ -157,18 +159,22 @@ export class MicroVMBackend implements Backend {
     });
     const kernel = findGuestKernel();
     if (kernel === null) throw new WarrenError('NOT_SUPPORTED', `microvm: ${feature('microvm-guest').reason}`);
-    const initrd = guestInitramfs(kernel);
+    const cachedInitrd = guestInitramfs(kernel);
     const diskMb = spec.diskMb ?? policyProfile(profileForOwner(spec.owner)).limits.diskMb ?? 2048;
     const dir = join(this.dir, id);
     const runDir = join(this.runRoot, id);
     const accel = microvmAccelerator().accel;
     const vcpus = Math.max(1, Math.min(Math.ceil(spec.cpu), 16));
-    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: kernel.image, vcpus, guestMb: spec.memoryMb, layerFiles: files, initrd };
+    // The sandbox keeps its own link to the initramfs it booted: a later build (another agent or
+    // /init) replaces the cached one, and a paused VM must restore with the initramfs it had.
+    const initrd = join(dir, 'initrd.cpio');
+    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: kernel.image, vcpus, guestMb: spec.memoryMb, layerFiles: files, initrd, pids: spec.pids };
     let cgroup = false;
     let pid = 0;
     try {
       mkdirSync(dir, { mode: 0o700 });
       mkdirSync(runDir, { mode: 0o700 });
+      pinFile(cachedInitrd, initrd);
       // QEMU runs as the unprivileged VMM user after start-up: the snapshot it writes goes in `dir`.
       const user = vmmUserIds();
       if (user !== null) chownSync(dir, user.uid, user.gid);
@@ -220,7 +226,7 @@ export class MicroVMBackend implements Backend {
   async launch(id: string, runtime: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
     const khz = hostTscKhz();
     const tap = runtime.network?.tap;
-    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`, ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])].join(' ');
+    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`, ...(runtime.pids !== undefined ? [`warren.pids=${runtime.pids}`] : []), ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])].join(' ');
     const agentSocket = join(runtime.runDir, 'agent.sock');
     const qmpSocket = join(runtime.runDir, 'qmp.sock');
     for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
@@ -343,6 +349,16 @@ export async function launchVmm(driver: VmmDriver, launch: VmLaunch, runtime: { 
   runtime.startTime = native.processStartTime(proc.pid);
   proc.release();
   return proc.pid;
+}
+
+/** `to` becomes a hard link to `from` (a copy across filesystems): it stays when `from` is replaced or removed. */
+function pinFile(from: string, to: string): void {
+  try {
+    linkSync(from, to);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
+    copyFileSync(from, to);
+  }
 }
 
 /** A file of a sandbox's data dir as the (jailed, unprivileged) VMM sees it: through the stash. */

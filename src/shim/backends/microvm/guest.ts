@@ -95,9 +95,9 @@ export PATH=/bin
 fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
 mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
 for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
-id=; layers=0; net=
+id=; layers=0; net=; pids=
 for a in $(cat /proc/cmdline); do
-  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; esac
+  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; esac
 done
 disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
 i=0
@@ -127,7 +127,14 @@ fi
 port=
 for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
 [ -n "$port" ] || fail "no agent port"
-export WARREN_AGENT_PORT="$port" WARREN_ROOT=/newroot
+# The sandbox's processes (not the agent) run in one group with the sandbox's pids limit, as a
+# container's do; a guest kernel without cgroup2 boots anyway, and the host reports it.
+cg=
+if [ -n "$pids" ] && mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null && echo +pids > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+  mkdir -p /sys/fs/cgroup/sandbox && echo "$pids" > /sys/fs/cgroup/sandbox/pids.max && cg=/sys/fs/cgroup/sandbox || fail "pids limit"
+  echo "WARREN_PIDS_LIMIT $pids"
+fi
+export WARREN_AGENT_PORT="$port" WARREN_ROOT=/newroot WARREN_CGROUP="$cg"
 echo "WARREN_BOOT_OK"
 exec /sbin/warren-agent
 `;
@@ -170,7 +177,7 @@ export function guestInitramfs(kernel: GuestKernel): string {
     const cpio = execFileSync('cpio', ['--quiet', '-o', '-H', 'newc', '--owner', '0:0'], { cwd: tmp, input: files, maxBuffer: 256 << 20 });
     writeFileSync(`${out}.tmp`, cpio);
     renameSync(`${out}.tmp`, out);
-    // Older builds (other inputs) are not used again; microVMs already running keep their open copy.
+    // Older builds (other inputs) are not used again: each microVM holds a link to the one it booted.
     for (const name of readdirSync(GUEST_CACHE)) {
       if (name.startsWith('initrd-') && join(GUEST_CACHE, name) !== out) rmSync(join(GUEST_CACHE, name), { force: true });
     }
