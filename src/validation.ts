@@ -16,7 +16,7 @@
  */
 import { WarrenError } from './errors';
 import { BACKEND_NAMES } from './shim/types';
-import type { BackendName, ExecRequest, IdleAction, LifetimePolicy, OpenSessionOptions, PackRequest, Priority, SandboxSpec, SessionMode } from './shim/types';
+import { IDLE_ACTIONS, type BackendName, type ExecRequest, type IdleAction, type LifetimePolicy, type OpenSessionOptions, type PackRequest, type Priority, type SandboxSpec, type SessionMode } from './shim/types';
 import { parseRegistryRef } from './shim/layers/distribution';
 
 // ---------------------------------------------------------------- limits
@@ -361,8 +361,6 @@ export function validateNetworkServices(v: unknown, field: string): Record<strin
 }
 
 // ---------------------------------------------------------------- lifecycle
-
-export const IDLE_ACTIONS: readonly IdleAction[] = ['pause', 'hibernate', 'stop', 'delete'];
 
 /** `POST /v1/sandboxes/:id/extend` `{ seconds }` (added to the current expiry) or `{ ttlSeconds }` (a new maximum from now). */
 export function validateExtendRequest(body: unknown): { seconds?: number; ttlSeconds?: number } {

@@ -52,7 +52,7 @@ commands:
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
-         [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete]
+         [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete|reclaim]
          [--net SERVICE[,SERVICE...]|none]               prints the sandbox id
   network ID [SERVICE=on|off]...                   a sandbox's services, address, DNS bindings and denials; change them live
   exec ID [--timeout MS] [--cwd DIR] [--user U] [--env K=V]... [--stdin] [--idempotency-key K] -- CMD [ARG...]

@@ -23,6 +23,7 @@ import type {
   FileEntry,
   ImageInfo,
   ImagePushResult,
+  IdleAction,
   ImportProgress,
   InputAction,
   PackRequest,
@@ -49,6 +50,7 @@ export type {
   FileEntry,
   ImageInfo,
   ImagePushResult,
+  IdleAction,
   ImportProgress,
   InputAction,
   MouseButton,
@@ -88,7 +90,7 @@ export interface CreateSandboxRequest {
   diskMb?: number;
   ttlSeconds?: number;
   idleSeconds?: number;
-  onIdle?: 'pause' | 'hibernate' | 'stop' | 'delete';
+  onIdle?: IdleAction;
   network?: Record<string, boolean>;
   priority?: Priority;
   user?: string;

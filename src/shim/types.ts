@@ -44,7 +44,9 @@ export interface SandboxSpec {
   network?: Record<string, boolean>;
 }
 
-export type IdleAction = 'pause' | 'hibernate' | 'stop' | 'delete';
+/** What an idle sandbox becomes; `reclaim` keeps it running and gives its cold memory back. */
+export type IdleAction = 'pause' | 'hibernate' | 'stop' | 'delete' | 'reclaim';
+export const IDLE_ACTIONS: readonly IdleAction[] = ['pause', 'hibernate', 'stop', 'delete', 'reclaim'];
 
 export interface LifetimePolicy {
   /** Hard maximum age in seconds; the sandbox is stopped when it passes. */
@@ -64,6 +66,24 @@ export interface SandboxLifecycleInfo {
   pausedAt?: string;
   /** Why a sandbox is stopped: "ttl", "idle", "exited". */
   stopReason?: string;
+  /** The last cold-memory reclaim (onIdle "reclaim"). */
+  coldReclaim?: ColdReclaimResult;
+}
+
+/** A running sandbox's cold memory given back (onIdle "reclaim"): the kernel's inactive LRU lists, pushed out. */
+export interface ColdReclaimReport {
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  releasedBytes: number;
+  /** What the kernel counted as cold (its inactive lists) and was asked to give back. */
+  coldBytes: number;
+  reclaim: 'memory.reclaim' | 'limit' | 'none';
+  note?: string;
+  durationMs: number;
+}
+
+export interface ColdReclaimResult extends ColdReclaimReport {
+  at: string;
 }
 
 export interface PauseResult {
@@ -369,6 +389,8 @@ export interface PauseReportCore {
 export interface FreezeFacet {
   pause(limitBytes: number): Promise<PauseReportCore>;
   resume(limitBytes: number, kept: Record<string, unknown> | undefined): Promise<void>;
+  /** Give back the cold part of a running sandbox's memory, leaving it running (absent: the backend cannot). */
+  reclaimCold?(limitBytes: number): Promise<ColdReclaimReport>;
 }
 
 export interface CheckpointRef {

@@ -105,6 +105,10 @@ export function instruments() {
         unit: 'By',
       }),
     ),
+    coldReclaimed: meter.createHistogram('warren.sandbox.idle_reclaim.released', {
+      description: 'Cold memory given back by the idle reclaim of running sandboxes',
+      unit: 'By',
+    }),
     execLatency: meter.createHistogram('warren.sandbox.exec.duration', {
       description: 'Exec duration, spawn to exit',
       unit: 'ms',

@@ -98,3 +98,32 @@ it(`a label selector pauses and resumes every sandbox of a job`, async (t) => {
     });
   });
 });
+
+it(`idle reclaim gives the cold memory of a running sandbox back, keeps it running with its memory intact, and again after activity`, async (t) => {
+  t.timeout(5 * 60_000);
+  await withZramSwap(512, async (swap) => {
+    await withShim(t, async ({ shim }) => {
+      const sb = await shim.createSandbox(spec({ memoryMb: 256, lifetime: { idleSeconds: 1, onIdle: 'reclaim' } }));
+      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
+      // 96 MiB written once and then left alone: cold; the counter keeps a few pages hot
+      await shim.exec(sb.id, { cmd: '(memhog 96 /tmp/hog 50 >/dev/null 2>&1 &); (i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &)' });
+      await waitFor(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 30_000, 'memhog ready');
+      const first = await waitForValue(() => shim.getSandbox(sb.id).lifecycle?.coldReclaim, (r) => r !== undefined, 60_000, 'the idle reclaim', 100);
+      t.log(`idle reclaim: ${JSON.stringify(first)}`);
+      t.is(shim.getSandbox(sb.id).state, 'running', 'reclaim does not pause');
+      t.true(first!.coldBytes > 48 * MIB, `cold: ${(first!.coldBytes / MIB).toFixed(1)} MiB`);
+      t.true(first!.releasedBytes > 48 * MIB, `released ${(first!.releasedBytes / MIB).toFixed(1)} MiB`);
+      const usage = await swap.usage();
+      t.true(usage !== null && usage.origDataBytes > 32 * MIB, `zram holds ${JSON.stringify(usage)}`);
+      // still running: the counter moves, and every page of the hog comes back intact
+      const c1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
+      await waitFor(async () => Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout) > c1, 30_000, 'the counter to keep counting');
+      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n', 'the cold pages came back intact');
+      // that activity started a new idle period: it is reclaimed again once idle
+      const second = await waitForValue(() => shim.getSandbox(sb.id).lifecycle?.coldReclaim, (r) => r !== undefined && r.at !== first!.at, 60_000, 'a second idle reclaim', 100);
+      t.true(Date.parse(second!.at) > Date.parse(first!.at));
+      t.is(shim.getSandbox(sb.id).state, 'running');
+      await shim.deleteSandbox(sb.id);
+    });
+  });
+});

@@ -6,15 +6,16 @@
  * test/integration/lifecycle-pause.test.ts.
  */
 import test from 'ava';
-import { type CgroupOps, pauseCgroup, resumeCgroup } from '../../src/shim/lifecycle/memory';
+import { type CgroupOps, coldBytesFromStat, pauseCgroup, reclaimColdCgroup, resumeCgroup } from '../../src/shim/lifecycle/memory';
 
 const MIB = 1024 * 1024;
 
-function fake(version: 1 | 2, opts: { swap?: number; usage: number; after: number; busyBelow?: number; reclaimErr?: string }) {
+function fake(version: 1 | 2, opts: { swap?: number; usage: number; after: number; busyBelow?: number; reclaimErr?: string; coldAnon?: number; coldFile?: number }) {
   const writes: Array<[string, string]> = [];
   const frozen: boolean[] = [];
   let usage = opts.usage;
   const files: Record<string, string> = {
+    '/cg/s1/memory.stat': `anon 1\ninactive_anon ${opts.coldAnon ?? 0}\nactive_anon 5\ninactive_file ${opts.coldFile ?? 0}\ntotal_inactive_anon ${opts.coldAnon ?? 0}\ntotal_inactive_file ${opts.coldFile ?? 0}\n`,
     '/cg/s1/memory.swap.current': String(opts.usage - opts.after),
     '/cg/s1/memory.memsw.usage_in_bytes': String(opts.usage),
   };
@@ -108,4 +109,44 @@ test('v1 without swap: freeze only, and say why', async (t) => {
   t.is(r.reclaim, 'none');
   t.regex(r.note ?? '', /zram/);
   t.is(r.pausedLimitBytes, undefined);
+});
+
+test('cold bytes come from the inactive lists of memory.stat (v1: the hierarchy totals)', (t) => {
+  t.deepEqual(coldBytesFromStat('inactive_anon 10\ninactive_file 20\ntotal_inactive_anon 30\ntotal_inactive_file 40\n', 1), { anon: 30, file: 40 });
+  t.deepEqual(coldBytesFromStat('inactive_anon 10\ninactive_file 20\n', 2), { anon: 10, file: 20 });
+  t.deepEqual(coldBytesFromStat('garbage\ninactive_anon x\n', 2), { anon: 0, file: 0 });
+});
+
+test('cold reclaim v2: memory.reclaim of the inactive bytes, swap opened for it and then capped at what went there; never frozen', async (t) => {
+  const f = fake(2, { usage: 100 * MIB, after: 40 * MIB, coldAnon: 50 * MIB, coldFile: 10 * MIB });
+  const r = await reclaimColdCgroup('s1', 256 * MIB, f.ops);
+  t.deepEqual(f.writes, [
+    ['memory.swap.max', String(256 * MIB)],
+    ['memory.reclaim', String(60 * MIB)],
+    ['memory.swap.max', String(60 * MIB)],
+  ]);
+  t.deepEqual(f.frozen, []);
+  t.like(r, { reclaim: 'memory.reclaim', coldBytes: 60 * MIB, releasedBytes: 60 * MIB, memoryAfterBytes: 40 * MIB });
+});
+
+test('cold reclaim v1: frozen while the limit is lowered by the cold bytes, the limit always put back; EBUSY is partial success', async (t) => {
+  const f = fake(1, { usage: 100 * MIB, after: 70 * MIB, coldAnon: 30 * MIB, coldFile: 10 * MIB, busyBelow: 80 * MIB });
+  const r = await reclaimColdCgroup('s1', 256 * MIB, f.ops);
+  t.deepEqual(f.writes, [
+    ['memory.limit_in_bytes', String(60 * MIB)],
+    ['memory.limit_in_bytes', String(256 * MIB)],
+  ]);
+  t.deepEqual(f.frozen, [true, false]);
+  t.like(r, { reclaim: 'limit', coldBytes: 40 * MIB, releasedBytes: 30 * MIB });
+});
+
+test('cold reclaim: without swap only page cache counts; nothing cold means nothing written', async (t) => {
+  const f = fake(1, { usage: 100 * MIB, after: 95 * MIB, coldAnon: 50 * MIB, coldFile: 5 * MIB, swap: 0 });
+  const r = await reclaimColdCgroup('s1', 256 * MIB, f.ops);
+  t.is(r.coldBytes, 5 * MIB);
+  t.regex(r.note ?? '', /no swap/);
+  const idle = fake(2, { usage: 100 * MIB, after: 100 * MIB, coldAnon: 0, coldFile: 512 * 1024 });
+  const r2 = await reclaimColdCgroup('s1', 256 * MIB, idle.ops);
+  t.deepEqual(idle.writes, []);
+  t.like(r2, { reclaim: 'none', releasedBytes: 0, note: 'nothing cold to reclaim' });
 });

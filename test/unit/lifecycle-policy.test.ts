@@ -32,6 +32,22 @@ test('clocks: a paused sandbox does not idle-pause again', (t) => {
   t.is(dueAction(h, 'hibernated', 0, T0 + 10_000), null);
 });
 
+test('clocks: idle reclaim fires once per idle period, only on a running sandbox, again after activity', (t) => {
+  const c = clockFor({ idleSeconds: 5, onIdle: 'reclaim' }, T0);
+  t.is(nextWake(c, 'running'), T0 + 5_000);
+  t.deepEqual(dueAction(c, 'running', 0, T0 + 5_000), { kind: 'idle', action: 'reclaim' });
+  t.is(dueAction(c, 'paused', 0, T0 + 5_000), null, 'a paused sandbox has nothing resident to reclaim');
+  t.is(nextWake(c, 'paused'), null);
+  const done: LifecycleClock = { ...c, coldReclaimedAt: T0 + 5_001 };
+  t.is(dueAction(done, 'running', 0, T0 + 60_000), null, 'not again in the same idle period');
+  t.is(nextWake(done, 'running'), null);
+  const active: LifecycleClock = { ...done, lastActivityAt: T0 + 7_000 };
+  t.is(nextWake(active, 'running'), T0 + 12_000, 'activity starts a new period');
+  t.deepEqual(dueAction(active, 'running', 0, T0 + 12_000), { kind: 'idle', action: 'reclaim' });
+  const withTtl = { ...clockFor({ ttlSeconds: 30, idleSeconds: 5, onIdle: 'reclaim' }, T0), coldReclaimedAt: T0 + 6_000 };
+  t.is(nextWake(withTtl, 'running'), T0 + 30_000, 'the ttl still wakes it');
+});
+
 test('extend: seconds past the current expiry, or a new ttl from now', (t) => {
   const c = clockFor({ ttlSeconds: 60 }, T0);
   t.is(extendClock(c, { seconds: 30 }, T0 + 1000).expiresAt, T0 + 90_000);

@@ -35,7 +35,7 @@ import type {
   SnapshotFacet,
 } from '../types';
 import { RootFiles } from './container-files';
-import { forgetPrefetch, pauseCgroup, resumeCgroup } from '../lifecycle/memory';
+import { forgetPrefetch, pauseCgroup, reclaimColdCgroup, resumeCgroup } from '../lifecycle/memory';
 import { dumpSandbox, restoreSandbox } from '../lifecycle/criu';
 import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
@@ -345,6 +345,7 @@ export class ContainerSandbox implements HostProcessSandbox {
             sweep: async (keep) => sweepSupervised(this.supervisedDir!, keep),
           };
     this.freeze = {
+      reclaimCold: (limitBytes) => reclaimColdCgroup(this.id, limitBytes),
       pause: async (limitBytes): Promise<PauseReportCore> => {
         const r = await pauseCgroup(this.id, limitBytes);
         const out: PauseReportCore = { memoryBeforeBytes: r.memoryBeforeBytes, memoryAfterBytes: r.memoryAfterBytes, releasedBytes: r.releasedBytes, swapBytes: r.swapBytes, reclaim: r.reclaim, durationMs: r.durationMs };

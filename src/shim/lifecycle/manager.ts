@@ -30,6 +30,7 @@ import type {
   PackResult,
   PauseResult,
   ResumeResult,
+  ColdReclaimResult,
   SandboxLifecycleInfo,
   SandboxRecord,
   SandboxState,
@@ -85,6 +86,7 @@ interface Persisted {
   paused?: { at: number; limitBytes: number; kept?: Record<string, unknown>; pausedLimitBytes?: number };
   hibernated?: { at: number; dir: string };
   stopReason?: string;
+  coldReclaim?: ColdReclaimResult;
 }
 
 export class LifecycleManager {
@@ -186,6 +188,7 @@ export class LifecycleManager {
     if (p.paused) info.pausedAt = new Date(p.paused.at).toISOString();
     if (p.hibernated) info.pausedAt = new Date(p.hibernated.at).toISOString();
     if (p.stopReason) info.stopReason = p.stopReason;
+    if (p.coldReclaim) info.coldReclaim = p.coldReclaim;
     return info;
   }
 
@@ -264,7 +267,36 @@ export class LifecycleManager {
       case 'delete':
         await this.host.delete(id);
         return;
+      case 'reclaim':
+        await this.reclaimCold(id);
+        return;
     }
+  }
+
+  /**
+   * Give back the cold part of an idle, running sandbox's memory (its freeze facet). Done once
+   * per idle period: the clock remembers it, and the next activity starts a new period. A
+   * backend that cannot is logged once per period, not retried.
+   */
+  reclaimCold(id: string): Promise<ColdReclaimResult | null> {
+    return this.withLock(id, async () => {
+      const live = this.live(id);
+      if (live.state !== 'running' || live.box === null) return null;
+      const freeze = offers(this.host.backend(live), 'freeze') ? facet(this.host.backend(live), live.box, 'freeze') : null;
+      let result: ColdReclaimResult | null = null;
+      if (freeze?.reclaimCold === undefined) {
+        this.deps.log(`lifecycle: ${id}: idle reclaim: the ${live.record.spec.backend} backend cannot reclaim a running sandbox's memory`);
+      } else {
+        const report = await freeze.reclaimCold(live.record.spec.memoryMb * MIB);
+        result = { at: new Date().toISOString(), ...report };
+        this.metrics.coldReclaimed.record(report.releasedBytes, { reclaim: report.reclaim });
+        this.deps.log(`lifecycle: ${id}: idle reclaim: ${(report.releasedBytes / MIB).toFixed(1)} MiB of ${(report.coldBytes / MIB).toFixed(1)} MiB cold given back in ${report.durationMs.toFixed(0)} ms${report.note ? ` (${report.note})` : ''}`);
+      }
+      if (result !== null) this.persist(id, { coldReclaim: result });
+      const clock = this.scheduler.clock(id);
+      if (clock !== null) this.scheduler.update(id, { ...clock, coldReclaimedAt: Date.now() }); // persists the clock
+      return result;
+    });
   }
 
   extend(id: string, req: { seconds?: number; ttlSeconds?: number }): void {

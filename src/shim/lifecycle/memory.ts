@@ -29,6 +29,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { WarrenError } from '../../errors';
 import { native } from '../../native';
+import type { ColdReclaimReport } from '../types';
 
 const MIB = 1024 * 1024;
 const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,62}$/;
@@ -296,4 +297,80 @@ export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBy
 
 function round(ms: number): number {
   return Math.round(ms * 1000) / 1000;
+}
+
+/** The inactive (cold) bytes of a memory cgroup from its memory.stat; v1 counts the hierarchy (total_*). */
+export function coldBytesFromStat(stat: string, version: 1 | 2): { anon: number; file: number } {
+  const values = new Map<string, number>();
+  for (const line of stat.split('\n')) {
+    const [k, v] = line.split(' ');
+    if (k !== undefined && v !== undefined && /^\d+$/.test(v)) values.set(k, Number(v));
+  }
+  const get = (k: string) => (version === 1 ? values.get(`total_${k}`) ?? values.get(k) : values.get(k)) ?? 0;
+  return { anon: get('inactive_anon'), file: get('inactive_file') };
+}
+
+/**
+ * Proactive reclaim of a running sandbox's cold memory. The kernel already ages pages: what has
+ * not been touched lately sits on the inactive LRU lists. That much is pushed out (anonymous
+ * pages to swap, page cache dropped); the working set stays resident and the sandbox keeps its
+ * processes and its limits.
+ * - v2: `memory.reclaim` of that many bytes. Swap is allowed for it and then capped at what
+ *   went there (`memory.swap.max`), so the sandbox's own pressure still never swaps.
+ * - v1: frozen for the moment it takes (a process allocating into a lowered limit could be
+ *   OOM-killed), `memory.limit_in_bytes` lowered by that many bytes and put back; the write
+ *   reclaims synchronously and EBUSY only means less went. memsw stays at the limit, so
+ *   resident plus swapped never exceeds what the sandbox was given.
+ * Without swap only the page cache part can go.
+ */
+export async function reclaimColdCgroup(id: string, limitBytes: number, ops: CgroupOps = nativeCgroupOps): Promise<ColdReclaimReport> {
+  check(id);
+  const started = performance.now();
+  const { version, dir } = memoryDir(ops, id);
+  const before = ops.memoryCurrent(id);
+  const swap = ops.swapTotal() > 0;
+  const cold = coldBytesFromStat(await ops.read(join(dir, 'memory.stat')).catch(() => ''), version);
+  const coldBytes = (swap ? cold.anon : 0) + cold.file;
+  let reclaim: ColdReclaimReport['reclaim'] = 'none';
+  let note = swap ? undefined : 'no swap on this node: only cold page cache was reclaimed';
+  if (coldBytes >= MIB) {
+    if (version === 2) {
+      reclaim = 'memory.reclaim';
+      if (swap) await ops.write(join(dir, 'memory.swap.max'), String(limitBytes)).catch(() => undefined);
+      try {
+        await ops.write(join(dir, 'memory.reclaim'), String(coldBytes));
+      } catch (err) {
+        if (errnoOf(err) === 'ENOENT') {
+          reclaim = 'none';
+          note = 'memory.reclaim is missing (kernel < 5.19)';
+        } else if (errnoOf(err) !== 'EAGAIN') throw new WarrenError('CGROUP_ERROR', `reclaiming cold memory of ${id}: ${(err as Error).message}`);
+      } finally {
+        if (swap) {
+          const swapped = (await readNumber(ops, join(dir, 'memory.swap.current'))) ?? 0;
+          await ops.write(join(dir, 'memory.swap.max'), String(swapped)).catch(() => undefined);
+        }
+      }
+    } else {
+      reclaim = 'limit';
+      const file = join(dir, 'memory.limit_in_bytes');
+      const target = Math.max(MIB, Math.ceil((before - coldBytes) / (64 * 1024)) * 64 * 1024);
+      ops.freeze(id, true);
+      try {
+        await ops.write(file, String(target)).catch((err) => {
+          if (errnoOf(err) !== 'EBUSY') throw err;
+        });
+      } catch (err) {
+        throw new WarrenError('CGROUP_ERROR', `reclaiming cold memory of ${id}: ${(err as Error).message}`);
+      } finally {
+        await ops.write(file, String(limitBytes)).catch(() => undefined);
+        ops.freeze(id, false);
+      }
+    }
+  } else {
+    note = 'nothing cold to reclaim';
+  }
+  const after = ops.memoryCurrent(id);
+  const report: ColdReclaimReport = { memoryBeforeBytes: before, memoryAfterBytes: after, releasedBytes: Math.max(0, before - after), coldBytes, reclaim, durationMs: round(performance.now() - started) };
+  if (note !== undefined) report.note = note;
+  return report;
 }

@@ -6,21 +6,16 @@
  *   with `stopReason: "ttl"`). `extend` moves `expiresAt` later.
  * - `idleSeconds` + `onIdle`: after that long without a request (exec, files,
  *   shell input, session attach) and with nothing in flight, the sandbox is
- *   paused, hibernated, stopped or deleted.
+ *   paused, hibernated, stopped or deleted, or (`reclaim`) keeps running with
+ *   its cold memory given back: once per idle period, again after activity.
  *
  * Pure functions; the scheduler (scheduler.ts) keeps the clocks and persists
  * them so they survive a gateway restart.
  */
 import { WarrenError } from '../../errors';
+import type { IdleAction, LifetimePolicy } from '../types';
 
-export type IdleAction = 'pause' | 'hibernate' | 'stop' | 'delete';
-export const IDLE_ACTIONS: readonly IdleAction[] = ['pause', 'hibernate', 'stop', 'delete'];
-
-export interface LifetimePolicy {
-  ttlSeconds?: number;
-  idleSeconds?: number;
-  onIdle?: IdleAction;
-}
+export { IDLE_ACTIONS, type IdleAction, type LifetimePolicy } from '../types';
 
 /** The clocks of one sandbox (persisted in the registry's `lifecycle` column). */
 export interface LifecycleClock {
@@ -30,6 +25,13 @@ export interface LifecycleClock {
   lastActivityAt: number;
   idleSeconds: number | null;
   onIdle: IdleAction;
+  /** `reclaim`: when its cold memory was last given back (ms); it is due again only after later activity. */
+  coldReclaimedAt?: number;
+}
+
+/** The cold reclaim of this idle period has been done (activity since then starts a new period). */
+function reclaimedThisPeriod(clock: LifecycleClock): boolean {
+  return clock.coldReclaimedAt !== undefined && clock.coldReclaimedAt >= clock.lastActivityAt;
 }
 
 export type DueAction = { kind: 'expire' } | { kind: 'idle'; action: IdleAction };
@@ -60,6 +62,7 @@ export function dueAction(clock: LifecycleClock, state: string, inFlight: number
   if (inFlight > 0) return null;
   const at = idleAt(clock);
   if (at === null || now < at) return null;
+  if (clock.onIdle === 'reclaim') return state === 'running' && !reclaimedThisPeriod(clock) ? { kind: 'idle', action: 'reclaim' } : null;
   if (state === 'paused' && (clock.onIdle === 'pause' || clock.onIdle === 'hibernate')) {
     return clock.onIdle === 'hibernate' ? { kind: 'idle', action: 'hibernate' } : null;
   }
@@ -72,7 +75,8 @@ export function nextWake(clock: LifecycleClock, state: string): number | null {
   const candidates: number[] = [];
   if (clock.expiresAt !== null) candidates.push(clock.expiresAt);
   const at = idleAt(clock);
-  const idleMatters = !((state === 'paused' && clock.onIdle === 'pause') || state === 'hibernated');
+  const idleMatters =
+    clock.onIdle === 'reclaim' ? state === 'running' && !reclaimedThisPeriod(clock) : !((state === 'paused' && clock.onIdle === 'pause') || state === 'hibernated');
   if (at !== null && idleMatters) candidates.push(at);
   return candidates.length === 0 ? null : Math.min(...candidates);
 }
