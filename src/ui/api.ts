@@ -128,7 +128,7 @@ export interface Sandbox {
   priority: string;
   labels: Record<string, string>;
   pid?: number;
-  lifecycle?: { expiresAt: string | null; lastActivityAt: string; idleAt: string | null; idleSeconds: number | null; onIdle: string; pausedAt?: string; stopReason?: string };
+  lifecycle?: { expiresAt: string | null; lastActivityAt: string; idleAt: string | null; idleSeconds: number | null; onIdle: string; pausedAt?: string; stopReason?: string; coldReclaim?: { at: string; releasedBytes: number; coldBytes: number; durationMs: number } };
   network?: { services: Record<string, boolean>; address: string };
 }
 

@@ -112,6 +112,7 @@ export async function renderSandbox(root: HTMLElement, view: View): Promise<void
               ['idle action', lc.idleAt ? `${lc.onIdle} ${until(lc.idleAt)}` : 'none'],
               ['paused at', lc.pausedAt ?? '—'],
               ['stop reason', lc.stopReason ?? '—'],
+              ['idle reclaim', lc.coldReclaim ? `${bytes(lc.coldReclaim.releasedBytes)} of ${bytes(lc.coldReclaim.coldBytes)} cold given back ${age(lc.coldReclaim.at)} ago` : '—'],
             ])
           : h('p', null, 'no lifecycle clocks'),
       ),

@@ -123,7 +123,7 @@ function createForm(view: View, features: Features | null, images: string[]): HT
     network: input('network', '', { placeholder: 'pypi, npm (empty: account default)', id: 'create-network' }),
     ttlSeconds: input('ttlSeconds', '', { inputmode: 'numeric', placeholder: 'none', id: 'create-ttl' }),
     idleSeconds: input('idleSeconds', '', { inputmode: 'numeric', placeholder: 'none' }),
-    onIdle: select('onIdle', ['pause', 'hibernate', 'stop', 'delete'], 'pause'),
+    onIdle: select('onIdle', ['pause', 'hibernate', 'stop', 'delete', 'reclaim'], 'pause'),
   };
   const list = h('datalist', { id: 'image-list' }, ...images.map((i) => h('option', { attrs: { value: i } })));
   const result = h('div', { class: 'form-result' });
