@@ -30,8 +30,8 @@ test.before(async () => {
   await f.startGateway();
   await f.startGateway();
   await Promise.all([
-    f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200 }),
-    f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200 }),
+    f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200, zramSwapMb: 256 }),
+    f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200, zramSwapMb: 256 }),
     f.startNode('n3', { pool: 'overflow', maxSandboxes: 1000 }),
   ]);
   await f.waitNodes(['n1', 'n2', 'n3']);
@@ -176,7 +176,12 @@ test.serial('job pause reaches every node (its sandboxes frozen, what was releas
       const paused = await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'paused' && s.paused === 8, 120_000, 'the job paused', 200);
       // every node paused its share (the bytes reclaim gave back are reported per node in the status)
       t.log(`released: n1 ${paused.nodes.n1?.releasedBytes} B, n2 ${paused.nodes.n2?.releasedBytes} B`);
-      for (const n of ['n1', 'n2']) t.is(paused.nodes[n]?.paused, done.nodes[n]?.created, `${n} paused its sandboxes`);
+      for (const n of ['n1', 'n2']) {
+        t.is(paused.nodes[n]?.paused, done.nodes[n]?.created, `${n} paused its sandboxes`);
+        // each sandbox held 16 MiB of page cache (its file, read back): most of it went
+        const created = done.nodes[n]?.created ?? 0;
+        t.true((paused.nodes[n]?.releasedBytes ?? 0) >= created * 8 * 1024 * 1024, `${n} released ${paused.nodes[n]?.releasedBytes} B for ${created} sandboxes`);
+      }
       for (const s of sbs) t.is((await b.getSandbox(s.id)).info?.state, 'paused');
       await a.jobs.resume(job.id);
       await waitForValue(() => a.jobs.get(job.id), (s) => s.state === 'done' && s.paused === 0, 120_000, 'the job resumed', 200);
