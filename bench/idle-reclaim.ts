@@ -17,7 +17,7 @@
  * (ShimNode) in-process, as the gateway does; needs root. Conditions first, then tables;
  * JSON goes to bench/results/idle-reclaim.json.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { native } from '../src/native';
@@ -79,11 +79,22 @@ async function main(): Promise<void> {
       }
       // The requests above were activity: every clock starts from the last one.
       const resident = (ids: string[]) => ids.reduce((n, id) => n + native.cgroupStats(id).memoryCurrentBytes, 0);
-      const zramBase = (await swap.usage())?.memUsedBytes ?? 0;
+      // Every zram device counts: swap spreads pages over all devices of the same priority.
+      const zramUsed = () =>
+        readdirSync('/sys/block')
+          .filter((d) => /^zram\d+$/.test(d))
+          .reduce((n, d) => {
+            try {
+              return n + Number(readFileSync(`/sys/block/${d}/mm_stat`, 'utf8').trim().split(/\s+/)[2] ?? 0);
+            } catch {
+              return n;
+            }
+          }, 0);
+      const zramBase = zramUsed();
       const samples: Array<{ t: number; reclaim: number; baseline: number; zram: number }> = [];
       const t0 = performance.now();
       while (performance.now() - t0 < WINDOW_S * 1000) {
-        const zram = Math.max(0, ((await swap.usage())?.memUsedBytes ?? 0) - zramBase);
+        const zram = Math.max(0, zramUsed() - zramBase);
         samples.push({ t: (performance.now() - t0) / 1000, reclaim: resident(reclaiming) + zram, baseline: resident(baseline), zram });
         await new Promise((r) => setTimeout(r, SAMPLE_MS));
       }

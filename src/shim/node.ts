@@ -950,9 +950,15 @@ export class ShimNode implements Shim {
     this.lifecycle.close();
     await this.functions.close();
     this.layers.close();
-    // Lazily loaded layers nobody holds are unmounted and their file server stopped; the
-    // ones running sandboxes read keep being served for the next gateway to adopt.
+    // Layers nobody holds are unmounted (lazily loaded ones also lose their file server): a
+    // stopped node leaves behind only what its running sandboxes use, for the next gateway to
+    // adopt. The others are mounted again on their next use.
     await this.layers.closeLazy().catch((err) => this.log(`layers: ${(err as Error).message}`));
+    try {
+      this.layers.unmountUnused();
+    } catch (err) {
+      this.log(`layers: unmounting unused layers: ${(err as Error).message}`);
+    }
   }
 }
 

@@ -191,8 +191,6 @@ export interface NodeOptions {
   maxSandboxes?: number;
   leaseTtlS?: number;
   createWindow?: number;
-  /** A zram swap device of this size for the node's pauses to push memory into (removed when it stops). */
-  zramSwapMb?: number;
 }
 
 export class ClusterFixture {
@@ -222,7 +220,6 @@ export class ClusterFixture {
     const args = ['node', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network', '--node-id', id];
     args.push('--pool', o.pool ?? 'onprem', '--max-sandboxes', String(o.maxSandboxes ?? 1000), '--lease-ttl', String(o.leaseTtlS ?? 5));
     if (o.createWindow !== undefined) args.push('--create-window', String(o.createWindow));
-    if (o.zramSwapMb !== undefined) args.push('--zram-swap-mb', String(o.zramSwapMb));
     for (const [k, v] of Object.entries(o.labels ?? {})) args.push('--node-label', `${k}=${v}`);
     return args;
   }

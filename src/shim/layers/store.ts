@@ -303,7 +303,7 @@ export class LayerStore {
     if (this.closed) throw new WarrenError('UNAVAILABLE', 'the layer store is closed');
   }
 
-  /** Stop taking acquires and imports. Mounts stay (they are a node-level cache); release and unmountUnused still work. */
+  /** Stop taking acquires and imports. Mounts stay until unmountUnused (the node calls it as it stops); release still works. */
   close(): void {
     this.closed = true;
     if (this.aptListsAt !== 0) rmSync(join(this.tmpDir, `aptlists-${process.pid}-shared`), { recursive: true, force: true });
