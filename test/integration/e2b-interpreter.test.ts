@@ -17,10 +17,14 @@ let sb: Sandbox;
 
 test.before(async (t) => {
   // On a cold machine the first create builds the judge image's python toolkit (minutes): the
-  // SDK's own request timeout (60 s) would abort it.
+  // SDK's own request timeout (60 s) would abort it, so this one call has none (0), and the hook's
+  // timeout bounds it. A long timeout instead would leave a referenced timer of that length behind
+  // (the SDK does not clear it), keeping this process alive. The handle used from then on has the
+  // SDK's default timeouts.
   t.timeout(20 * 60_000);
   w = await startE2bWarren('e2bci');
-  sb = await Sandbox.create({ ...w.opts, requestTimeoutMs: 20 * 60_000 });
+  const created = await Sandbox.create({ ...w.opts, requestTimeoutMs: 0 });
+  sb = await Sandbox.connect(created.sandboxId, w.opts);
 });
 
 test.after.always(async () => {
