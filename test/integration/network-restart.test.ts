@@ -128,6 +128,8 @@ it(`denials stay in force while no gateway runs; a restarted gateway takes over`
     const res = await netResources(`wn-${nodeId}`, { bridge: net.network.bridge });
     t.is(res.netns, 0, 'no namespace left after a clean stop');
     t.is(res.bridgePorts, 0, 'no veth left on the bridge');
+    // its layers were used by the deleted sandbox only: a clean stop unmounts them
+    t.deepEqual(readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.includes(` ${dataDir}/`)), [], 'no mount of the data dir left after a clean stop');
   } finally {
     await client?.close().catch(() => undefined);
     if (child) await kill9(child);
