@@ -37,8 +37,11 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
       t.true(paused.releasedBytes > 180 * MIB, `released ${(paused.releasedBytes / MIB).toFixed(1)} MiB`);
       t.true(paused.memoryAfterBytes < 24 * MIB, `after: ${(paused.memoryAfterBytes / MIB).toFixed(1)} MiB`);
       t.is(shim.getSandbox(sb.id).state, 'paused');
+      // The sandbox's own swap count (memsw - usage of its cgroup): the swap spreads pages over every
+      // device of the same priority, and another test may have one of its own at the same moment.
+      t.true(paused.swapBytes !== null && paused.swapBytes > 150 * MIB, `swapped: ${paused.swapBytes}`);
       const usage = await swap.usage();
-      t.true(usage !== null && usage.origDataBytes > 150 * MIB, `zram holds ${JSON.stringify(usage)}`);
+      t.true(usage !== null && usage.origDataBytes > 0, `zram holds ${JSON.stringify(usage)}`);
 
       // Frozen: the counter does not move while paused (read from the host, which does not resume it).
       const upperCount = () => readFileSync(join(dataDir, 'sandboxes', sb.id, 'upper', 'tmp', 'count'), 'utf8');
@@ -113,8 +116,9 @@ it(`idle reclaim gives the cold memory of a running sandbox back, keeps it runni
       t.is(shim.getSandbox(sb.id).state, 'running', 'reclaim does not pause');
       t.true(first!.coldBytes > 48 * MIB, `cold: ${(first!.coldBytes / MIB).toFixed(1)} MiB`);
       t.true(first!.releasedBytes > 48 * MIB, `released ${(first!.releasedBytes / MIB).toFixed(1)} MiB`);
-      const usage = await swap.usage();
-      t.true(usage !== null && usage.origDataBytes > 32 * MIB, `zram holds ${JSON.stringify(usage)}`);
+      // where the pages went is the swap's business (other tests' devices have the same priority): the
+      // released bytes above and the pages read back intact below are this sandbox's own account
+      t.true(((await swap.usage())?.origDataBytes ?? 0) > 0, 'zram received pages');
       // still running: the counter moves, and every page of the hog comes back intact
       const c1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
       await waitFor(async () => Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout) > c1, 30_000, 'the counter to keep counting');
