@@ -9,8 +9,13 @@
  * with exponential backoff runs over all hosts, every unary call has a short
  * deadline, and what is left after the retries becomes CLUSTER_UNAVAILABLE
  * with the cause in its message.
+ *
+ * The retries are bounded by time, not by a count: losing the leader costs
+ * an election (1 s election timeout, several seconds on a loaded host), and
+ * during it every member answers with an error, so each host's breaker
+ * opens and a fixed number of attempts is spent in a fraction of that.
  */
-import { BrokenCircuitError, ConsecutiveBreaker, ExponentialBackoff, circuitBreaker, handleWhen, retry } from 'cockatiel';
+import { BrokenCircuitError, ConsecutiveBreaker, ExponentialBackoff, TimeoutStrategy, circuitBreaker, handleWhen, retry, timeout, wrap } from 'cockatiel';
 import { Etcd3, type IOptions, isRecoverableError } from 'etcd3';
 import { WarrenError } from '../errors';
 
@@ -19,8 +24,12 @@ export interface EtcdConfig {
   endpoints: string[];
   /** Deadline of one unary call in ms (default 1000). */
   callTimeoutMs?: number;
-  /** Attempts over all hosts before a call fails (default 6: about 4 s with the backoff). */
-  attempts?: number;
+  /**
+   * How long a call is retried over all hosts before it fails, in ms (default
+   * 10000: longer than a leader election on a loaded host, so one member's
+   * loss is not seen by clients; a quorum loss answers 503 after it).
+   */
+  retryBudgetMs?: number;
 }
 
 export const PREFIX = '/warren/';
@@ -57,16 +66,20 @@ export const keys = {
 
 export function openEtcd(cfg: EtcdConfig): Etcd3 {
   if (cfg.endpoints.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'no etcd endpoint given (--etcd URL[,URL...])');
-  const timeout = cfg.callTimeoutMs ?? 1000;
+  const callMs = cfg.callTimeoutMs ?? 1000;
   const options: IOptions = {
     hosts: cfg.endpoints,
-    dialTimeout: timeout * 2,
-    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + timeout }),
+    dialTimeout: callMs * 2,
+    defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + callMs }),
     faultHandling: {
       // a host that failed is skipped for 1 s (not 5): the next attempt goes to another member
       host: () => circuitBreaker(handleWhen(isRecoverableError), { halfOpenAfter: 1000, breaker: new ConsecutiveBreaker(1) }),
-      // every host skipped (all failed within the last second) is retried too, after the backoff
-      global: retry(handleWhen((e) => isRecoverableError(e) || e instanceof BrokenCircuitError), { maxAttempts: (cfg.attempts ?? 6) - 1, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 1000 }) }),
+      // every host skipped (all failed within the last second) is retried too, after the
+      // backoff; the cooperative timeout stops the retries (not a call in flight) at the budget
+      global: wrap(
+        timeout(cfg.retryBudgetMs ?? 10_000, TimeoutStrategy.Cooperative),
+        retry(handleWhen((e) => isRecoverableError(e) || e instanceof BrokenCircuitError), { maxAttempts: Number.MAX_SAFE_INTEGER, backoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 1000 }) }),
+      ),
       // etcd3 itself passes a backoff factory here; its type names the older backoff interface
       watchBackoff: new ExponentialBackoff({ initialDelay: 100, maxDelay: 2000 }) as unknown as NonNullable<NonNullable<IOptions['faultHandling']>['watchBackoff']>,
     },

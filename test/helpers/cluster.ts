@@ -129,6 +129,24 @@ export class EtcdCluster {
     }
   }
 
+  /** Index of the running member that is the leader now (throws when none is). */
+  async leader(): Promise<number> {
+    for (let i = 0; i < this.members.length; i++) {
+      const m = this.members[i]!;
+      if (!m.child || exited(m.child)) continue;
+      const c = new Etcd3({ hosts: [m.clientUrl], defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + 1000 }) });
+      try {
+        const st = await c.maintenance.status();
+        if (st.leader === st.header.member_id) return i;
+      } catch {
+        // a member that does not answer is not the leader
+      } finally {
+        c.close();
+      }
+    }
+    throw new Error('no etcd member is the leader');
+  }
+
   async kill(i: number): Promise<void> {
     const m = this.members[i]!;
     if (m.child) await stopChild(m.child, 'SIGKILL');
