@@ -3,10 +3,12 @@
  * synchronous exec errors, users, PATH search, and the warren-nsexec helper.
  */
 import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync, readdirSync } from 'node:fs';
 
 import {
   PATH_ENV,
   execSpec,
+  exitOf,
   helperBinary,
   native,
   run,
@@ -15,6 +17,7 @@ import {
   warrenErrorOf,
   withSandbox,
 } from '../helpers/native-fixtures';
+import { WarrenError } from '../../src/errors';
 import { testUnless, rootReason } from '../helpers/skip';
 
 const maybe = testUnless(rootReason);
@@ -200,5 +203,66 @@ maybe('watchExit reports a status for children and nulls for processes it cannot
     native.pidfdSendSignal(pidfd, 9);
     t.deepEqual(await adopted, { exitCode: null, signal: null });
     native.close(pidfd);
+  });
+});
+
+/** Zombies whose parent is this process: children nobody will reap. */
+function ownZombies(): number[] {
+  const out: number[] = [];
+  for (const e of readdirSync('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const stat = readFileSync(`/proc/${e}/stat`, 'utf8');
+      const [state, ppid] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (state === 'Z' && Number(ppid) === process.pid) out.push(Number(e));
+    } catch {
+      /* gone */
+    }
+  }
+  return out;
+}
+
+maybe('an exec racing a kill of everything in the sandbox leaves no unreaped child, and the sandbox still ends', async (t) => {
+  t.timeout(180_000);
+  await withSandbox(t, {}, async (sb) => {
+    // What a pool reset does: SIGKILL every process in the sandbox's cgroup but its init, in a
+    // tight loop, while execs start. The kill lands at every step of an exec, including while
+    // its first stage waits for the child it cloned (the child is this process's to reap).
+    let stop = false;
+    let kills = 0;
+    const killer = (async () => {
+      while (!stop) {
+        for (const p of native.cgroupProcs(sb.id)) {
+          if (p === sb.pid) continue;
+          try {
+            process.kill(p, 'SIGKILL');
+            kills++;
+          } catch {
+            /* gone */
+          }
+        }
+        await new Promise<void>((r) => setImmediate(r));
+      }
+    })();
+    const exits: Promise<unknown>[] = [];
+    let started = 0;
+    let refused = 0;
+    for (let i = 0; i < 300; i++) {
+      try {
+        const p = await native.execAsync(execSpec(sb, ['/bin/sleep', '30']));
+        started++;
+        for (const fd of [p.stdin, p.stdout, p.stderr]) if (fd !== undefined) native.close(fd);
+        exits.push(exitOf(p.pidfd).finally(() => native.close(p.pidfd)));
+      } catch (err) {
+        refused++;
+        t.true(err instanceof WarrenError, String(err));
+      }
+    }
+    stop = true;
+    await killer;
+    await Promise.all(exits);
+    t.true(kills > 0, 'the killer ran');
+    t.log(`${started} execs started, ${refused} refused, ${kills} kills`);
+    t.deepEqual(ownZombies(), [], 'every child this process made is reaped');
   });
 });

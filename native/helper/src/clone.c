@@ -68,7 +68,7 @@ static long clone3_raw(struct clone_args *args, size_t size, int (*fn)(void *), 
 #endif
 
 pid_t wn_clone3(int (*fn)(void *), void *arg, char *stack, size_t stack_size, uint64_t flags, int exit_signal,
-                int cgroup_fd, int *pidfd) {
+                int cgroup_fd, int *pidfd, pid_t *parent_tid) {
 #ifdef HAVE_CLONE3_RAW
   struct clone_args args;
   memset(&args, 0, sizeof args);
@@ -77,6 +77,7 @@ pid_t wn_clone3(int (*fn)(void *), void *arg, char *stack, size_t stack_size, ui
   args.stack = (uint64_t)(uintptr_t)stack;
   args.stack_size = stack_size & ~(size_t)15;
   if (flags & CLONE_PIDFD) args.pidfd = (uint64_t)(uintptr_t)pidfd;
+  if (flags & CLONE_PARENT_SETTID) args.parent_tid = (uint64_t)(uintptr_t)parent_tid;
   if (flags & CLONE_INTO_CGROUP) args.cgroup = (uint64_t)cgroup_fd;
   long r = clone3_raw(&args, sizeof args, fn, arg);
   if (r < 0) {
@@ -85,7 +86,7 @@ pid_t wn_clone3(int (*fn)(void *), void *arg, char *stack, size_t stack_size, ui
   }
   return (pid_t)r;
 #else
-  (void)fn, (void)arg, (void)stack, (void)stack_size, (void)flags, (void)exit_signal, (void)cgroup_fd, (void)pidfd;
+  (void)fn, (void)arg, (void)stack, (void)stack_size, (void)flags, (void)exit_signal, (void)cgroup_fd, (void)pidfd, (void)parent_tid;
   errno = ENOSYS;
   return -1;
 #endif

@@ -119,6 +119,10 @@ struct exec_ctx {
   char *child_stack;
   size_t child_stack_size;
   volatile pid_t child_pid;
+  /* The kernel writes the child's pid here (CLONE_PARENT_SETTID) before the child runs, so it is
+     known even when stage 1 is killed while it waits for the child (a sandbox reset killing every
+     process in the cgroup does that); child_pid is only set once clone returns in stage 1. */
+  volatile pid_t child_tid;
 };
 
 static void __attribute__((noreturn)) child_fail(struct exec_ctx *c, int step, int index, int err) {
@@ -241,18 +245,18 @@ static int exec_stage1(void *arg) {
   if (setns(c->ns_pidfd, CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) < 0)
     child_fail(c, X_SETNS, 0, errno);
   TRACE();
-  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PARENT;
+  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_PARENT_SETTID;
   pid_t pid = -1;
   int into = 0;
   if (c->unified_dir >= 0) {
     /* clone3 wants exit_signal 0 with CLONE_PARENT (the caller's own exit signal, SIGCHLD, is used) */
     pid = wn_clone3(exec_child, c, c->child_stack, c->child_stack_size, (uint64_t)flags | CLONE_INTO_CGROUP, 0,
-                    c->unified_dir, NULL);
+                    c->unified_dir, NULL, (pid_t *)&c->child_tid);
     into = !(pid < 0 && (errno == ENOSYS || errno == E2BIG));
   }
   if (!into) {
     if (c->unified_procs >= 0 && write(c->unified_procs, "0", 1) < 0) child_fail(c, X_CGROUP_JOIN, c->n_cg, errno);
-    pid = clone(exec_child, c->child_stack + c->child_stack_size, flags | SIGCHLD, c);
+    pid = clone(exec_child, c->child_stack + c->child_stack_size, flags | SIGCHLD, c, (pid_t *)&c->child_tid);
   }
   if (pid < 0) child_fail(c, X_CLONE, 0, errno);
   c->child_pid = pid;
@@ -524,10 +528,13 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   while (got < 0 && errno == EINTR);
   int read_errno = errno;
   close(err_rd);
+  /* The child is ours to reap (CLONE_PARENT) whatever happened to stage 1: left unreaped, it would
+     keep the sandbox's init from finishing its exit. */
+  pid_t child = c.child_pid > 0 ? c.child_pid : c.child_tid;
   if (got != 0) {
-    if (c.child_pid > 0) {
-      if (got != (ssize_t)sizeof rep) kill(c.child_pid, SIGKILL);
-      wait_reap(c.child_pid);
+    if (child > 0) {
+      if (got != (ssize_t)sizeof rep) kill(child, SIGKILL);
+      wait_reap(child);
     }
     if (got == (ssize_t)sizeof rep)
       report_error(&c, &rep, e);
@@ -536,6 +543,11 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
     goto out;
   }
   if (c.child_pid <= 0) {
+    /* stage 1 died (killed) before it could say what happened: the child may not have exec'd */
+    if (child > 0) {
+      kill(child, SIGKILL);
+      wait_reap(child);
+    }
     wn_fail(e, WN_SPAWN_ERROR, EIO, "exec stage exited without a child");
     goto out;
   }

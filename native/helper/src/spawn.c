@@ -441,7 +441,7 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
     /* born in the cgroup2 group: no migration there */
     c.into_cgroup = 1;
     pid = wn_clone3(sandbox_child, &c, stack, CHILD_STACK_SIZE, (uint64_t)flags | CLONE_INTO_CGROUP, SIGCHLD,
-                    unified_dir, &pidfd);
+                    unified_dir, &pidfd, NULL);
     if (pid < 0 && (errno == ENOSYS || errno == E2BIG)) c.into_cgroup = 0;
   }
   if (!c.into_cgroup) pid = clone(sandbox_child, stack + CHILD_STACK_SIZE, flags | SIGCHLD, &c, &pidfd);

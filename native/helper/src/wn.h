@@ -189,10 +189,11 @@ int wn_cg_open_procs(const char *name, int fds[WN_CG_MAX_FDS], int roles[WN_CG_M
 int wn_cg_pid_in_group(pid_t pid, const char *name, wn_error *e);
 
 /* clone3 with a private stack: the child runs fn(arg) on [stack, stack+stack_size) and exits with
-   its result. flags are clone3 flags (CLONE_INTO_CGROUP uses cgroup_fd, CLONE_PIDFD fills *pidfd).
+   its result. flags are clone3 flags (CLONE_INTO_CGROUP uses cgroup_fd, CLONE_PIDFD fills *pidfd,
+   CLONE_PARENT_SETTID stores the child's pid in *parent_tid before the child runs).
    -1/ENOSYS where clone3 is unavailable (old kernel or architecture without the trampoline). */
 pid_t wn_clone3(int (*fn)(void *), void *arg, char *stack, size_t stack_size, uint64_t flags, int exit_signal,
-                int cgroup_fd, int *pidfd);
+                int cgroup_fd, int *pidfd, pid_t *parent_tid);
 
 /* ---- capabilities / child-side helpers (async-signal-safe) ------------ */
 /* Docker's default set minus NET_RAW. */
