@@ -64,6 +64,12 @@ class Membership extends EventEmitter {
   /** node -> lost epochs */
   readonly lost = new Map<string, Set<number>>();
   readonly staged = new Set<string>();
+  /**
+   * Sandboxes this gateway created on a node since that node's last record arrived. A record
+   * is about a second old: without these, every create in that second sees the same load and
+   * power-of-k choices herd them onto whichever node looked least loaded.
+   */
+  readonly placedSinceRecord = new Map<string, number>();
   private watchers: { cancel(): Promise<void> }[] = [];
 
   constructor(
@@ -101,7 +107,12 @@ class Membership extends EventEmitter {
       return;
     }
     this.nodes.set(rec.id, rec);
+    this.placedSinceRecord.delete(rec.id);
     this.emit('change');
+  }
+
+  notePlaced(node: string): void {
+    this.placedSinceRecord.set(node, (this.placedSinceRecord.get(node) ?? 0) + 1);
   }
 
   private putLost(key: string): void {
@@ -298,6 +309,12 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
   const inflight = new Map<string, number>();
   const inflightByAccount = new Map<string, number>();
   const placementOpts = () => ({ k: opts.k ?? 2, overflowThreshold: opts.overflowThreshold ?? 0.8, staged: members.staged });
+  /** What the node records do not show yet: creates in flight and those done since each node's last record. */
+  const reservedNow = (): Map<string, number> => {
+    const r = new Map(inflight);
+    for (const [n, c] of members.placedSinceRecord) r.set(n, (r.get(n) ?? 0) + c);
+    return r;
+  };
 
   const asAccount = (a: Account) => `Bearer ${credential.assertion(a)}`;
 
@@ -393,7 +410,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     const req = placementRequest(spec, ask);
     let lastErr: WarrenError | null = null;
     for (let attempt = 0; attempt < 5; attempt++) {
-      const placed = placeMany(members.live(), req, 1, { ...placementOpts(), reserved: new Map(inflight), exclude });
+      const placed = placeMany(members.live(), req, 1, { ...placementOpts(), reserved: reservedNow(), exclude });
       const nodeId = [...placed.counts.keys()][0];
       if (nodeId === undefined) {
         if (lastErr) throw lastErr;
@@ -404,6 +421,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       inflightByAccount.set(account.id, (inflightByAccount.get(account.id) ?? 0) + 1);
       try {
         const info = await callNode<SandboxInfo>(node, 'POST', '/v1/sandboxes', account, rest);
+        members.notePlaced(nodeId);
         return explain ? { info, explain: { ...placed.explain, attempts: attempt + 1, refusedBy: [...exclude] } } : { info };
       } catch (err) {
         const e = asWarrenError(err);
@@ -492,7 +510,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         }
       }
       const id = `job-${randomBytes(8).toString('hex')}`;
-      const placed = placeMany(members.live(), req, count, { ...placementOpts(), reserved: new Map(inflight) });
+      const placed = placeMany(members.live(), req, count, { ...placementOpts(), reserved: reservedNow() });
       const indices = Array.from({ length: count }, (_, i) => i);
       const jspec: JobSpec = {
         id,
@@ -572,7 +590,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       }
       if (again.length === 0) continue;
       again.sort((a, b) => a - b);
-      const placed = placeMany(members.live(), placementRequest(spec.spec, spec.placement), again.length, { ...placementOpts(), reserved: new Map(inflight) });
+      const placed = placeMany(members.live(), placementRequest(spec.spec, spec.placement), again.length, { ...placementOpts(), reserved: reservedNow() });
       const n = again.length - placed.unplaced;
       if (n === 0 && handled.length === 0) continue;
       const { refs, ops } = sharesFor(spec, placed.counts, again.slice(0, n));
