@@ -426,7 +426,7 @@ static void maybe_free(struct proc *pr) {
  * VM was paused and restored, the bridge reconnects), the session waits up to
  * SESSION_GRACE_MS for it before it is killed.
  */
-enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
+enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_MARK = 0x25, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
 #define SESSION_GRACE_MS 30000
 
 static long long now_ms(void) {
@@ -435,30 +435,57 @@ static long long now_ms(void) {
   return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
 }
 
-/* Every process of the shell's session except the shell (the command mode's "foreground"). */
-static void kill_session_but(pid_t sid, pid_t except, int sig) {
+/* Session and start time of a process (0: read; -1: gone or unreadable). */
+static int proc_session(pid_t pid, int *session, unsigned long long *start) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  /* after the name: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt
+   * utime stime cutime cstime priority nice num_threads itrealvalue starttime */
+  if (!p || sscanf(p + 2, "%*c %*d %*d %d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", session, start) != 2) return -1;
+  return 0;
+}
+
+/* The shell's session as the last MARK saw it: what a command-mode signal to "the command"
+ * spares (the shell, and background jobs of earlier commands). A session with more processes
+ * than fit is recorded in part; the rest count as the command's. nmarked < 0: no MARK yet. */
+struct sproc { pid_t pid; unsigned long long start; };
+#define MAX_MARKED 4096
+static struct sproc marked[MAX_MARKED];
+static int nmarked = -1;
+
+static int was_marked(pid_t pid, unsigned long long start) {
+  for (int i = 0; i < nmarked; i++) if (marked[i].pid == pid && marked[i].start == start) return 1;
+  return 0;
+}
+
+/* Every process of session sid but `except`; with only_new, also but those the MARK saw.
+ * record: note them as the MARK instead of signalling them. */
+static void walk_session(pid_t sid, pid_t except, int sig, int only_new, int record) {
   DIR *d = opendir("/proc");
   if (!d) return;
+  if (record) nmarked = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     pid_t pid = (pid_t)atoi(e->d_name);
     if (pid <= 1 || pid == except) continue;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) continue;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    int ppid, pgrp, session;
-    char st;
-    if (!p || sscanf(p + 2, "%c %d %d %d", &st, &ppid, &pgrp, &session) != 4) continue;
-    if (session == sid) kill(pid, sig);
+    int session;
+    unsigned long long start;
+    if (proc_session(pid, &session, &start) != 0 || session != sid) continue;
+    if (record) { if (nmarked < MAX_MARKED) marked[nmarked++] = (struct sproc){pid, start}; continue; }
+    if (only_new && was_marked(pid, start)) continue;
+    kill(pid, sig);
   }
   closedir(d);
 }
+
+static void kill_session_but(pid_t sid, pid_t except, int sig) { walk_session(sid, except, sig, 0, 0); }
 
 static void session_server(const char *portpath) {
   port = -1;
@@ -560,6 +587,7 @@ static void session_server(const char *portpath) {
           p += 16;
           len -= 16;
           resumed = 1;
+          nmarked = -1; /* a new shell: no command has started in it */
           if (shell > 0) {
             /* reap the old shell, drop its pipes */
             waitpid(shell, NULL, 0);
@@ -649,8 +677,11 @@ static void session_server(const char *portpath) {
           if (target == 0 || target == 3) kill(shell, signo);
           else if (target == 1) {
             if (mode == 1) { pid_t fg = master >= 0 ? tcgetpgrp(master) : -1; if (fg > 0) kill(-fg, signo); }
-            else kill_session_but(shell, shell, signo);
+            /* what the shell started since the MARK; a bridge that sends no MARKs means everything but the shell */
+            else walk_session(shell, shell, signo, nmarked >= 0, 0);
           } else kill_session_but(shell, 0, signo);
+        } else if (type == S_MARK && shell > 0) {
+          walk_session(shell, 0, 0, 0, 1);
         }
         off += HDR + len;
       }

@@ -6,12 +6,17 @@
  * session server over one of the VM's "warren.session.N" virtio ports.
  *
  *   warren-vmshell --dir RUNDIR --slots N --mode command|pty --cwd C --uid U --gid G
- *                  [--env K=V]... -- argv...
+ *                  [--control-fd N] [--env K=V]... -- argv...
  *
  * A slot is claimed with flock on RUNDIR/sN.lock for the bridge's lifetime.
- * The holder's signals are translated: SIGWINCH is a resize (pty) or the
- * command-abort signal (command mode: forwarded to the shell, and the
- * command's processes are killed, as the holder does for containers);
+ * With --control-fd (the holder's --control-fd), the holder's MARKs and its
+ * signals for the shell, the command and the tree arrive there as 2-byte
+ * records (signo, target; signo 0 is a MARK) and are passed to the guest,
+ * which applies them with the holder's meaning: "the command" is what the
+ * shell started since the MARK, not the shell nor older background jobs.
+ * Without it, the holder's own signals are translated: SIGWINCH is a resize
+ * (pty) or the command-abort signal (command mode: forwarded to the shell,
+ * and everything else in the shell's session is killed).
  * SIGTERM/SIGHUP/SIGINT end the whole session. When the VMM goes away (pause)
  * the bridge reconnects for as long as RUNDIR exists.
  */
@@ -35,7 +40,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
+enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUME = 0x24, S_MARK = 0x25, S_OUT = 0xA1, S_EXIT = 0xA2, S_STARTED = 0xA3 };
+/* the holder's SIGNAL targets, which the guest's session server shares */
+enum { T_TREE = 2 };
+/* How long a tree kill waits for the guest to report the shell's end before the bridge ends itself. */
+#define TREE_KILL_WAIT_MS 1000
 #define HDR 9
 #define MAX_PAYLOAD (256 * 1024)
 
@@ -80,7 +89,7 @@ static void die(const char *m) { fprintf(stderr, "warren-vmshell: %s\n", m); exi
 
 int main(int argc, char **argv) {
   const char *dir = NULL, *mode = "command", *cwd = "/", *uid = "0", *gid = "0";
-  int slots = 4;
+  int slots = 4, ctl = -1;
   char *envs[512];
   int nenv = 0, i = 1;
   for (; i < argc; i++) {
@@ -92,6 +101,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cwd")) cwd = argv[++i];
     else if (!strcmp(argv[i], "--uid")) uid = argv[++i];
     else if (!strcmp(argv[i], "--gid")) gid = argv[++i];
+    else if (!strcmp(argv[i], "--control-fd")) { ctl = atoi(argv[++i]); if (ctl < 3 || fcntl(ctl, F_GETFD) < 0) die("--control-fd is not open"); }
     else if (!strcmp(argv[i], "--env")) { if (nenv < 511) envs[nenv++] = argv[++i]; else i++; }
     else die("unknown option");
   }
@@ -150,8 +160,13 @@ int main(int argc, char **argv) {
   size_t have = 0;
   int stdin_open = 1;
   struct timespec last_resume = {0};
+  unsigned char rec[512];
+  size_t rec_have = 0;
+  int tree_sig = 0;           /* a fatal tree signal was passed on: end when the guest reports, or at tree_deadline */
+  struct timespec tree_deadline = {0};
   for (;;) {
-    struct pollfd fds[3] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 ? 0 : -1, POLLIN, 0}};
+    /* the control pipe and stdin wait while the guest is unreachable: records and input are not lost */
+    struct pollfd fds[4] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 ? 0 : -1, POLLIN, 0}, {ctl >= 0 && sock >= 0 ? ctl : -1, POLLIN, 0}};
     if (sock < 0) {
       struct stat st;
       if (stat(dir, &st) != 0) exit(137); /* the sandbox is gone */
@@ -166,7 +181,37 @@ int main(int argc, char **argv) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (now.tv_sec != last_resume.tv_sec) { send_frame(S_RESUME, token, sizeof token); last_resume = now; }
-    poll(fds, 3, 1000);
+    if (tree_sig) {
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      if (now.tv_sec > tree_deadline.tv_sec || (now.tv_sec == tree_deadline.tv_sec && now.tv_nsec >= tree_deadline.tv_nsec)) {
+        signal(tree_sig, SIG_DFL); sigprocmask(SIG_UNBLOCK, &mask, NULL); raise(tree_sig); exit(128 + tree_sig);
+      }
+    }
+    poll(fds, 4, tree_sig ? 50 : 1000);
+    /* before stdin: the holder writes a command's MARK before its input */
+    if (fds[3].fd >= 0 && fds[3].revents) {
+      ssize_t r = read(ctl, rec + rec_have, sizeof rec - rec_have);
+      if (r == 0) ctl = -1; /* the holder is gone; its end of the session follows */
+      else if (r > 0) {
+        rec_have += (size_t)r;
+        size_t k = 0;
+        for (; k + 2 <= rec_have; k += 2) {
+          unsigned char sg[2] = {rec[k], rec[k + 1]};
+          if (sg[0] == 0) { send_frame(S_MARK, NULL, 0); continue; }
+          send_frame(S_SIGNAL, sg, 2);
+          int fatal = sg[0] == SIGKILL || sg[0] == SIGTERM || sg[0] == SIGHUP || sg[0] == SIGINT || sg[0] == SIGQUIT;
+          if (sg[1] == T_TREE && fatal && !tree_sig) {
+            tree_sig = sg[0];
+            clock_gettime(CLOCK_MONOTONIC, &tree_deadline);
+            tree_deadline.tv_nsec += (long)TREE_KILL_WAIT_MS * 1000000L;
+            tree_deadline.tv_sec += tree_deadline.tv_nsec / 1000000000L;
+            tree_deadline.tv_nsec %= 1000000000L;
+          }
+        }
+        memmove(rec, rec + k, rec_have - k);
+        rec_have -= k;
+      }
+    }
     if (fds[0].revents) {
       struct signalfd_siginfo si;
       if (read(sfd, &si, sizeof si) == sizeof si) {

@@ -697,19 +697,17 @@ export class ShimNode implements Shim {
     const box = await this.awake(id);
     const sessions = facet(this.backendOf(this.live(id).record), box, 'sessions');
     const sessionId = `s-${randomBytes(10).toString('hex')}`;
-    const { argv, ptmxPath, shellDepth } = await sessions.shellCommand({ mode: opts.mode, user: opts.user, cwd: opts.cwd, env: opts.env ?? {}, sessionId });
+    const launch = await sessions.shellCommand({ mode: opts.mode, user: opts.user, cwd: opts.cwd, env: opts.env ?? {}, sessionId });
     const dir = this.sandboxSessionsDir(id);
     mkdirSync(dir, { recursive: true, mode: 0o700 });
     const socketPath = join(dir, `${sessionId}.sock`);
     const holder = await spawnHolder({
       socketPath,
+      ...launch,
       mode: opts.mode,
-      argv,
       bufferBytes: this.opts.sessionBufferBytes ?? SESSION_BUFFER_BYTES,
       cols: opts.cols,
       rows: opts.rows,
-      ptmxPath,
-      shellDepth,
       info: { sandboxId: id, sessionId },
     });
     try {

@@ -348,9 +348,18 @@ export interface FilesFacet {
 }
 
 /** How a session holder (src/shim/sessions) reaches a shell in the sandbox. */
+/** How a session holder starts a sandbox's shell (the fields are SpawnHolderOptions'). */
+export interface ShellLaunch {
+  argv: string[];
+  ptmxPath?: string;
+  /** Generations from argv's process down to the shell. */
+  shellDepth?: number;
+  /** argv's process is a bridge to a shell the holder cannot see: it reads MARKs and signals on this fd. */
+  controlFd?: number;
+}
+
 export interface SessionsFacet {
-  /** `shellDepth`: generations from argv's process down to the shell (see SpawnHolderOptions). */
-  shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<{ argv: string[]; ptmxPath?: string; shellDepth?: number }>;
+  shellCommand(opts: { mode: SessionMode; user?: string | undefined; cwd?: string | undefined; env: Record<string, string>; sessionId: string }): Promise<ShellLaunch>;
   /** The holder runs (pid on the host): count it with the sandbox (container: join its cgroup). */
   holderStarted(pid: number): void;
 }

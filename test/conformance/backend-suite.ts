@@ -217,11 +217,11 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
 
   facetBlock('sessions', 'a session holder reaches a shell in the sandbox', async (t) => {
     const sessions = facet(harness.backend, shared, 'sessions');
-    const { argv, ptmxPath, shellDepth } = await sessions.shellCommand({ mode: 'command', env: { CONF: 'yes' }, sessionId: 's-conformance' });
-    t.is(ptmxPath, undefined);
+    const launch = await sessions.shellCommand({ mode: 'command', env: { CONF: 'yes' }, sessionId: 's-conformance' });
+    t.is(launch.ptmxPath, undefined);
     const dir = tempDir('warren-conf-sess-');
     const socketPath = join(dir, 's-conformance.sock');
-    const holder = await spawnHolder({ socketPath, mode: 'command', argv, shellDepth, bufferBytes: 65536, info: { sandboxId: shared.id, sessionId: 's-conformance' } });
+    const holder = await spawnHolder({ ...launch, socketPath, mode: 'command', bufferBytes: 65536, info: { sandboxId: shared.id, sessionId: 's-conformance' } });
     sessions.holderStarted(holder.pid);
     const att = await attachSession(socketPath, 0);
     try {
@@ -234,6 +234,55 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
       t.is(Buffer.concat(out).toString(), 'yes\n/tmp\n', 'env reaches the shell and cwd persists between commands');
     } finally {
       await att.close();
+    }
+  });
+
+  facetBlock('sessions', 'a signal to the command reaches what it started, never the shell or earlier background jobs; a pty signal reaches the foreground job', async (t) => {
+    const sessions = facet(harness.backend, shared, 'sessions');
+    const dir = tempDir('warren-conf-sig-');
+    const open = async (mode: 'command' | 'pty', sessionId: string) => {
+      const launch = await sessions.shellCommand({ mode, env: {}, sessionId });
+      const socketPath = join(dir, `${sessionId}.sock`);
+      const holder = await spawnHolder({ ...launch, socketPath, mode, bufferBytes: 65536, info: { sandboxId: shared.id, sessionId } });
+      sessions.holderStarted(holder.pid);
+      const att = await attachSession(socketPath, 0);
+      let ended = false;
+      att.onExit(() => (ended = true));
+      return { att, ended: () => ended };
+    };
+    const alive = async (pidFile: string) => (await shared.exec({ cmd: `kill -0 "$(cat ${pidFile})"` })).exitCode === 0;
+    // whether a `sleep N` runs (GNU grep splits a binary file at its NULs: translate them first)
+    const sleeping = async (n: string) => (await shared.exec({ cmd: `for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done | grep -q '^sleep ${n} '` })).exitCode === 0;
+    const cmd = await open('command', 's-conf-signal');
+    try {
+      t.is((await cmd.att.run('bg', 'sleep 600 & echo $! > /tmp/conf-bg.pid')).exitCode, 0);
+      const running = cmd.att.run('fg', 'sleep 601');
+      t.true(await until(() => sleeping('601'), 120_000), 'the command started');
+      cmd.att.signal(15);
+      const r = await running;
+      t.is(r.exitCode, 143, 'the command died of the SIGTERM');
+      t.false(cmd.ended(), 'the shell is still there');
+      t.true(await alive('/tmp/conf-bg.pid'), 'a background job of an earlier command is spared');
+      const timed = await cmd.att.run('slow', 'sleep 602', 1500);
+      t.true(timed.timedOut === true && timed.exitCode === null, JSON.stringify(timed));
+      t.true(await alive('/tmp/conf-bg.pid'), 'a timeout spares it too');
+      t.is((await cmd.att.run('after', 'kill "$(cat /tmp/conf-bg.pid)"; echo usable')).exitCode, 0, 'the session is usable');
+    } finally {
+      await cmd.att.close();
+    }
+    const pty = await open('pty', 's-conf-pty-signal');
+    try {
+      const out: Buffer[] = [];
+      pty.att.onOutput((o) => out.push(o.data));
+      pty.att.write('sleep 603\n');
+      t.true(await until(() => sleeping('603'), 120_000), 'the foreground job started');
+      pty.att.signal(2);
+      t.true(await until(async () => !(await sleeping('603')), 120_000), 'the SIGINT ended the foreground job');
+      pty.att.write('echo "still=$((40+2))"\n');
+      t.true(await until(async () => Buffer.concat(out).toString().includes('still=42'), 120_000), 'the shell outlived the foreground job');
+      t.false(pty.ended());
+    } finally {
+      await pty.att.close();
     }
   });
 

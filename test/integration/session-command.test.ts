@@ -122,6 +122,44 @@ test('timeout kills what the command started and keeps the shell', async (t) => 
   t.regex(out.text('stdout'), /kids=\[\]\n$/);
 });
 
+test('with --control-fd the child is a bridge: MARKs and signals reach it as records, never as signals, and it may end itself on close', async (t) => {
+  // A stand-in for warren-vmshell: it prints each record it reads on fd 4, and ends on a tree
+  // SIGKILL after noting it in a file (a closing session reads no more output).
+  const ended = join(freshSocketDir(), 'ended');
+  const bridge = ['/usr/bin/python3', '-c', [
+    'import os, sys',
+    'print("ready", flush=True)',
+    'while True:',
+    '    b = os.read(4, 2)',
+    '    if len(b) < 2: sys.exit(3)',
+    '    print(f"rec {b[0]} {b[1]}", flush=True)',
+    '    if b[0] == 9 and b[1] == 2:',
+    `        open(${JSON.stringify(ended)}, "w").write("tree kill")`,
+    '        sys.exit(0)',
+  ].join('\n')];
+  const { session, childPid } = await openSession(t, { argv: bridge, controlFd: 4 });
+  const out = collect(session);
+  await waitFor(() => out.text('stdout').includes('ready\n'), 30_000, 'the bridge to start');
+  void session.run('c1', 'true').catch(() => undefined); // MARK, then input the bridge ignores
+  session.signal(15);
+  session.abortCommand();
+  const want = ['rec 0 0', 'rec 15 1', 'rec 28 3', 'rec 9 1'];
+  await waitFor(() => want.every((r) => out.text('stdout').includes(`${r}\n`)), 30_000, 'the records');
+  t.deepEqual(out.text('stdout').trim().split('\n'), ['ready', ...want], 'in the order they were sent');
+  t.true(pidAlive(childPid), 'the SIGTERM and SIGKILL were passed on, not delivered to the bridge');
+  await session.close();
+  await waitFor(() => !pidAlive(childPid), 30_000, 'the bridge to end');
+  t.is(existsSync(ended) ? readFileSync(ended, 'utf8') : null, 'tree kill', 'the bridge was told to kill the tree before it was killed');
+});
+
+test('--control-fd outside 4..9 is refused before a holder starts', async (t) => {
+  const dir = freshSocketDir();
+  for (const fd of [3, 10, 1.5]) {
+    const e = await t.throwsAsync(spawnHolder({ socketPath: join(dir, `s-ctl-${fd}.sock`), mode: 'command', argv: BASH, bufferBytes: 65536, controlFd: fd }), { instanceOf: WarrenError });
+    t.is(e!.code, 'INVALID_ARGUMENT');
+  }
+});
+
 test('a signal to the command spares a shell that came up after the command was sent (launcher in front)', async (t) => {
   // A launcher (as warren-nsexec is) that starts the shell as its child only once told to:
   // the command, and the snapshot of what was running when it began, arrive before the shell exists.

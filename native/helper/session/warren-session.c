@@ -122,6 +122,13 @@ static unsigned long stall_ms = 500;
  * child is the shell). Signals to "the command" never reach them. */
 static int shell_depth;
 static int ready_fd = -1;
+/* --control-fd N: the child is a bridge to a shell elsewhere (warren-vmshell to a microVM's
+ * guest), so the processes a signal is meant for are not the holder's descendants. MARKs and
+ * SIGNALs for the shell, the command or the tree go to the bridge as 2-byte records
+ * (signo, target; signo 0 is a MARK) on a pipe it reads at fd N, for the far end to apply
+ * with the same meaning. ctl_fd is the holder's write end. */
+static int ctl_child_fd = -1;
+static int ctl_fd = -1;
 
 static uint8_t *rb;                 /* the ring */
 static uint64_t cap, r_head, r_tail; /* logical positions; byte at pos lives at rb[pos % cap] */
@@ -781,9 +788,21 @@ static int output_blocked(int64_t now, int64_t *wake)
 	return blocked;
 }
 
+/* 1: the bridge has the record. A full pipe (a bridge that stopped reading) or a bridge
+ * that has gone drops it; the caller then acts on what the holder can reach. */
+static int ctl_send(uint8_t signo, uint8_t target)
+{
+	if (ctl_fd < 0) return 0;
+	uint8_t rec[2] = { signo, target };
+	ssize_t n;
+	do n = write(ctl_fd, rec, sizeof rec); while (n < 0 && errno == EINTR);
+	return n == (ssize_t)sizeof rec;
+}
+
 static void client_signal(uint8_t signo, uint8_t target)
 {
 	if (signo == 0 || signo > 64) return;
+	if (target != T_CHILD && ctl_send(signo, target)) return;
 	if (target == T_CHILD) {
 		if (!child_reaped) kill(child_pid, signo);
 	} else if (target == T_FOREGROUND) {
@@ -847,6 +866,7 @@ static void client_process(struct client *c)
 			break;
 		case F_MARK:
 			mark();
+			ctl_send(0, 0);
 			break;
 		case F_INFO:
 			c->want_info = 1;
@@ -944,6 +964,15 @@ static void unlink_socket(void)
 static void kill_everything(void)
 {
 	int64_t until = now_ms() + 2000;
+	/* A bridge passes the kill on to the far end and then exits: give it a second to do so
+	 * before it is killed here with the rest. */
+	if (!child_reaped && ctl_send(SIGKILL, T_TREE)) {
+		int64_t bridge_until = now_ms() + 1000;
+		while (!child_reaped && now_ms() < bridge_until) {
+			reap();
+			if (!child_reaped) usleep(1000);
+		}
+	}
 	for (;;) {
 		signal_tree(SIGKILL, 1);
 		reap();
@@ -986,7 +1015,7 @@ static void usage(void)
 		"usage: warren-session --socket PATH --mode command|pty --buffer-bytes N\n"
 		"                      [--cols C --rows R] [--ptmx PATH] [--info JSON]\n"
 		"                      [--ready-fd FD] [--linger-seconds S] [--stall-ms MS]\n"
-		"                      [--shell-depth N] -- argv...\n");
+		"                      [--shell-depth N] [--control-fd N] -- argv...\n");
 	exit(2);
 }
 
@@ -1028,9 +1057,10 @@ static void close_inherited(int keep)
 
 static void spawn_child(char **argv)
 {
-	int in[2], out[2], err[2], st[2], ep[2];
+	int in[2], out[2], err[2], st[2], ep[2], ctl[2] = { -1, -1 };
 	int master = -1, slave = -1;
 	if (pipe2(ep, O_CLOEXEC)) fail("pipe: %s", strerror(errno));
+	if (ctl_child_fd >= 0 && pipe2(ctl, O_CLOEXEC)) fail("pipe: %s", strerror(errno));
 	if (mode_pty) {
 		const char *ptmx = ptmx_path ? ptmx_path : "/dev/ptmx";
 		master = open(ptmx, O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -1059,6 +1089,7 @@ static void spawn_child(char **argv)
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		setsid();
 		int e = ep[1];
+		int cf = ctl_child_fd >= 0 ? move_high(ctl[0]) : -1; /* out of the way of the stdio dup2s */
 		if (mode_pty) {
 			if (ioctl(slave, TIOCSCTTY, 0) < 0) goto fail;
 			int s = move_high(slave);
@@ -1069,6 +1100,8 @@ static void spawn_child(char **argv)
 			if (dup2(a, 0) < 0 || dup2(b, 1) < 0 || dup2(c, 2) < 0 || dup2(d, 3) < 0) goto fail;
 			set_cloexec_from(4);
 		}
+		/* after set_cloexec_from: dup2 leaves the new descriptor open across exec */
+		if (cf >= 0 && dup2(cf, ctl_child_fd) < 0) goto fail;
 		execvp(argv[0], argv);
 	fail:;
 		int code = errno;
@@ -1078,6 +1111,11 @@ static void spawn_child(char **argv)
 	child_pid = pid;
 	sigprocmask(SIG_SETMASK, &old, NULL);
 	close(ep[1]);
+	if (ctl_child_fd >= 0) {
+		close(ctl[0]);
+		ctl_fd = ctl[1];
+		fcntl(ctl_fd, F_SETFL, fcntl(ctl_fd, F_GETFL) | O_NONBLOCK);
+	}
 	int code;
 	ssize_t n;
 	do n = read(ep[0], &code, sizeof code); while (n < 0 && errno == EINTR);
@@ -1153,6 +1191,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--linger-seconds")) linger_ms = (unsigned long)parse_num(v, "--linger-seconds", 0, 86400 * 30) * 1000;
 		else if (!strcmp(a, "--stall-ms")) stall_ms = (unsigned long)parse_num(v, "--stall-ms", 0, 3600 * 1000);
 		else if (!strcmp(a, "--shell-depth")) shell_depth = (int)parse_num(v, "--shell-depth", 0, 4);
+		else if (!strcmp(a, "--control-fd")) ctl_child_fd = (int)parse_num(v, "--control-fd", 4, 9);
 		else if (!strcmp(a, "--ready-fd")) {
 			ready_fd = (int)parse_num(v, "--ready-fd", 0, 1 << 20);
 			if (fcntl(ready_fd, F_GETFD) < 0) { ready_fd = -1; fail("--ready-fd %s is not open", v); }

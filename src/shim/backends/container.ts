@@ -31,6 +31,7 @@ import type {
   SandboxRecord,
   SandboxSpec,
   SessionsFacet,
+  ShellLaunch,
   SupervisedExecFacet,
   SnapshotFacet,
 } from '../types';
@@ -390,7 +391,7 @@ export class ContainerSandbox implements HostProcessSandbox {
   }
 
   /** The holder's child: warren-nsexec into the sandbox's namespaces and cgroup, confined like every exec. */
-  private shellCommand(opts: Parameters<SessionsFacet['shellCommand']>[0]): { argv: string[]; ptmxPath?: string; shellDepth: number } {
+  private shellCommand(opts: Parameters<SessionsFacet['shellCommand']>[0]): ShellLaunch {
     this.assertAlive();
     const root = this.rootPath();
     const user = resolveUser(root, opts.user ?? this.spec.user);

@@ -47,6 +47,12 @@ export interface SpawnHolderOptions {
    * never reaches these, also when the shell came up after the command was sent.
    */
   shellDepth?: number | undefined;
+  /**
+   * `argv`'s process is a bridge to a shell on the far side of a channel (warren-vmshell to a
+   * microVM guest): the holder passes it MARKs and the SIGNALs meant for the shell, the command
+   * or the tree as records on a pipe at this fd (4..9), for the far end to apply.
+   */
+  controlFd?: number | undefined;
 }
 
 /** SessionInfo plus what the holder knows about itself. */
@@ -119,6 +125,7 @@ function validateSpawn(o: SpawnHolderOptions): void {
   }
   if (o.stallMs !== undefined && (!Number.isInteger(o.stallMs) || o.stallMs < 0 || o.stallMs > 3_600_000)) bad('stallMs must be an integer in 0..3600000');
   if (o.ptmxPath !== undefined && !path.isAbsolute(o.ptmxPath)) bad('ptmxPath must be an absolute path');
+  if (o.controlFd !== undefined && (!Number.isInteger(o.controlFd) || o.controlFd < 4 || o.controlFd > 9)) bad('controlFd must be an integer in 4..9');
 }
 
 /**
@@ -137,6 +144,7 @@ export async function spawnHolder(opts: SpawnHolderOptions): Promise<{ pid: numb
   if (opts.lingerSeconds !== undefined) args.push('--linger-seconds', String(opts.lingerSeconds));
   if (opts.stallMs !== undefined) args.push('--stall-ms', String(opts.stallMs));
   if (opts.shellDepth !== undefined) args.push('--shell-depth', String(opts.shellDepth));
+  if (opts.controlFd !== undefined) args.push('--control-fd', String(opts.controlFd));
   if (opts.info !== undefined) {
     const json = JSON.stringify(opts.info);
     if (Buffer.byteLength(json) > 16384) throw new WarrenError('INVALID_ARGUMENT', 'session info is larger than 16 KiB');

@@ -72,6 +72,8 @@ const GUEST_START_TIMEOUT_MS = 60_000;
 const GUEST_KILL_GRACE_MS = 10_000;
 /** Shell sessions a microVM can have open at once (one virtio port each). */
 export const SESSION_SLOTS = 4;
+/** The fd on which warren-vmshell reads its holder's MARKs and signals (after stdio and the status fd). */
+const BRIDGE_CONTROL_FD = 4;
 
 export interface MicroVMRuntime {
   [key: string]: unknown;
@@ -533,10 +535,11 @@ export class MicroVMSandbox implements BackendSandbox {
         const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
         if (o.mode === 'pty') shell.push('-i');
         const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, HOSTNAME: this.id, LANG: 'C.UTF-8', TERM: o.mode === 'pty' ? 'xterm-256color' : 'dumb', ...this.spec.env, ...o.env };
-        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid)];
+        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid), '--control-fd', String(BRIDGE_CONTROL_FD)];
         for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
         argv.push('--', ...shell);
-        return { argv };
+        // the holder cannot see the guest's processes: the bridge passes its MARKs and signals on
+        return { argv, controlFd: BRIDGE_CONTROL_FD };
       },
       // Holders and their bridges are counted with (and killed with) the VMM.
       // (see exportUpper below for the export facet)
