@@ -465,27 +465,29 @@ static int was_marked(pid_t pid, unsigned long long start) {
   return 0;
 }
 
-/* Every process of session sid but `except`; with only_new, also but those the MARK saw.
- * record: note them as the MARK instead of signalling them. */
-static void walk_session(pid_t sid, pid_t except, int sig, int only_new, int record) {
+/* Call fn(pid, start, arg) for every process of session sid but `except`. */
+static void each_in_session(pid_t sid, pid_t except, void (*fn)(pid_t, unsigned long long, int), int arg) {
   DIR *d = opendir("/proc");
   if (!d) return;
-  if (record) nmarked = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     pid_t pid = (pid_t)atoi(e->d_name);
     if (pid <= 1 || pid == except) continue;
     int session;
     unsigned long long start;
-    if (proc_session(pid, &session, &start) != 0 || session != sid) continue;
-    if (record) { if (nmarked < MAX_MARKED) marked[nmarked++] = (struct sproc){pid, start}; continue; }
-    if (only_new && was_marked(pid, start)) continue;
-    kill(pid, sig);
+    if (proc_session(pid, &session, &start) == 0 && session == sid) fn(pid, start, arg);
   }
   closedir(d);
 }
 
-static void kill_session_but(pid_t sid, pid_t except, int sig) { walk_session(sid, except, sig, 0, 0); }
+static void note_marked(pid_t pid, unsigned long long start, int unused) {
+  (void)unused;
+  if (nmarked < MAX_MARKED) marked[nmarked++] = (struct sproc){pid, start};
+}
+static void kill_one(pid_t pid, unsigned long long start, int sig) { (void)start; kill(pid, sig); }
+static void kill_if_new(pid_t pid, unsigned long long start, int sig) { if (!was_marked(pid, start)) kill(pid, sig); }
+
+static void kill_session_but(pid_t sid, pid_t except, int sig) { each_in_session(sid, except, kill_one, sig); }
 
 static void session_server(const char *portpath) {
   port = -1;
@@ -678,10 +680,11 @@ static void session_server(const char *portpath) {
           else if (target == 1) {
             if (mode == 1) { pid_t fg = master >= 0 ? tcgetpgrp(master) : -1; if (fg > 0) kill(-fg, signo); }
             /* what the shell started since the MARK; a bridge that sends no MARKs means everything but the shell */
-            else walk_session(shell, shell, signo, nmarked >= 0, 0);
+            else each_in_session(shell, shell, nmarked >= 0 ? kill_if_new : kill_one, signo);
           } else kill_session_but(shell, 0, signo);
         } else if (type == S_MARK && shell > 0) {
-          walk_session(shell, 0, 0, 0, 1);
+          nmarked = 0;
+          each_in_session(shell, 0, note_marked, 0);
         }
         off += HDR + len;
       }

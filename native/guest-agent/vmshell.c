@@ -50,6 +50,12 @@ enum { T_TREE = 2 };
 
 static int sock = -1;
 
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
 static void put32(unsigned char *p, uint32_t v) { p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24; }
 static uint32_t get32(const unsigned char *p) { return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24); }
 
@@ -163,7 +169,7 @@ int main(int argc, char **argv) {
   unsigned char rec[512];
   size_t rec_have = 0;
   int tree_sig = 0;           /* a fatal tree signal was passed on: end when the guest reports, or at tree_deadline */
-  struct timespec tree_deadline = {0};
+  long long tree_deadline = 0;
   for (;;) {
     /* the control pipe and stdin wait while the guest is unreachable: records and input are not lost */
     struct pollfd fds[4] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 ? 0 : -1, POLLIN, 0}, {ctl >= 0 && sock >= 0 ? ctl : -1, POLLIN, 0}};
@@ -181,11 +187,8 @@ int main(int argc, char **argv) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (now.tv_sec != last_resume.tv_sec) { send_frame(S_RESUME, token, sizeof token); last_resume = now; }
-    if (tree_sig) {
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      if (now.tv_sec > tree_deadline.tv_sec || (now.tv_sec == tree_deadline.tv_sec && now.tv_nsec >= tree_deadline.tv_nsec)) {
-        signal(tree_sig, SIG_DFL); sigprocmask(SIG_UNBLOCK, &mask, NULL); raise(tree_sig); exit(128 + tree_sig);
-      }
+    if (tree_sig && now_ms() >= tree_deadline) {
+      signal(tree_sig, SIG_DFL); sigprocmask(SIG_UNBLOCK, &mask, NULL); raise(tree_sig); exit(128 + tree_sig);
     }
     poll(fds, 4, tree_sig ? 50 : 1000);
     /* before stdin: the holder writes a command's MARK before its input */
@@ -202,10 +205,7 @@ int main(int argc, char **argv) {
           int fatal = sg[0] == SIGKILL || sg[0] == SIGTERM || sg[0] == SIGHUP || sg[0] == SIGINT || sg[0] == SIGQUIT;
           if (sg[1] == T_TREE && fatal && !tree_sig) {
             tree_sig = sg[0];
-            clock_gettime(CLOCK_MONOTONIC, &tree_deadline);
-            tree_deadline.tv_nsec += (long)TREE_KILL_WAIT_MS * 1000000L;
-            tree_deadline.tv_sec += tree_deadline.tv_nsec / 1000000000L;
-            tree_deadline.tv_nsec %= 1000000000L;
+            tree_deadline = now_ms() + TREE_KILL_WAIT_MS;
           }
         }
         memmove(rec, rec + k, rec_have - k);

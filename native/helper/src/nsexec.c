@@ -531,24 +531,19 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   /* The child is ours to reap (CLONE_PARENT) whatever happened to stage 1: left unreaped, it would
      keep the sandbox's init from finishing its exit. */
   pid_t child = c.child_pid > 0 ? c.child_pid : c.child_tid;
-  if (got != 0) {
+  /* Failed: the child reported why (it has exited), or the report broke off, or stage 1 died
+     (killed) before clone returned in it, so the child may not have exec'd. */
+  if (got != 0 || c.child_pid <= 0) {
     if (child > 0) {
       if (got != (ssize_t)sizeof rep) kill(child, SIGKILL);
       wait_reap(child);
     }
     if (got == (ssize_t)sizeof rep)
       report_error(&c, &rep, e);
-    else
+    else if (got != 0)
       wn_fail(e, WN_SPAWN_ERROR, got < 0 ? read_errno : EIO, "read exec status");
-    goto out;
-  }
-  if (c.child_pid <= 0) {
-    /* stage 1 died (killed) before it could say what happened: the child may not have exec'd */
-    if (child > 0) {
-      kill(child, SIGKILL);
-      wait_reap(child);
-    }
-    wn_fail(e, WN_SPAWN_ERROR, EIO, "exec stage exited without a child");
+    else
+      wn_fail(e, WN_SPAWN_ERROR, EIO, "exec stage exited without a child");
     goto out;
   }
   r->pid = c.child_pid;
