@@ -8,7 +8,7 @@
  *
  * Frames, both ways: u8 type, u32 channel, u32 length (little endian), payload.
  * Host -> guest: EXEC, STDIN, STDIN_EOF, KILL, READ, WRITE, LIST, MKDIRS, KIND, SHUTDOWN, PING, EXPORT,
- * AS (a file request run with a user's filesystem identity).
+ * AS (a file request run with a user's filesystem identity), CLOCK (set the time after a restore).
  * Guest -> host: HELLO, OUT, EXIT, OK, ERR, STARTED (see src/shim/backends/microvm/agent-protocol.ts).
  *
  * A guest read on the port returns 0 while no host client is connected (and
@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/openat2.h>
+#include <linux/random.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #include <string.h>
 #include <sys/fsuid.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/reboot.h>
 #include <termios.h>
 #include <sys/signalfd.h>
@@ -40,7 +42,7 @@
 #include <unistd.h>
 
 enum {
-  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11, T_EXPORT = 12, T_AS = 13,
+  T_EXEC = 1, T_STDIN = 2, T_STDIN_EOF = 3, T_KILL = 4, T_READ = 5, T_WRITE = 6, T_LIST = 7, T_MKDIRS = 8, T_KIND = 9, T_SHUTDOWN = 10, T_PING = 11, T_EXPORT = 12, T_AS = 13, T_CLOCK = 14,
   T_HELLO = 0x81, T_OUT = 0x82, T_EXIT = 0x83, T_OK = 0x84, T_ERR = 0x85, T_STARTED = 0x87,
 };
 
@@ -390,6 +392,15 @@ static void handle(int type, uint32_t chan, const char *p, size_t n) {
     if (n >= 5 && p[n - 1] == 0) { int r = mkdirs(p + 4, get32((const unsigned char *)p) & 07777); if (r < 0) send_err(chan, -r, "mkdir"); else send_ok(chan, NULL, 0); }
     else send_err(chan, EINVAL, "malformed");
     return;
+  case T_CLOCK: {
+    /* u64 ns since the epoch: a restored guest's clock stopped when its snapshot was taken */
+    if (n != 8) { send_err(chan, EINVAL, "malformed"); return; }
+    uint64_t ns = (uint64_t)get32((const unsigned char *)p) | (uint64_t)get32((const unsigned char *)p + 4) << 32;
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    if (clock_settime(CLOCK_REALTIME, &ts)) send_err(chan, errno, "clock_settime");
+    else send_ok(chan, NULL, 0);
+    return;
+  }
   case T_SHUTDOWN:
     sync();
     kill(-1, SIGKILL);
@@ -728,7 +739,66 @@ static void start_session_servers(void) {
   closedir(d);
 }
 
-int main(void) {
+/*
+ * --scrub: zero the guest's free memory before a template snapshot. Anonymous
+ * pages come zeroed from the kernel, so taking (nearly) all free memory and
+ * giving it back leaves only zero pages free, which the snapshot does not
+ * store and a restored guest does not have resident on the host.
+ */
+static int scrub(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return 1;
+  char line[128];
+  long free_kb = -1;
+  while (fgets(line, sizeof line, f)) if (sscanf(line, "MemFree: %ld kB", &free_kb) == 1) break;
+  fclose(f);
+  /* leave the kernel its reserves (and this program's own pages) */
+  long take_kb = free_kb - 4 * 1024;
+  if (take_kb <= 0) return 0;
+  const size_t chunk = 4u << 20;
+  for (long done = 0; done + (long)(chunk >> 10) <= take_kb; done += (long)(chunk >> 10)) {
+    if (mmap(NULL, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0) == MAP_FAILED) break;
+  }
+  return 0; /* exiting frees it all */
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+/*
+ * --fresh SEED CLOCK: what a guest restored from a template must not share
+ * with its siblings. SEED (128 hex digits from the host's CSPRNG) is credited
+ * to the kernel's pool and the CRNG reseeded from it; CLOCK (ns since the
+ * epoch) replaces the template's time.
+ */
+static int fresh(const char *hex, const char *clock) {
+  struct { int entropy_count; int buf_size; unsigned char buf[64]; } e;
+  if (strlen(hex) != 2 * sizeof e.buf) return 2;
+  for (size_t i = 0; i < sizeof e.buf; i++) {
+    int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return 2;
+    e.buf[i] = (unsigned char)(hi << 4 | lo);
+  }
+  e.entropy_count = 8 * (int)sizeof e.buf;
+  e.buf_size = (int)sizeof e.buf;
+  char *endp;
+  errno = 0;
+  unsigned long long ns = strtoull(clock, &endp, 10);
+  if (errno || *clock == '\0' || *endp != '\0') return 2;
+  int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || ioctl(fd, RNDADDENTROPY, &e) || ioctl(fd, RNDRESEEDCRNG)) { perror("warren-agent: reseed"); return 1; }
+  close(fd);
+  struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+  if (clock_settime(CLOCK_REALTIME, &ts)) { perror("warren-agent: clock"); return 1; }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--scrub") == 0) return scrub();
+  if (argc == 4 && strcmp(argv[1], "--fresh") == 0) return fresh(argv[2], argv[3]);
   const char *portname = getenv("WARREN_AGENT_PORT");
   if (!portname) portname = "/dev/vport0p1";
   const char *rp = getenv("WARREN_ROOT");

@@ -250,6 +250,10 @@ export interface NativeAddon {
   processStartTime(pid: number): number;
   ptyResize(ptyFd: number, cols: number, rows: number): void;
   close(fd: number): void;
+  /** A memfd of `size` bytes (sparse) that can be sealed; close-on-exec. */
+  memfdCreate(name: string, size: number): number;
+  /** Seal a memfd against writes, resizes and shared writable mappings (private mappings stay writable). */
+  memfdSeal(fd: number): void;
   /** Give freed memory back to the kernel: with `collect` a full V8 collection first, then malloc_trim(0). True when pages were released. */
   reclaimMemory(collect: boolean): boolean;
 

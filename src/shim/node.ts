@@ -946,6 +946,7 @@ export class ShimNode implements Shim {
     this.metrics.liveSandboxes.removeCallback(this.observeLive);
     // Sandboxes and sessions keep running: a restarted gateway re-adopts them.
     this.lifecycle.close();
+    for (const b of this.backends.all()) b.close?.();
     await this.functions.close();
     this.layers.close();
     // Layers nobody holds are unmounted (lazily loaded ones also lose their file server): a

@@ -273,6 +273,8 @@ export interface Backend {
   leftovers?(known: ReadonlySet<string>, prefix: string): string[];
   /** snapshot facet: bring a checkpointed sandbox back (its record's runtime is updated). */
   restore?(record: SandboxRecord, checkpoint: CheckpointRef, lowerPaths: string[]): Promise<BackendSandbox>;
+  /** Give back what the backend holds for the node itself (not its sandboxes, which keep running). */
+  close?(): void;
 }
 
 export interface SandboxStats {

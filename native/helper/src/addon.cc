@@ -12,6 +12,8 @@
 #include <poll.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -779,6 +781,39 @@ Napi::Value Close(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// A sealed memfd: what several processes map copy-on-write and none of them can change.
+Napi::Value MemfdCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ToStr(env, ArgOrUndefined(info, 0), "name", 200);
+  int64_t size = ToInt(env, ArgOrUndefined(info, 1), "size", 0, int64_t(1) << 40);
+  int fd = static_cast<int>(syscall(SYS_memfd_create, name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  wn_error e;
+  if (fd < 0) {
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "memfd_create");
+    Throw(env, e);
+  }
+  if (ftruncate(fd, static_cast<off_t>(size)) < 0) {
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "ftruncate memfd to %lld", static_cast<long long>(size));
+    close(fd);
+    Throw(env, e);
+  }
+  return Napi::Number::New(env, fd);
+}
+
+// No more writes, shared writable mappings, size changes or seal changes: private mappings stay writable.
+Napi::Value MemfdSeal(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  int fd = ArgFd(info, 0, "fd");
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
+    wn_error e;
+    wn_fail_errno(&e, WN_NATIVE_ERROR, "seal memfd %d", fd);
+    Throw(env, e);
+  }
+  return env.Undefined();
+}
+
 // ---- filesystem ------------------------------------------------------------------------
 
 // Optional { uid, gid, groups? }: the identity the file access runs with (rootfs.c).
@@ -957,6 +992,8 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"processStartTime", ProcessStartTime},
       {"ptyResize", PtyResize},
       {"close", Close},
+      {"memfdCreate", MemfdCreate},
+      {"memfdSeal", MemfdSeal},
       {"openInRoot", OpenInRoot},
       {"mkdirInRoot", MkdirInRoot},
       {"mount", Mount},

@@ -151,8 +151,10 @@ export class VmBackend implements Backend {
     return { cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US, memoryBytes: bytes, memorySwapBytes: bytes, pidsMax: 128 };
   }
 
-  /** Start the VMM (booting, or restoring from `incoming`); returns its pid. */
-  async launch(id: string, r: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
+  /** Start the VMM (booting, or restoring the sandbox's own snapshot from a pause); returns its pid. */
+  async launch(id: string, r: MicroVMRuntime, idle: boolean, o: { incoming?: { file: string; shared: boolean } } = {}): Promise<number> {
+    if (o.incoming?.shared) throw new WarrenError('INTERNAL', 'the vm backend restores only its own snapshots');
+    const incoming = o.incoming?.file;
     const runtime = r as VmRuntime;
     const khz = hostTscKhz();
     // no_timer_check: a TCG guest starved by a loaded host fails the kernel's IO-APIC timer check and panics

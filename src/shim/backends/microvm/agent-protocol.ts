@@ -25,6 +25,8 @@ export const AgentType = {
   EXPORT: 12,
   /** A file request (READ, WRITE, LIST, KIND, MKDIRS) run with a user's filesystem identity: u32 uid, u32 gid, u8 type, then its payload. */
   AS: 13,
+  /** Set the guest's clock: u64 ns since the epoch (a restored guest's clock stopped at its snapshot). */
+  CLOCK: 14,
   // guest -> host
   HELLO: 0x81,
   OUT: 0x82,
@@ -159,4 +161,10 @@ export function agentError(payload: Buffer, what: string): WarrenError {
   const detail = payload.subarray(4, 4 + 200).toString('utf8').replace(/[^\x20-\x7e]/g, '?');
   const [code, text] = ERRNO[errno] ?? ['INTERNAL', `errno ${errno}`];
   return new WarrenError(code, `${what}: ${text} (${detail})`, { errno }, errno);
+}
+
+export function encodeClock(chan: number, epochNs: bigint): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64LE(epochNs, 0);
+  return encodeFrame(AgentType.CLOCK, chan, b);
 }

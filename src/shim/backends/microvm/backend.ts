@@ -13,7 +13,8 @@
  *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
  */
 import { execFile } from 'node:child_process';
-import { chownSync, closeSync, copyFileSync, existsSync, linkSync, mkdirSync, openSync, readdirSync, statSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { chmodSync, chownSync, closeSync, copyFileSync, existsSync, linkSync, mkdirSync, openSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { rm, truncate } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { PassThrough } from 'node:stream';
@@ -47,10 +48,11 @@ import type {
 } from '../../types';
 import type { NetworkManager, SandboxNetworkRuntime } from '../../network/manager';
 import { AgentClient } from './agent-client';
-import { AS_OVERHEAD, AgentType, MAX_AGENT_PAYLOAD, encodeAs, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
-import { findGuestKernel, guestInitramfs, vmshellBinary } from './guest';
+import { AS_OVERHEAD, AgentType, MAX_AGENT_PAYLOAD, encodeAs, encodeClock, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
+import { findGuestKernel, guestInitramfs, vmmExecBinary, vmshellBinary } from './guest';
 import { Qmp } from './qmp';
-import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, spawnVmm } from './vmm';
+import { type Template, type TemplateShape, TemplateStore, configLine, portHandshake } from './template';
+import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, shellWord, spawnVmm } from './vmm';
 
 const SIGPIPE = 13;
 const run = promisify(execFile);
@@ -92,6 +94,10 @@ export interface MicroVMRuntime {
   pids?: number;
   /** Set while paused: the snapshot file the next resume restores. */
   snapshot?: string;
+  /** The kernel command line of the template this VM was restored from (every resume passes it again). */
+  cmdline?: string;
+  /** Guest RAM is the named backend of a VM restored from a template (its resumes name it the same). */
+  namedRam?: boolean;
   /** The sandbox's namespace, cgroup policy and tap (absent: the guest has no NIC). */
   network?: SandboxNetworkRuntime;
 }
@@ -105,6 +111,8 @@ export interface MicroVMOptions {
   log?: (line: string) => void;
   /** The node network: microVMs with `network` get a tap in a pooled namespace, enforced by the tap programs. */
   network?: NetworkManager | null;
+  /** Restore new microVMs from template snapshots (template.ts) instead of booting each; default on (WARREN_MICROVM_TEMPLATES=0 turns it off). */
+  templates?: boolean;
 }
 
 export class MicroVMBackend implements Backend {
@@ -123,6 +131,87 @@ export class MicroVMBackend implements Backend {
     mkdirSync(this.runRoot, { recursive: true, mode: 0o700 });
     this.stash = opts.runRoot === undefined ? '/run/warren-vm-jail' : `${this.runRoot}-jail`;
     mkdirSync(this.stash, { recursive: true, mode: 0o700 });
+    if (opts.templates ?? process.env.WARREN_MICROVM_TEMPLATES !== '0') {
+      const store = new TemplateStore(join(opts.dataDir, 'microvm-templates'), (key, shape, dir) => this.buildTemplate(key, shape, dir), opts.log);
+      this.templates = store;
+      this.swept = store.sweep(killAndWait, destroyCgroup).then(
+        (n) => void (n > 0 && opts.log?.(`microvm: removed ${n} unfinished template builds`)),
+        (err: Error) => opts.log?.(`microvm: sweeping template builds: ${err.message}`),
+      );
+    }
+  }
+
+  close(): void {
+    this.templates?.close();
+  }
+
+  /** Template snapshots new microVMs are restored from (null: every microVM boots). */
+  readonly templates: TemplateStore | null = null;
+  private swept: Promise<void> = Promise.resolve();
+
+  /**
+   * The template for a sandbox, or null when it must boot: templates are off, or it has a NIC
+   * (the guest's MAC and addresses are set at boot; a restored NIC would carry the template's).
+   */
+  private async templateFor(spec: SandboxSpec, shape: TemplateShape): Promise<Template | null> {
+    if (this.templates === null || spec.network !== undefined) return null;
+    await this.swept;
+    return this.templates.get(shape);
+  }
+
+  /**
+   * Boot a guest that stops at /init's hold point, snapshot it there and end it. It runs like a
+   * sandbox's VMM (jailed, unprivileged, in a cgroup of its own with the same limits).
+   */
+  private async buildTemplate(key: string, shape: TemplateShape, dir: string): Promise<{ cmdline: string }> {
+    const id = `tpl-${key.slice(0, 16)}-${randomBytes(3).toString('hex')}`;
+    const runDir = join(this.runRoot, id);
+    const user = vmmUserIds();
+    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel: shape.accel, kernel: shape.kernel, vcpus: shape.vcpus, guestMb: shape.guestMb, layerFiles: [...shape.layerFiles], initrd: join(dir, 'initrd.cpio') };
+    const cmdline = `${this.cmdline(id, runtime, true)}`;
+    let cgroup = false;
+    let pid = 0;
+    try {
+      mkdirSync(runDir, { mode: 0o700 });
+      pinFile(shape.initrd, runtime.initrd);
+      if (user !== null) chownSync(dir, user.uid, user.gid);
+      await makeWritableDisk(join(dir, 'disk.img'), shape.diskMb, user);
+      native.cgroupCreate(id, this.limits({ memoryMb: shape.guestMb, cpu: shape.vcpus }));
+      cgroup = true;
+      writeFileSync(join(dir, 'vmm.json'), JSON.stringify({ pid: 0, cgroup: id }));
+      pid = await this.launch(id, runtime, false, { cmdline, ram: { file: this.inJail(join(dir, 'ram')), share: true } });
+      writeFileSync(join(dir, 'vmm.json'), JSON.stringify({ pid, startTime: runtime.startTime, cgroup: id }));
+      await portHandshake(join(runDir, 'agent.sock'), { want: 'WARREN_HOLD', timeoutMs: this.opts.bootTimeoutMs ?? 180_000, isAlive: () => processAlive(pid) });
+      const q = await Qmp.connect(join(runDir, 'qmp.sock'));
+      try {
+        await q.execute('stop');
+        await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+        await saveVm(q, this.inJail(join(dir, 'snapshot')));
+      } finally {
+        q.close();
+      }
+      await killAndWait(pid);
+      pid = 0;
+      // every restore reads it, whoever the sandbox's owner: it holds only the booted kernel and /init
+      for (const f of ['snapshot', 'ram']) {
+        chownSync(join(dir, f), 0, 0);
+        chmodSync(join(dir, f), 0o644);
+      }
+      return { cmdline };
+    } catch (err) {
+      const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const vmmLog = readTail(join(dir, 'vmm.log'));
+      if (err instanceof WarrenError && (err.code === 'TIMEOUT' || err.code === 'UNAVAILABLE')) {
+        throw new WarrenError('SPAWN_ERROR', `the microVM template did not come up: ${err.message}${tail ? `; guest console: ${tail}` : ''}${vmmLog ? `; VMM: ${vmmLog}` : ''}`, { console: tail, vmm: vmmLog });
+      }
+      throw err;
+    } finally {
+      if (pid > 0) await killAndWait(pid);
+      if (cgroup) await destroyCgroup(id).catch(() => undefined);
+      await rm(runDir, { recursive: true, force: true }).catch(() => undefined);
+      await rm(join(dir, 'disk.img'), { force: true }).catch(() => undefined);
+      await rm(join(dir, 'vmm.json'), { force: true }).catch(() => undefined);
+    }
   }
 
   get facets(): Record<FacetName, FacetStatus> {
@@ -167,25 +256,21 @@ export class MicroVMBackend implements Backend {
     const runDir = join(this.runRoot, id);
     const accel = microvmAccelerator().accel;
     const vcpus = Math.max(1, Math.min(Math.ceil(spec.cpu), 16));
+    const template = await this.templateFor(spec, { kernel: kernel.image, initrd: cachedInitrd, layerFiles: files, diskMb, guestMb: spec.memoryMb, vcpus, accel, extra: `${hostTscKhz() ?? ''} ${vmmUser() ?? ''}` });
     // The sandbox keeps its own link to the initramfs it booted: a later build (another agent or
     // /init) replaces the cached one, and a paused VM must restore with the initramfs it had.
     const initrd = join(dir, 'initrd.cpio');
-    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: kernel.image, vcpus, guestMb: spec.memoryMb, layerFiles: files, initrd, pids: spec.pids };
+    const runtime: MicroVMRuntime = { vmmPid: 0, startTime: 0, dir, runDir, accel, kernel: kernel.image, vcpus, guestMb: spec.memoryMb, layerFiles: files, initrd, pids: spec.pids, ...(template ? { cmdline: template.cmdline, namedRam: true } : {}) };
     let cgroup = false;
     let pid = 0;
     try {
       mkdirSync(dir, { mode: 0o700 });
       mkdirSync(runDir, { mode: 0o700 });
-      pinFile(cachedInitrd, initrd);
+      pinFile(template?.initrd ?? cachedInitrd, initrd);
       // QEMU runs as the unprivileged VMM user after start-up: the snapshot it writes goes in `dir`.
       const user = vmmUserIds();
       if (user !== null) chownSync(dir, user.uid, user.gid);
-      const disk = join(dir, 'disk.img');
-      closeSync(openSync(disk, 'wx', 0o600));
-      await truncate(disk, diskMb * MIB);
-      // An empty filesystem made here (never mounted on the host): the guest owns what goes in it.
-      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0', disk], { timeout: 60_000 });
-      if (user !== null) chownSync(disk, user.uid, user.gid);
+      await makeWritableDisk(join(dir, 'disk.img'), diskMb, user);
       native.cgroupCreate(id, this.limits(spec));
       cgroup = true;
       if (spec.network !== undefined) {
@@ -193,7 +278,23 @@ export class MicroVMBackend implements Backend {
         const owner = user ?? { uid: 0, gid: 0 };
         runtime.network = await this.opts.network!.setUp(id, spec.owner, cgroupDir(id), spec.network, owner);
       }
-      pid = await this.launch(id, runtime, spec.priority === 'idle');
+      if (template === null) pid = await this.launch(id, runtime, spec.priority === 'idle');
+      else {
+        const ramFd = await this.templates!.ramFd(template);
+        pid = await this.launch(id, runtime, spec.priority === 'idle', { incoming: { file: template.snapshot, shared: true }, ram: { file: '/proc/self/fd/3', share: false }, passFd: ramFd });
+        const launched = pid;
+        const q = await Qmp.connect(join(runDir, 'qmp.sock'), 30_000);
+        try {
+          // the template's RAM is mapped from its file, not in the snapshot: both ends of the migration say so
+          await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+          await q.execute('migrate-incoming', { uri: `exec:cat ${shellWord(template.snapshot)}` });
+          await awaitIncoming(q);
+          await q.execute('cont');
+        } finally {
+          q.close();
+        }
+        await portHandshake(join(runDir, 'agent.sock'), { send: configLine({ id, pids: spec.pids }), want: 'WARREN_GO', timeoutMs: 60_000, isAlive: () => processAlive(launched) });
+      }
       const box = new MicroVMSandbox(id, spec, runtime, this);
       await box.connect(this.opts.bootTimeoutMs ?? 180_000);
       return box;
@@ -212,7 +313,7 @@ export class MicroVMBackend implements Backend {
     }
   }
 
-  private limits(spec: SandboxSpec) {
+  private limits(spec: Pick<SandboxSpec, 'memoryMb' | 'cpu'>) {
     const bytes = (spec.memoryMb + VMM_OVERHEAD_MB) * MIB;
     return {
       cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)),
@@ -224,11 +325,24 @@ export class MicroVMBackend implements Backend {
     };
   }
 
-  /** Start the VMM (booting, or restoring `runtime.snapshot`); returns its pid. */
-  async launch(id: string, runtime: MicroVMRuntime, idle: boolean, incoming?: string): Promise<number> {
+  /**
+   * The kernel command line of a boot. A template's names nothing of any one sandbox (/init
+   * holds and is told those after the restore).
+   */
+  private cmdline(id: string, runtime: MicroVMRuntime, template = false): string {
     const khz = hostTscKhz();
     const tap = runtime.network?.tap;
-    const cmdline = ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.id=${id}`, `warren.layers=${runtime.layerFiles.length}`, ...(runtime.pids !== undefined ? [`warren.pids=${runtime.pids}`] : []), ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])].join(' ');
+    const own = template ? ['warren.hold=1'] : [`warren.id=${id}`, ...(runtime.pids !== undefined ? [`warren.pids=${runtime.pids}`] : []), ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])];
+    return ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.layers=${runtime.layerFiles.length}`, ...own].join(' ');
+  }
+
+  /**
+   * Start the VMM (booting, or restoring a snapshot: the sandbox's own from a pause, or a
+   * template's, which the jail binds read-only); returns its pid.
+   */
+  async launch(id: string, runtime: MicroVMRuntime, idle: boolean, o: { incoming?: { file: string; shared: boolean }; cmdline?: string; ram?: { file?: string; share?: boolean }; passFd?: number } = {}): Promise<number> {
+    const cmdline = o.cmdline ?? runtime.cmdline ?? this.cmdline(id, runtime);
+    const tap = runtime.network?.tap;
     const agentSocket = join(runtime.runDir, 'agent.sock');
     const qmpSocket = join(runtime.runDir, 'qmp.sock');
     for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
@@ -247,8 +361,13 @@ export class MicroVMBackend implements Backend {
       qmpSocket,
       logFile: join(runtime.dir, 'vmm.log'),
       ...(tap && runtime.network ? { net: { netnsPath: runtime.network.lease.path, tap: tap.name, mac: tap.mac } } : {}),
-      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: runtime.layerFiles, stash: this.stash, user: vmmUser() },
-      ...(incoming !== undefined ? { incoming: this.inJail(incoming) } : {}),
+      jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: [...runtime.layerFiles, ...(o.incoming?.shared ? [o.incoming.file] : [])], stash: this.stash, user: vmmUser() },
+      ...(o.ram !== undefined ? { ram: o.ram } : runtime.namedRam ? { ram: {} } : {}),
+      ...(o.passFd !== undefined ? { passFd: o.passFd } : {}),
+      // a template's snapshot is read once QMP has said its RAM is not in it (see create)
+      ...(o.incoming !== undefined ? { incoming: o.incoming.shared ? 'defer' : this.inJail(o.incoming.file) } : {}),
+      // a restored guest has resident only the pages its snapshot holds data for, unless huge pages round them up to 2 MiB
+      ...(o.incoming !== undefined && vmmExecBinary() !== null ? { noHugePages: vmmExecBinary()! } : {}),
     };
     return launchVmm(this.driver, launch, runtime, idle);
   }
@@ -360,6 +479,52 @@ function pinFile(from: string, to: string): void {
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
     copyFileSync(from, to);
+  }
+}
+
+/** A sparse disk of `mb` with an empty ext4 made here (never mounted on the host: the guest owns what goes in it). */
+async function makeWritableDisk(disk: string, mb: number, user: { uid: number; gid: number } | null): Promise<void> {
+  closeSync(openSync(disk, 'wx', 0o600));
+  await truncate(disk, mb * MIB);
+  await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0', disk], { timeout: 60_000 });
+  if (user !== null) chownSync(disk, user.uid, user.gid);
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return readState(pid) !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
+/** Save the stopped VM through QEMU's `exec:` migration into `file` (a path the VMM can write). */
+async function saveVm(q: Qmp, file: string): Promise<void> {
+  await q.execute('migrate', { uri: `exec:cat > ${file}` });
+  const deadline = Date.now() + 300_000;
+  for (;;) {
+    const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
+    if (st.status === 'completed') return;
+    if (st.status === 'failed' || st.status === 'cancelled') throw new WarrenError('INTERNAL', `saving the VM failed: ${String(st['error-desc'] ?? st.status).slice(0, 300)}`);
+    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'saving the VM took longer than 300 s');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Wait until a VMM started with `-incoming` has loaded its snapshot (it is then paused). */
+async function awaitIncoming(q: Qmp): Promise<void> {
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const st = (await q.execute('query-status')) as { status?: string };
+    if (st.status === 'paused' || st.status === 'postmigrate' || st.status === 'prelaunch') {
+      const mig = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
+      if (mig.status === 'completed' || mig.status === undefined) return;
+      if (mig.status === 'failed') throw new WarrenError('INTERNAL', `restoring the VM failed: ${String(mig['error-desc'] ?? 'failed').slice(0, 300)}`);
+    }
+    if (st.status === 'running') return;
+    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'restoring the VM took longer than 120 s');
+    await new Promise((r) => setTimeout(r, 10));
   }
 }
 
@@ -690,6 +855,18 @@ export class MicroVMSandbox implements BackendSandbox {
     });
   }
 
+  /**
+   * The guest's clock to the host's: a restored guest's stood still from its snapshot on. Not
+   * waited for (the agent handles frames in order, so every later request sees the new time),
+   * which also keeps a VM whose older agent lacks the frame resumable.
+   */
+  private setClock(): void {
+    const client = this.client();
+    const chan = client.open({ frame: () => undefined, fail: () => undefined });
+    client.send(encodeClock(chan, BigInt(Date.now()) * 1_000_000n));
+    client.releaseChannel(chan);
+  }
+
   /** Give the agent connection up (another handle adopted this VM). */
   detachAgent(): void {
     this.agent?.close();
@@ -942,17 +1119,13 @@ export class MicroVMSandbox implements BackendSandbox {
     const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'));
     try {
       await q.execute('stop');
-      await q.execute('migrate', { uri: `exec:cat > ${this.backend.inJail(file)}` });
-      const deadline = Date.now() + 300_000;
-      for (;;) {
-        const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
-        if (st.status === 'completed') break;
-        if (st.status === 'failed' || st.status === 'cancelled') {
-          await q.execute('cont').catch(() => undefined);
-          throw new WarrenError('INTERNAL', `saving the VM failed: ${String(st['error-desc'] ?? st.status).slice(0, 300)}`);
-        }
-        if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'saving the VM took longer than 300 s');
-        await new Promise((r) => setTimeout(r, 20));
+      try {
+        // a VM restored from a template was told its RAM is someone else's; its own snapshot holds all of it
+        if (this.runtime.namedRam) await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: false }] });
+        await saveVm(q, this.backend.inJail(file));
+      } catch (err) {
+        await q.execute('cont').catch(() => undefined);
+        throw err;
       }
     } finally {
       q.close();
@@ -986,21 +1159,11 @@ export class MicroVMSandbox implements BackendSandbox {
     if (!this.suspended) return;
     const file = this.runtime.snapshot;
     if (file === undefined || !existsSync(file)) throw new WarrenError('INTERNAL', `sandbox ${this.id} is paused without a snapshot`);
-    const pid = await this.backend.launch(this.id, this.runtime, this.spec.priority === 'idle', file);
+    const pid = await this.backend.launch(this.id, this.runtime, this.spec.priority === 'idle', { incoming: { file, shared: false } });
     try {
       const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'), 30_000);
       try {
-        const deadline = Date.now() + 120_000;
-        for (;;) {
-          const st = (await q.execute('query-status')) as { status?: string };
-          if (st.status === 'paused' || st.status === 'postmigrate' || st.status === 'prelaunch') {
-            const mig = (await q.execute('query-migrate')) as { status?: string };
-            if (mig.status === 'completed' || mig.status === undefined) break;
-          }
-          if (st.status === 'running') break;
-          if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'restoring the VM took longer than 120 s');
-          await new Promise((r) => setTimeout(r, 20));
-        }
+        await awaitIncoming(q);
         await q.execute('cont');
       } finally {
         q.close();
@@ -1008,6 +1171,7 @@ export class MicroVMSandbox implements BackendSandbox {
       this.suspended = false;
       this.watch(pid);
       await this.connect(30_000);
+      this.setClock();
     } catch (err) {
       this.suspended = true;
       await killAndWait(pid);

@@ -60,6 +60,12 @@ export function vmshellBinary(): string {
   return join(dirname(agentBinary()), 'warren-vmshell');
 }
 
+/** Starts a restored microVM's VMM without transparent huge pages (native/guest-agent/vmm-exec.c); null when not built. */
+export function vmmExecBinary(): string | null {
+  const p = join(dirname(agentBinary()), 'warren-vmm-exec');
+  return existsSync(p) ? p : null;
+}
+
 function busyboxBinary(): string | null {
   for (const p of ['/bin/busybox', '/usr/bin/busybox']) if (existsSync(p)) return p;
   return null;
@@ -95,10 +101,38 @@ export PATH=/bin
 fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
 mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
 for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
-id=; layers=0; net=; pids=
+id=; layers=0; net=; pids=; hold=
 for a in $(cat /proc/cmdline); do
-  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; esac
+  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; warren.hold=1) hold=1;; esac
 done
+port=
+for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
+[ -n "$port" ] || fail "no agent port"
+if [ -n "$hold" ]; then
+  # A template: the host snapshots the guest while it waits here, and every microVM of the same
+  # shape is restored from that snapshot instead of booting. Free memory is zeroed first, so the
+  # snapshot (and each restored guest's resident memory) holds only pages in use. The fd stays
+  # open throughout: data for a virtio port no guest process holds open is discarded.
+  echo 3 > /proc/sys/vm/drop_caches; /sbin/warren-agent --scrub || echo "warren: scrub failed, the snapshot keeps the free memory"
+  exec 3<>"$port" || fail "agent port"
+  line=
+  while :; do
+    echo WARREN_HOLD >&3 || fail "agent port"
+    read -r line <&3
+    case "$line" in "WARREN_CONFIG "*) break;; esac
+    sleep 0.05
+  done
+  seed=; clock=
+  for a in \${line#WARREN_CONFIG }; do
+    case "$a" in id=*) id="\${a#id=}";; pids=*) pids="\${a#pids=}";; seed=*) seed="\${a#seed=}";; clock=*) clock="\${a#clock=}";; esac
+  done
+  # What every clone would otherwise share: the kernel's random state and the template's clock.
+  /sbin/warren-agent --fresh "$seed" "$clock" || fail "reseed"
+  # Disks were probed at the template's boot: forget what was read of them then.
+  for b in /sys/block/vd*; do blockdev --flushbufs "/dev/\${b##*/}" || fail "flush \${b##*/}"; done
+  echo WARREN_GO >&3
+  exec 3>&-
+fi
 disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
 i=0
 while [ "$i" -lt 50 ] && ! disk rw >/dev/null; do sleep 0.02; i=$((i+1)); done
@@ -124,9 +158,6 @@ if [ -n "$net" ]; then
   rm -f /newroot/etc/resolv.conf && printf 'nameserver %s\noptions timeout:2 attempts:2\n' "$gw" > /newroot/etc/resolv.conf || fail "resolv.conf"
 fi
 [ -n "$id" ] && hostname "$id" && { [ -L /newroot/etc/hostname ] || echo "$id" > /newroot/etc/hostname 2>/dev/null; }
-port=
-for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
-[ -n "$port" ] || fail "no agent port"
 # The sandbox's processes (not the agent) run in one group with the sandbox's pids limit, as a
 # container's do; a guest kernel without cgroup2 boots anyway, and the host reports it.
 cg=

@@ -30,8 +30,22 @@ export interface VmLaunch {
   /** One virtio port per shell-session slot ("warren.session.N"), served at these sockets. */
   sessionSockets: string[];
   qmpSocket: string;
-  /** Restore from this snapshot file instead of booting. */
+  /** Restore from this snapshot file instead of booting ('defer': the caller starts the restore over QMP). */
   incoming?: string;
+  /**
+   * Guest RAM as a named memory backend ("mem"), for templates and what is restored from them:
+   *   - `file` + `share: true`: a template's guest writes its RAM into the file, which its snapshot
+   *     then leaves out (x-ignore-shared);
+   *   - `file` + `share: false`: a private (copy-on-write) mapping of a template's RAM: every microVM
+   *     restored from it shares the pages it has not written;
+   *   - no file: anonymous RAM under the same name (the resume of a VM that began as a template's).
+   * Absent: QEMU's default anonymous RAM.
+   */
+  ram?: { file?: string; share?: boolean };
+  /** An fd the VMM inherits as its fd 3 (a template's sealed RAM: `ram.file` is then /proc/self/fd/3). */
+  passFd?: number;
+  /** Run the VMM without transparent huge pages (through this wrapper: warren-vmm-exec). */
+  noHugePages?: string;
   logFile: string;
   /** A NIC on the tap `tap` of the sandbox's network namespace (the VMM runs in that namespace). */
   net?: { netnsPath: string; tap: string; mac: string };
@@ -87,6 +101,14 @@ export function qemuBaseArgs(l: VmLaunch, machine: 'microvm' | 'q35', tbSizeMb: 
     '-accel', l.accel === 'kvm' ? 'kvm' : `tcg,tb-size=${tbSizeMb}`,
     ...(l.accel === 'kvm' ? ['-cpu', 'host'] : []),
     '-m', `${l.memoryMb}M`,
+    ...(l.ram === undefined
+      ? []
+      : [
+          '-object',
+          l.ram.file === undefined ? `memory-backend-ram,id=mem,size=${l.memoryMb}M` : `memory-backend-file,id=mem,size=${l.memoryMb}M,mem-path=${optPath(l.ram.file)},share=${l.ram.share ? 'on' : 'off'}`,
+          '-machine',
+          'memory-backend=mem',
+        ]),
     '-smp', String(l.vcpus),
     '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
     // QEMU's own seccomp filter: no obsolete syscalls, no resource-control syscalls; spawning stays
@@ -116,7 +138,8 @@ export function qemuChannelArgs(l: VmLaunch, serialDevice: 'virtio-serial-device
 
 /** Last: the snapshot to restore from, and the drop to the VMM user. */
 export function qemuFinalArgs(l: VmLaunch): string[] {
-  return [...(l.incoming !== undefined ? ['-incoming', `exec:cat ${shellWord(l.incoming)}`] : []), ...(l.jail?.user ? ['-runas', l.jail.user] : [])];
+  const incoming = l.incoming === undefined ? [] : ['-incoming', l.incoming === 'defer' ? 'defer' : `exec:cat ${shellWord(l.incoming)}`];
+  return [...incoming, ...(l.jail?.user ? ['-runas', l.jail.user] : [])];
 }
 
 export const qemuMicrovm: VmmDriver = {
@@ -124,7 +147,9 @@ export const qemuMicrovm: VmmDriver = {
   status: () => (feature('qemu').supported ? { available: true } : { available: false, reason: feature('qemu').reason ?? 'no qemu' }),
   command(l) {
     // ACPI stays on: this kernel has no VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI is how it finds the virtio-mmio devices.
-    const args = qemuBaseArgs(l, 'microvm', 32);
+    // A 16 MiB translation cache: every idle TCG guest keeps it resident (a restored one fills it within
+    // seconds), and 32 MiB made it a third of an idle restored guest's host memory.
+    const args = qemuBaseArgs(l, 'microvm', 16);
     for (const d of l.disks) {
       // No image locking: QEMU re-opens images by path to change lock modes (at the end of a migration),
       // which the unprivileged, jailed VMM cannot do for the root-only layer store. Each VM has its own
@@ -193,7 +218,8 @@ export interface VmmProcess {
  * has is counted there.
  */
 export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProcess {
-  const { bin, args } = driver.command(l);
+  const cmd = driver.command(l);
+  const { bin, args } = l.noHugePages === undefined ? cmd : { bin: l.noHugePages, args: ['--', cmd.bin, ...cmd.args] };
   // With a NIC the VMM lives in the sandbox's network namespace (where its tap is; its own sockets there
   // would meet the sandbox's cgroup programs), else in a namespace of its own with nothing in it.
   const netns = l.net !== undefined ? ['nsenter', `--net=${shellWord(l.net.netnsPath)}`] : [];
@@ -202,7 +228,7 @@ export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProc
     : [...netns, bin, ...args];
   const child = spawn('/bin/sh', ['-c', 'read -r _ || exit 1; exec "$@"', 'warren-vmm', ...argv], {
     detached: true,
-    stdio: ['pipe', 'ignore', logFd],
+    stdio: l.passFd === undefined ? ['pipe', 'ignore', logFd] : ['pipe', 'ignore', logFd, l.passFd],
   });
   if (child.pid === undefined) throw new WarrenError('SPAWN_ERROR', `cannot start ${bin}`);
   child.unref();
