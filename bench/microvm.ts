@@ -1,17 +1,21 @@
 /**
  * npm run bench:microvm — microVM sandboxes against container sandboxes, in one run:
  *
- *  1. create -> first exec (p50/p99) for microvm and container, interleaved;
+ *  1. create -> first exec (p50/p99), interleaved: container, microvm restored
+ *     from its template snapshot (the default), microvm booted (templates off,
+ *     a second node in the same process); the template's one-time build is
+ *     reported apart;
  *  2. exec round trip: one-shot exec and a command in a shell session;
- *  3. host memory per idle microVM (the VMM's cgroup after boot, idle) for N
- *     microVMs sharing the same layer files (read-only virtio-blk; pmem/DAX is
- *     not available on QEMU 7.2's microvm machine, so there is no DAX column);
+ *  3. host memory per idle microVM, restored and booted: the VMM's cgroup and
+ *     the host's MemAvailable drop per VM (shared pages counted once) for N
+ *     microVMs on the same layer files (read-only virtio-blk; pmem/DAX is not
+ *     available on QEMU 7.2's microvm machine, so there is no DAX column);
  *  4. pause (snapshot to disk + end the VMM) / resume latency and bytes with
  *     256 MiB of guest memory touched.
  *
  * Conditions (accelerator, load) are printed first; JSON to bench/results/microvm.json.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { microvmAccelerator, microvmBackendStatus } from '../src/features';
 import { native } from '../src/native';
@@ -37,18 +41,32 @@ async function main(): Promise<void> {
   console.log('# conditions');
   for (const [k, v] of Object.entries(cond)) console.log(`${k}: ${v}`);
   const results: Record<string, unknown> = { conditions: cond };
-  const { shim } = await openTestShim({ nodeId: `m${process.pid.toString(36)}` });
+  const builds: string[] = [];
+  const { shim } = await openTestShim({ nodeId: `m${process.pid.toString(36)}`, log: (l) => void (/template \S+ built/.test(l) && builds.push(l)) });
+  process.env.WARREN_MICROVM_TEMPLATES = '0';
+  const { shim: booting } = await openTestShim({ nodeId: `b${process.pid.toString(36)}` });
+  delete process.env.WARREN_MICROVM_TEMPLATES;
+  const vmSpec = () => spec({ backend: 'microvm', memoryMb: 192, diskMb: 64 });
   const live: string[] = [];
   try {
+    // the shape's template, built once (what the first create of a shape pays)
+    const t0 = performance.now();
+    const first = await shim.createSandbox(vmSpec());
+    const firstMs = performance.now() - t0;
+    await shim.deleteSandbox(first.id);
+    console.log(`\n# template build: first create of the shape ${ms(firstMs)} ms (${builds.join('; ')})`);
+    results.firstCreateMs = firstMs;
+
     // 1. create -> first exec
-    const times: Record<string, number[]> = { microvm: [], container: [] };
+    const times: Record<string, number[]> = { container: [], 'microvm (restored)': [], 'microvm (booted)': [] };
     for (let i = 0; i < STARTS; i++) {
-      for (const backend of ['container', 'microvm'] as const) {
+      for (const row of Object.keys(times)) {
+        const node = row === 'microvm (booted)' ? booting : shim;
         const t0 = performance.now();
-        const sb = await shim.createSandbox(spec(backend === 'microvm' ? { backend, memoryMb: 192, diskMb: 64 } : {}));
-        await shim.exec(sb.id, { cmd: ['true'] });
-        times[backend]!.push(performance.now() - t0);
-        await shim.deleteSandbox(sb.id);
+        const sb = await node.createSandbox(row === 'container' ? spec() : vmSpec());
+        await node.exec(sb.id, { cmd: ['true'] });
+        times[row]!.push(performance.now() - t0);
+        await node.deleteSandbox(sb.id);
       }
     }
     const rows = Object.entries(times).map(([b, v]) => ({ backend: b, n: String(v.length), p50: `${ms(percentile(v, 50))} ms`, p99: `${ms(percentile(v, 99))} ms` }));
@@ -56,13 +74,27 @@ async function main(): Promise<void> {
     printTable(rows);
     results.createToFirstExec = times;
 
-    // 2. exec round trip + 3. memory per idle microVM
-    const vms = [];
-    for (let i = 0; i < IDLE_VMS; i++) {
-      const sb = await shim.createSandbox(spec({ backend: 'microvm', memoryMb: 192, diskMb: 64 }));
-      live.push(sb.id);
-      vms.push(sb);
+    // 3. memory per idle microVM, booted and restored (booted first: the restored set is the one kept for 2 and 4)
+    const idle: Record<string, { cgroup: number[]; availablePerVm: number }> = {};
+    let vms: { id: string }[] = [];
+    for (const [row, node] of [['booted', booting], ['restored', shim]] as const) {
+      const before = memAvailable();
+      vms = [];
+      for (let i = 0; i < IDLE_VMS; i++) {
+        const sb = await node.createSandbox(vmSpec());
+        await node.exec(sb.id, { cmd: ['true'] });
+        vms.push(sb);
+      }
+      await new Promise((r) => setTimeout(r, 5000));
+      idle[row] = { cgroup: vms.map((v) => native.cgroupStats(v.id).memoryCurrentBytes), availablePerVm: (before - memAvailable()) / IDLE_VMS };
+      if (row === 'booted') for (const v of vms) await node.deleteSandbox(v.id);
+      else live.push(...vms.map((v) => v.id));
     }
+    console.log(`\n# host memory per idle microVM (${IDLE_VMS} microVMs at once on the same layer files, virtio-blk read-only; 192 MiB guests)`);
+    printTable(Object.entries(idle).map(([row, m]) => ({ microVM: row, 'cgroup (mean)': `${mib(m.cgroup.reduce((a, b) => a + b, 0) / m.cgroup.length)} MiB`, 'MemAvailable drop per VM': `${mib(m.availablePerVm)} MiB` })));
+    results.idleMemory = idle;
+
+    // 2. exec round trip (a restored microVM)
     const one: number[] = [];
     for (let i = 0; i < EXECS; i++) {
       const t0 = performance.now();
@@ -82,12 +114,7 @@ async function main(): Promise<void> {
       { path: 'exec (agent)', p50: `${ms(percentile(one, 50))} ms`, p99: `${ms(percentile(one, 99))} ms` },
       { path: 'shell session command', p50: `${ms(percentile(inSession, 50))} ms`, p99: `${ms(percentile(inSession, 99))} ms` },
     ]);
-    await new Promise((r) => setTimeout(r, 5000));
-    const mem = vms.map((v) => native.cgroupStats(v.id).memoryCurrentBytes);
-    console.log(`\n# host memory per idle microVM (${IDLE_VMS} microVMs on the same layer files, virtio-blk read-only)`);
-    printTable(mem.map((m, i) => ({ vm: String(i), memory: `${mib(m)} MiB` })).concat([{ vm: 'mean', memory: `${mib(mem.reduce((a, b) => a + b, 0) / mem.length)} MiB` }]));
     results.execRoundTrip = { exec: one, session: inSession };
-    results.idleMemoryBytes = mem;
 
     // 4. pause / resume with 256 MiB touched
     const big = await shim.createSandbox(spec({ backend: 'microvm', memoryMb: 512, diskMb: 64 }));
@@ -100,11 +127,18 @@ async function main(): Promise<void> {
     results.pauseResume = { pause: p, resume: r };
   } finally {
     for (const id of live) await shim.deleteSandbox(id).catch(() => undefined);
-    await shim.close();
-    shim.layers.unmountUnused();
+    for (const node of [shim, booting]) {
+      for (const s of node.listSandboxes()) await node.deleteSandbox(s.id).catch(() => undefined);
+      await node.close();
+      node.layers.unmountUnused();
+    }
   }
   mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
   writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'microvm.json'), JSON.stringify(results, null, 2));
+}
+
+function memAvailable(): number {
+  return Number(/^MemAvailable:\s+(\d+) kB/m.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) * 1024;
 }
 
 void main();

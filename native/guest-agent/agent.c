@@ -769,10 +769,13 @@ static int hexval(char c) {
 }
 
 /*
- * --fresh SEED CLOCK: what a guest restored from a template must not share
- * with its siblings. SEED (128 hex digits from the host's CSPRNG) is credited
- * to the kernel's pool and the CRNG reseeded from it; CLOCK (ns since the
- * epoch) replaces the template's time.
+ * WARREN_SEED and WARREN_CLOCK (set by /init in a guest restored from a
+ * template): what it must not share with its siblings. SEED (128 hex digits
+ * from the host's CSPRNG) is credited to the kernel's pool and the CRNG
+ * reseeded from it; CLOCK (ns since the epoch) replaces the template's time.
+ * Done here, before anything else runs, rather than by another program: each
+ * program a restored TCG guest starts for the first time costs it its
+ * translation again.
  */
 static int fresh(const char *hex, const char *clock) {
   struct { int entropy_count; int buf_size; unsigned char buf[64]; } e;
@@ -798,7 +801,13 @@ static int fresh(const char *hex, const char *clock) {
 
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--scrub") == 0) return scrub();
-  if (argc == 4 && strcmp(argv[1], "--fresh") == 0) return fresh(argv[2], argv[3]);
+  const char *seed = getenv("WARREN_SEED"), *clock = getenv("WARREN_CLOCK");
+  if (seed || clock) {
+    int r = fresh(seed ? seed : "", clock ? clock : "");
+    if (r) { fprintf(stderr, "warren-agent: bad WARREN_SEED or WARREN_CLOCK (%d)\n", r); return 1; }
+    unsetenv("WARREN_SEED");
+    unsetenv("WARREN_CLOCK");
+  }
   const char *portname = getenv("WARREN_AGENT_PORT");
   if (!portname) portname = "/dev/vport0p1";
   const char *rp = getenv("WARREN_ROOT");

@@ -6,7 +6,7 @@
 import test from 'ava';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, readlinkSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, readlinkSync, statSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { microvmBackendStatus, skipReason } from '../../src/features';
 import { native } from '../../src/native';
@@ -76,6 +76,10 @@ it(title("a restored VMM maps the template's RAM from a sealed memfd: writes to 
   const maps = readFileSync(`/proc/${qemu}/maps`, 'utf8');
   t.regex(maps, / \/memfd:warren-template-\S+ \(deleted\)/, 'guest RAM is that memfd');
   t.false(maps.includes(ramFile), 'the VMM never maps the template file itself');
+  // filled: a fault on a hole would allocate it in the memfd, charged to the faulting VMM (a pause reads every page)
+  const st = statSync(`/proc/${qemu}/fd/3`);
+  t.is(st.size, vmSpec().memoryMb * 1024 * 1024);
+  t.true(st.blocks * 512 >= st.size, `memfd has ${st.blocks * 512} of ${st.size} bytes allocated`);
   // even root cannot write into it through the VMM's descriptor
   const fd = openSync(`/proc/${qemu}/fd/3`, 'r+');
   try {

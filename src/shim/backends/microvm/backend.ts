@@ -193,7 +193,7 @@ export class MicroVMBackend implements Backend {
       await killAndWait(pid);
       pid = 0;
       // every restore reads it, whoever the sandbox's owner: it holds only the booted kernel and /init
-      for (const f of ['snapshot', 'ram']) {
+      for (const f of ['snapshot', 'ram', 'disk.img']) {
         chownSync(join(dir, f), 0, 0);
         chmodSync(join(dir, f), 0o644);
       }
@@ -209,7 +209,6 @@ export class MicroVMBackend implements Backend {
       if (pid > 0) await killAndWait(pid);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
       await rm(runDir, { recursive: true, force: true }).catch(() => undefined);
-      await rm(join(dir, 'disk.img'), { force: true }).catch(() => undefined);
       await rm(join(dir, 'vmm.json'), { force: true }).catch(() => undefined);
     }
   }
@@ -270,7 +269,9 @@ export class MicroVMBackend implements Backend {
       // QEMU runs as the unprivileged VMM user after start-up: the snapshot it writes goes in `dir`.
       const user = vmmUserIds();
       if (user !== null) chownSync(dir, user.uid, user.gid);
-      await makeWritableDisk(join(dir, 'disk.img'), diskMb, user);
+      // a restored guest has its writable disk mounted already: it gets the template's as it was at the snapshot
+      if (template === null) await makeWritableDisk(join(dir, 'disk.img'), diskMb, user);
+      else await copyDisk(template.disk, join(dir, 'disk.img'), user);
       native.cgroupCreate(id, this.limits(spec));
       cgroup = true;
       if (spec.network !== undefined) {
@@ -488,6 +489,13 @@ async function makeWritableDisk(disk: string, mb: number, user: { uid: number; g
   await truncate(disk, mb * MIB);
   await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0', disk], { timeout: 60_000 });
   if (user !== null) chownSync(disk, user.uid, user.gid);
+}
+
+/** A sparse copy of a template's writable disk (only its allocated blocks are read and written). */
+async function copyDisk(from: string, to: string, user: { uid: number; gid: number } | null): Promise<void> {
+  await run('cp', ['--sparse=always', '--no-preserve=all', from, to], { timeout: 60_000 });
+  chmodSync(to, 0o600);
+  if (user !== null) chownSync(to, user.uid, user.gid);
 }
 
 function processAlive(pid: number): boolean {

@@ -105,34 +105,6 @@ id=; layers=0; net=; pids=; hold=
 for a in $(cat /proc/cmdline); do
   case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; warren.hold=1) hold=1;; esac
 done
-port=
-for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
-[ -n "$port" ] || fail "no agent port"
-if [ -n "$hold" ]; then
-  # A template: the host snapshots the guest while it waits here, and every microVM of the same
-  # shape is restored from that snapshot instead of booting. Free memory is zeroed first, so the
-  # snapshot (and each restored guest's resident memory) holds only pages in use. The fd stays
-  # open throughout: data for a virtio port no guest process holds open is discarded.
-  echo 3 > /proc/sys/vm/drop_caches; /sbin/warren-agent --scrub || echo "warren: scrub failed, the snapshot keeps the free memory"
-  exec 3<>"$port" || fail "agent port"
-  line=
-  while :; do
-    echo WARREN_HOLD >&3 || fail "agent port"
-    read -r line <&3
-    case "$line" in "WARREN_CONFIG "*) break;; esac
-    sleep 0.05
-  done
-  seed=; clock=
-  for a in \${line#WARREN_CONFIG }; do
-    case "$a" in id=*) id="\${a#id=}";; pids=*) pids="\${a#pids=}";; seed=*) seed="\${a#seed=}";; clock=*) clock="\${a#clock=}";; esac
-  done
-  # What every clone would otherwise share: the kernel's random state and the template's clock.
-  /sbin/warren-agent --fresh "$seed" "$clock" || fail "reseed"
-  # Disks were probed at the template's boot: forget what was read of them then.
-  for b in /sys/block/vd*; do blockdev --flushbufs "/dev/\${b##*/}" || fail "flush \${b##*/}"; done
-  echo WARREN_GO >&3
-  exec 3>&-
-fi
 disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
 i=0
 while [ "$i" -lt 50 ] && ! disk rw >/dev/null; do sleep 0.02; i=$((i+1)); done
@@ -150,6 +122,36 @@ mkdir -p /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/work 2>/d
 mount -t proc proc /newroot/proc && mount -t sysfs sys /newroot/sys && mount -t devtmpfs dev /newroot/dev || fail "mounts in root"
 mkdir -p /newroot/dev/pts /newroot/dev/shm && mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts && mount -t tmpfs -o nosuid,nodev shm /newroot/dev/shm
 ip link set dev lo up
+port=
+for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
+[ -n "$port" ] || fail "no agent port"
+# The sandbox's processes (not the agent) run in one group with the sandbox's pids limit, as a
+# container's do; a guest kernel without cgroup2 boots anyway, and the host reports it.
+cgroups=
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null && echo +pids > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null && mkdir -p /sys/fs/cgroup/sandbox && cgroups=1
+if [ -n "$hold" ]; then
+  # A template: the host snapshots the guest while it waits here, and every microVM of the same
+  # shape is restored from that snapshot instead of booting. Everything above is the same in all
+  # of them: the writable disk each gets is a copy of the template's as it was at the snapshot.
+  # Free memory is zeroed first, so the snapshot holds only pages in use. The port's fd stays
+  # open throughout: data for a virtio port no guest process holds open is discarded. From here
+  # on only shell builtins run until the agent: every new program costs a restored TCG guest
+  # its translation again.
+  echo 3 > /proc/sys/vm/drop_caches; /sbin/warren-agent --scrub || echo "warren: scrub failed, the snapshot keeps the free memory"
+  exec 3<>"$port" || fail "agent port"
+  line=
+  while :; do
+    echo WARREN_HOLD >&3 || fail "agent port"
+    read -r line <&3
+    case "$line" in "WARREN_CONFIG "*) break;; esac
+    sleep 0.05
+  done
+  for a in \${line#WARREN_CONFIG }; do
+    case "$a" in id=*) id="\${a#id=}";; pids=*) pids="\${a#pids=}";; seed=*) export WARREN_SEED="\${a#seed=}";; clock=*) export WARREN_CLOCK="\${a#clock=}";; esac
+  done
+  echo WARREN_GO >&3
+  exec 3>&-
+fi
 if [ -n "$net" ]; then
   # address/prefix,gateway: the sandbox's address on the node subnet; the gateway is also its only resolver
   gw="\${net#*,}"
@@ -157,12 +159,10 @@ if [ -n "$net" ]; then
   ip link set dev eth0 up && ip address add "\${net%%,*}" dev eth0 && ip route add default via "$gw" dev eth0 || fail "network setup"
   rm -f /newroot/etc/resolv.conf && printf 'nameserver %s\noptions timeout:2 attempts:2\n' "$gw" > /newroot/etc/resolv.conf || fail "resolv.conf"
 fi
-[ -n "$id" ] && hostname "$id" && { [ -L /newroot/etc/hostname ] || echo "$id" > /newroot/etc/hostname 2>/dev/null; }
-# The sandbox's processes (not the agent) run in one group with the sandbox's pids limit, as a
-# container's do; a guest kernel without cgroup2 boots anyway, and the host reports it.
+[ -n "$id" ] && echo "$id" > /proc/sys/kernel/hostname && { [ -L /newroot/etc/hostname ] || echo "$id" > /newroot/etc/hostname 2>/dev/null; }
 cg=
-if [ -n "$pids" ] && mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null && echo +pids > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
-  mkdir -p /sys/fs/cgroup/sandbox && echo "$pids" > /sys/fs/cgroup/sandbox/pids.max && cg=/sys/fs/cgroup/sandbox || fail "pids limit"
+if [ -n "$pids" ] && [ -n "$cgroups" ]; then
+  echo "$pids" > /sys/fs/cgroup/sandbox/pids.max && cg=/sys/fs/cgroup/sandbox || fail "pids limit"
   echo "WARREN_PIDS_LIMIT $pids"
 fi
 export WARREN_AGENT_PORT="$port" WARREN_ROOT=/newroot WARREN_CGROUP="$cg"

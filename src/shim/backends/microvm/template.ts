@@ -47,6 +47,8 @@ export interface Template {
   snapshot: string;
   /** The guest's RAM at the hold point (the snapshot leaves it out); restores map it copy-on-write. */
   ram: string;
+  /** The writable disk as it was at the snapshot (mounted by then): each restore gets a copy. */
+  disk: string;
   /** The initramfs the template booted (a restore must name the same one). */
   initrd: string;
   /** The kernel command line it booted with (a restore and every later resume pass it again). */
@@ -58,7 +60,7 @@ export interface Template {
 export type TemplateBuilder = (key: string, shape: TemplateShape, dir: string) => Promise<{ cmdline: string }>;
 
 /** Bumped when what a snapshot holds changes meaning (the handshake, /init's hold point). */
-const FORMAT = 'warren-microvm-template-1';
+const FORMAT = 'warren-microvm-template-2';
 export const MAX_TEMPLATES = 8;
 const LINE_LIMIT = 4096;
 
@@ -112,10 +114,10 @@ export class TemplateStore {
       const meta = JSON.parse(readFileSync(join(dir, 'template.json'), 'utf8')) as { cmdline?: unknown; snapshotBytes?: unknown };
       if (typeof meta.cmdline !== 'string' || typeof meta.snapshotBytes !== 'number') return null;
       const snapshot = join(dir, 'snapshot');
-      if (!existsSync(snapshot) || !existsSync(join(dir, 'ram')) || !existsSync(join(dir, 'initrd.cpio'))) return null;
+      if (!['ram', 'disk.img', 'initrd.cpio'].every((f) => existsSync(join(dir, f))) || !existsSync(snapshot)) return null;
       const now = new Date();
       utimesSync(join(dir, 'template.json'), now, now);
-      return { key, dir, snapshot, ram: join(dir, 'ram'), initrd: join(dir, 'initrd.cpio'), cmdline: meta.cmdline, snapshotBytes: meta.snapshotBytes };
+      return { key, dir, snapshot, ram: join(dir, 'ram'), disk: join(dir, 'disk.img'), initrd: join(dir, 'initrd.cpio'), cmdline: meta.cmdline, snapshotBytes: meta.snapshotBytes };
     } catch {
       return null;
     }
@@ -146,7 +148,13 @@ export class TemplateStore {
   /**
    * The template's RAM as a sealed memfd, which restores map copy-on-write. The VMM of a restored
    * microVM gets this fd, never the file: it opens its RAM read-write, and a VMM taken over by its
-   * guest could otherwise write into every later sandbox's memory. Zero pages stay holes.
+   * guest could otherwise write into every later sandbox's memory.
+   *
+   * Every page of it is filled, zero pages too: a fault on a hole of a private shmem mapping (a
+   * read, or the copy before a write) allocates that page in the memfd, charged to the faulting
+   * VMM's cgroup. A pause reads all of guest RAM, so a sparse memfd would charge a paused VM up to
+   * its whole guest size of pages it shares with every sibling, and could push it past its limit.
+   * Filled, the template costs its guest size once per node process, charged to the node.
    */
   ramFd(t: Template): Promise<number> {
     let p = this.rams.get(t.key);
@@ -216,9 +224,7 @@ export class TemplateStore {
   }
 }
 
-const PAGE = 4096;
-
-/** Copy `file` into a new memfd (its zero pages left as holes) and seal it. */
+/** Copy all of `file` into a new memfd and seal it. */
 async function sealedCopy(file: string, name: string): Promise<number> {
   const size = statSync(file).size;
   const fd = native.memfdCreate(name, size);
@@ -227,13 +233,11 @@ async function sealedCopy(file: string, name: string): Promise<number> {
     const dst = await open(`/proc/self/fd/${fd}`, 'r+');
     try {
       const buf = Buffer.alloc(1 << 20);
-      const zero = Buffer.alloc(PAGE);
       for (let off = 0; off < size; off += buf.length) {
-        const { bytesRead } = await src.read(buf, 0, buf.length, off);
-        for (let p = 0; p < bytesRead; p += PAGE) {
-          const page = buf.subarray(p, Math.min(p + PAGE, bytesRead));
-          if (!page.equals(zero.subarray(0, page.length))) await dst.write(page, 0, page.length, off + p);
-        }
+        const want = Math.min(buf.length, size - off);
+        const { bytesRead } = await src.read(buf, 0, want, off);
+        if (bytesRead !== want) throw new WarrenError('INTERNAL', `template RAM ${file} is shorter than its ${size} bytes`);
+        await dst.write(buf, 0, want, off);
       }
     } finally {
       await src.close();
