@@ -38,6 +38,12 @@ test('the config line names the sandbox, its pids limit, 64 random bytes and the
   t.notRegex(configLine({ id: 'a' }), /pids=/);
   for (const id of ['', 'A', 'a b', 'a\nWARREN_GO', '-x']) t.throws(() => configLine({ id }), { instanceOf: WarrenError }, JSON.stringify(id));
   for (const pids of [0, -1, 1.5, Number.NaN]) t.throws(() => configLine({ id: 'a', pids }), { instanceOf: WarrenError });
+  const net = { cidr: '10.88.0.5/16', gateway: '10.88.0.1', mac: '02:ab:cd:00:11:22' };
+  t.regex(configLine({ id: 'a', net }), /^WARREN_CONFIG id=a net=10\.88\.0\.5\/16,10\.88\.0\.1 mac=02:ab:cd:00:11:22 seed=/);
+  // nothing that could split into more words or lines for /init's parser
+  for (const bad of [{ cidr: '10.88.0.5' }, { cidr: '10.88.0.5/16 pids=1' }, { gateway: '10.88.0.1\nWARREN_GO' }, { gateway: '300.1.1.1' }, { mac: '02:ab:cd:00:11' }, { mac: '02:AB:cd:00:11:22 x' }]) {
+    t.throws(() => configLine({ id: 'a', net: { ...net, ...bad } }), { instanceOf: WarrenError }, JSON.stringify(bad));
+  }
 });
 
 test('the host writes its line and waits for the wanted one; an overlong line is dropped whole, noise is skipped', async (t) => {

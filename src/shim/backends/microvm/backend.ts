@@ -149,12 +149,9 @@ export class MicroVMBackend implements Backend {
   readonly templates: TemplateStore | null = null;
   private swept: Promise<void> = Promise.resolve();
 
-  /**
-   * The template for a sandbox, or null when it must boot: templates are off, or it has a NIC
-   * (the guest's MAC and addresses are set at boot; a restored NIC would carry the template's).
-   */
-  private async templateFor(spec: SandboxSpec, shape: TemplateShape): Promise<Template | null> {
-    if (this.templates === null || spec.network !== undefined) return null;
+  /** The template for a sandbox, or null when templates are off (it boots). */
+  private async templateFor(shape: TemplateShape): Promise<Template | null> {
+    if (this.templates === null) return null;
     await this.swept;
     return this.templates.get(shape);
   }
@@ -179,7 +176,7 @@ export class MicroVMBackend implements Backend {
       native.cgroupCreate(id, this.limits({ memoryMb: shape.guestMb, cpu: shape.vcpus }));
       cgroup = true;
       writeFileSync(join(dir, 'vmm.json'), JSON.stringify({ pid: 0, cgroup: id }));
-      pid = await this.launch(id, runtime, false, { cmdline, ram: { file: this.inJail(join(dir, 'ram')), share: true } });
+      pid = await this.launch(id, runtime, false, { cmdline, ram: { file: this.inJail(join(dir, 'ram')), share: true }, templateNic: shape.nic });
       writeFileSync(join(dir, 'vmm.json'), JSON.stringify({ pid, startTime: runtime.startTime, cgroup: id }));
       await portHandshake(join(runDir, 'agent.sock'), { want: 'WARREN_HOLD', timeoutMs: this.opts.bootTimeoutMs ?? 180_000, isAlive: () => processAlive(pid) });
       const q = await Qmp.connect(join(runDir, 'qmp.sock'));
@@ -255,7 +252,7 @@ export class MicroVMBackend implements Backend {
     const runDir = join(this.runRoot, id);
     const accel = microvmAccelerator().accel;
     const vcpus = Math.max(1, Math.min(Math.ceil(spec.cpu), 16));
-    const template = await this.templateFor(spec, { kernel: kernel.image, initrd: cachedInitrd, layerFiles: files, diskMb, guestMb: spec.memoryMb, vcpus, accel, extra: `${hostTscKhz() ?? ''} ${vmmUser() ?? ''}` });
+    const template = await this.templateFor({ kernel: kernel.image, initrd: cachedInitrd, layerFiles: files, diskMb, guestMb: spec.memoryMb, vcpus, accel, nic: spec.network !== undefined, extra: `${hostTscKhz() ?? ''} ${vmmUser() ?? ''}` });
     // The sandbox keeps its own link to the initramfs it booted: a later build (another agent or
     // /init) replaces the cached one, and a paused VM must restore with the initramfs it had.
     const initrd = join(dir, 'initrd.cpio');
@@ -294,7 +291,9 @@ export class MicroVMBackend implements Backend {
         } finally {
           q.close();
         }
-        await portHandshake(join(runDir, 'agent.sock'), { send: configLine({ id, pids: spec.pids }), want: 'WARREN_GO', timeoutMs: 60_000, isAlive: () => processAlive(launched) });
+        const tap = runtime.network?.tap;
+        const line = configLine({ id, pids: spec.pids, ...(tap ? { net: { cidr: tap.cidr, gateway: tap.gateway, mac: tap.mac } } : {}) });
+        await portHandshake(join(runDir, 'agent.sock'), { send: line, want: 'WARREN_GO', timeoutMs: 60_000, isAlive: () => processAlive(launched) });
       }
       const box = new MicroVMSandbox(id, spec, runtime, this);
       await box.connect(this.opts.bootTimeoutMs ?? 180_000);
@@ -341,7 +340,7 @@ export class MicroVMBackend implements Backend {
    * Start the VMM (booting, or restoring a snapshot: the sandbox's own from a pause, or a
    * template's, which the jail binds read-only); returns its pid.
    */
-  async launch(id: string, runtime: MicroVMRuntime, idle: boolean, o: { incoming?: { file: string; shared: boolean }; cmdline?: string; ram?: { file?: string; share?: boolean }; passFd?: number } = {}): Promise<number> {
+  async launch(id: string, runtime: MicroVMRuntime, idle: boolean, o: { incoming?: { file: string; shared: boolean }; cmdline?: string; ram?: { file?: string; share?: boolean }; passFd?: number; templateNic?: boolean } = {}): Promise<number> {
     const cmdline = o.cmdline ?? runtime.cmdline ?? this.cmdline(id, runtime);
     const tap = runtime.network?.tap;
     const agentSocket = join(runtime.runDir, 'agent.sock');
@@ -365,6 +364,7 @@ export class MicroVMBackend implements Backend {
       jail: { runDir: runtime.runDir, dataDir: runtime.dir, runRoot: dirname(this.runRoot), dataRoot: this.opts.dataDir, files: [...runtime.layerFiles, ...(o.incoming?.shared ? [o.incoming.file] : [])], stash: this.stash, user: vmmUser() },
       ...(o.ram !== undefined ? { ram: o.ram } : runtime.namedRam ? { ram: {} } : {}),
       ...(o.passFd !== undefined ? { passFd: o.passFd } : {}),
+      ...(o.templateNic ? { templateNic: true } : {}),
       // a template's snapshot is read once QMP has said its RAM is not in it (see create)
       ...(o.incoming !== undefined ? { incoming: o.incoming.shared ? 'defer' : this.inJail(o.incoming.file) } : {}),
       // a restored guest has resident only the pages its snapshot holds data for, unless huge pages round them up to 2 MiB

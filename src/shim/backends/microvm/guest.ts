@@ -101,7 +101,7 @@ export PATH=/bin
 fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
 mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
 for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
-id=; layers=0; net=; pids=; hold=
+id=; layers=0; net=; pids=; hold=; mac=
 for a in $(cat /proc/cmdline); do
   case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; warren.hold=1) hold=1;; esac
 done
@@ -147,7 +147,7 @@ if [ -n "$hold" ]; then
     sleep 0.05
   done
   for a in \${line#WARREN_CONFIG }; do
-    case "$a" in id=*) id="\${a#id=}";; pids=*) pids="\${a#pids=}";; seed=*) export WARREN_SEED="\${a#seed=}";; clock=*) export WARREN_CLOCK="\${a#clock=}";; esac
+    case "$a" in id=*) id="\${a#id=}";; pids=*) pids="\${a#pids=}";; net=*) net="\${a#net=}";; mac=*) mac="\${a#mac=}";; seed=*) export WARREN_SEED="\${a#seed=}";; clock=*) export WARREN_CLOCK="\${a#clock=}";; esac
   done
   echo WARREN_GO >&3
   exec 3>&-
@@ -156,6 +156,8 @@ if [ -n "$net" ]; then
   # address/prefix,gateway: the sandbox's address on the node subnet; the gateway is also its only resolver
   gw="\${net#*,}"
   i=0; while [ "$i" -lt 50 ] && [ ! -e /sys/class/net/eth0 ]; do sleep 0.02; i=$((i+1)); done
+  # restored from a template: its NIC came up with the template's MAC; the tap's programs pin this one
+  [ -z "$mac" ] || ip link set dev eth0 address "$mac" || fail "network MAC"
   ip link set dev eth0 up && ip address add "\${net%%,*}" dev eth0 && ip route add default via "$gw" dev eth0 || fail "network setup"
   rm -f /newroot/etc/resolv.conf && printf 'nameserver %s\noptions timeout:2 attempts:2\n' "$gw" > /newroot/etc/resolv.conf || fail "resolv.conf"
 fi

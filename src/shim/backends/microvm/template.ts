@@ -36,6 +36,8 @@ export interface TemplateShape {
   guestMb: number;
   vcpus: number;
   accel: 'kvm' | 'tcg';
+  /** Whether its guests have a NIC (the device set is part of the snapshot). */
+  nic: boolean;
   /** Anything else that reaches the VMM's command line (TSC frequency, the VMM user). */
   extra: string;
 }
@@ -86,7 +88,7 @@ export class TemplateStore {
     file(shape.kernel);
     h.update(`${shape.initrd}\0`);
     for (const l of shape.layerFiles) file(l);
-    h.update(`${shape.layerFiles.length}\0${shape.diskMb}\0${shape.guestMb}\0${shape.vcpus}\0${shape.accel}\0${shape.extra}\0`);
+    h.update(`${shape.layerFiles.length}\0${shape.diskMb}\0${shape.guestMb}\0${shape.vcpus}\0${shape.accel}\0${shape.nic}\0${shape.extra}\0`);
     try {
       file(qemuBinary());
     } catch {
@@ -256,12 +258,21 @@ function qemuBinary(): string {
   return '/usr/bin/qemu-system-x86_64';
 }
 
-/** The line that makes a restored guest this sandbox. */
-export function configLine(o: { id: string; pids?: number }): string {
+/**
+ * The line that makes a restored guest this sandbox: its id, pids limit, and for a NIC its
+ * address/prefix, gateway and MAC (the one its tap's programs pin).
+ */
+export function configLine(o: { id: string; pids?: number; net?: { cidr: string; gateway: string; mac: string } }): string {
   if (!/^[a-z0-9][a-z0-9-]{0,62}$/.test(o.id)) throw new WarrenError('INVALID_ARGUMENT', `bad sandbox id ${JSON.stringify(o.id)}`);
   if (o.pids !== undefined && !(Number.isInteger(o.pids) && o.pids > 0)) throw new WarrenError('INVALID_ARGUMENT', `bad pids limit ${o.pids}`);
+  const ipv4 = '(25[0-5]|2[0-4]\\d|1?\\d?\\d)(\\.(25[0-5]|2[0-4]\\d|1?\\d?\\d)){3}';
+  if (o.net !== undefined) {
+    const ok = new RegExp(`^${ipv4}/([0-9]|[12][0-9]|3[0-2])$`).test(o.net.cidr) && new RegExp(`^${ipv4}$`).test(o.net.gateway) && /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(o.net.mac);
+    if (!ok) throw new WarrenError('INVALID_ARGUMENT', `bad guest network ${JSON.stringify(o.net)}`);
+  }
   const clock = BigInt(Date.now()) * 1_000_000n;
-  return `WARREN_CONFIG id=${o.id}${o.pids !== undefined ? ` pids=${o.pids}` : ''} seed=${randomBytes(64).toString('hex')} clock=${clock}\n`;
+  const net = o.net === undefined ? '' : ` net=${o.net.cidr},${o.net.gateway} mac=${o.net.mac}`;
+  return `WARREN_CONFIG id=${o.id}${o.pids !== undefined ? ` pids=${o.pids}` : ''}${net} seed=${randomBytes(64).toString('hex')} clock=${clock}\n`;
 }
 
 /**

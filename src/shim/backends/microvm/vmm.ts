@@ -47,6 +47,8 @@ export interface VmLaunch {
   /** Run the VMM without transparent huge pages (through this wrapper: warren-vmm-exec). */
   noHugePages?: string;
   logFile: string;
+  /** A template for microVMs with a NIC: the same NIC device, on a backend that reaches nothing. */
+  templateNic?: boolean;
   /** A NIC on the tap `tap` of the sandbox's network namespace (the VMM runs in that namespace). */
   net?: { netnsPath: string; tap: string; mac: string };
   /** Confine the VMM (see spawnVmm); absent: it runs as root in the host's namespaces. */
@@ -82,6 +84,9 @@ export interface VmmDriver {
   status(): { available: boolean; reason?: string };
   command(l: VmLaunch): { bin: string; args: string[] };
 }
+
+/** The NIC MAC a template boots with; a microVM restored from it sets its own before the NIC comes up. */
+export const TEMPLATE_MAC = '02:00:00:00:00:01';
 
 /** QEMU option values are comma-separated: a comma in a path would be parsed as an option. */
 export function optPath(p: string): string {
@@ -162,6 +167,9 @@ export const qemuMicrovm: VmmDriver = {
       if (!/^[a-z0-9]{1,15}$/.test(l.net.tap) || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(l.net.mac)) throw new WarrenError('INVALID_ARGUMENT', `bad tap ${JSON.stringify(l.net)}`);
       // userspace virtio-net: vhost-net is not needed (and absent on some hosts, where vhost=on aborts QEMU)
       args.push('-netdev', `tap,id=n0,ifname=${l.net.tap},script=no,downscript=no,vhost=off`, '-device', `virtio-net-device,netdev=n0,mac=${l.net.mac}`);
+    } else if (l.templateNic) {
+      // the same device as a sandbox's NIC, on a backend that reaches nothing: a restore attaches the sandbox's tap
+      args.push('-netdev', 'hubport,id=n0,hubid=0', '-device', `virtio-net-device,netdev=n0,mac=${TEMPLATE_MAC}`);
     }
     args.push(...qemuFinalArgs(l));
     return { bin: 'qemu-system-x86_64', args };
