@@ -1,13 +1,16 @@
 /**
  * The line handshake a restored microVM's /init speaks before its agent starts
- * (template.ts): bounded, with a deadline, and ended at once by a dead VMM.
+ * (template.ts): bounded, with a deadline, and ended at once by a dead VMM; and
+ * the sealed memfds a node keeps of template RAM.
  */
 import test from 'ava';
+import { closeSync, openSync, readFileSync, readlinkSync, writeFileSync, writeSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
 import { WarrenError } from '../../src/errors';
-import { configLine, portHandshake } from '../../src/shim/backends/microvm/template';
+import { TemplateStore, configLine, portHandshake } from '../../src/shim/backends/microvm/template';
 import { tempDir } from '../helpers/tmp';
+import { waitFor } from '../helpers/wait';
 
 /** A unix socket server standing in for QEMU's end of the agent port. */
 async function guest(onConnect: (s: net.Socket) => void): Promise<{ path: string; received: () => string; close: () => void }> {
@@ -97,4 +100,40 @@ test('endless data without a newline stays bounded and never matches', async (t)
   } finally {
     g.close();
   }
+});
+
+test("a template's RAM memfd is sealed, outlives a drop while a restore holds it, and the budget drops the least recently used", async (t) => {
+  const root = tempDir('warren-tpl-ram-');
+  const store = new TemplateStore(join(root, 'templates'), async () => ({ cmdline: '' }), () => undefined, 3 * 4096);
+  const tpl = (key: string) => {
+    const ram = join(root, `${key}.ram`);
+    writeFileSync(ram, Buffer.alloc(2 * 4096, key));
+    return { key, dir: root, snapshot: '', ram, disk: '', initrd: '', cmdline: '', snapshotBytes: 0 };
+  };
+  const isMemfd = (fd: number) => {
+    try {
+      return readlinkSync(`/proc/self/fd/${fd}`).startsWith('/memfd:warren-template-');
+    } catch {
+      return false;
+    }
+  };
+  const a = await store.acquireRam(tpl('a'));
+  t.true(isMemfd(a.fd));
+  t.is(readFileSync(`/proc/self/fd/${a.fd}`).toString(), 'a'.repeat(2 * 4096), 'a full copy');
+  const w = openSync(`/proc/self/fd/${a.fd}`, 'r+');
+  try {
+    t.throws(() => writeSync(w, Buffer.from('x')), { code: 'EPERM' });
+  } finally {
+    closeSync(w);
+  }
+  // a second template over the budget drops the first, which its restore still holds
+  const b = await store.acquireRam(tpl('b'));
+  t.true(isMemfd(a.fd), 'held: not closed under the restore');
+  a.release();
+  await waitFor(() => !isMemfd(a.fd), 2000, "the dropped memfd's close");
+  t.true(isMemfd(b.fd));
+  b.release();
+  t.true(isMemfd(b.fd), 'kept for the next restore');
+  store.close();
+  await waitFor(() => !isMemfd(b.fd), 2000, 'close()');
 });

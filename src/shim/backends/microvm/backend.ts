@@ -278,8 +278,13 @@ export class MicroVMBackend implements Backend {
       }
       if (template === null) pid = await this.launch(id, runtime, spec.priority === 'idle');
       else {
-        const ramFd = await this.templates!.ramFd(template);
-        pid = await this.launch(id, runtime, spec.priority === 'idle', { incoming: { file: template.snapshot, shared: true }, ram: { file: '/proc/self/fd/3', share: false }, passFd: ramFd });
+        const ram = await this.templates!.acquireRam(template);
+        try {
+          pid = await this.launch(id, runtime, spec.priority === 'idle', { incoming: { file: template.snapshot, shared: true }, ram: { file: '/proc/self/fd/3', share: false }, passFd: ram.fd });
+        } finally {
+          // the VMM has its own copy of the descriptor from here on
+          ram.release();
+        }
         const launched = pid;
         const q = await Qmp.connect(join(runDir, 'qmp.sock'), 30_000);
         try {

@@ -22,6 +22,7 @@ import { randomBytes, createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import net from 'node:net';
+import { totalmem } from 'node:os';
 import { join } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { native } from '../../../native';
@@ -69,12 +70,14 @@ const LINE_LIMIT = 4096;
 export class TemplateStore {
   private readonly building = new Map<string, Promise<Template>>();
   /** Each template's RAM as a sealed memfd, made at its first restore in this process. */
-  private readonly rams = new Map<string, Promise<number>>();
+  private readonly rams = new Map<string, RamEntry>();
 
   constructor(
     readonly root: string,
     private readonly build: TemplateBuilder,
     private readonly log: (line: string) => void = () => undefined,
+    /** What the template memfds of this process may hold together (default: a quarter of the host's memory). */
+    private readonly ramBudget = Math.floor(totalmem() / 4),
   ) {
     mkdirSync(root, { recursive: true, mode: 0o755 });
   }
@@ -158,21 +161,62 @@ export class TemplateStore {
    * its whole guest size of pages it shares with every sibling, and could push it past its limit.
    * Filled, the template costs its guest size once per node process, charged to the node.
    */
-  ramFd(t: Template): Promise<number> {
-    let p = this.rams.get(t.key);
-    if (p === undefined) {
-      p = sealedCopy(t.ram, `warren-template-${t.key.slice(0, 16)}`);
-      p.catch(() => this.rams.delete(t.key));
-      this.rams.set(t.key, p);
+  async acquireRam(t: Template): Promise<{ fd: number; release: () => void }> {
+    let e = this.rams.get(t.key);
+    if (e === undefined) {
+      const bytes = statSync(t.ram).size;
+      e = { fd: sealedCopy(t.ram, `warren-template-${t.key.slice(0, 16)}`), users: 0, dropped: false, bytes, usedAt: 0 };
+      const made = e;
+      made.fd.catch(() => {
+        if (this.rams.get(t.key) === made) this.rams.delete(t.key);
+      });
+      this.rams.set(t.key, e);
+      this.trimRams(t.key);
     }
-    return p;
+    const entry = e;
+    entry.users++;
+    entry.usedAt = Date.now();
+    let fd: number;
+    try {
+      fd = await entry.fd;
+    } catch (err) {
+      this.unuse(entry);
+      throw err;
+    }
+    let released = false;
+    return {
+      fd,
+      release: () => {
+        if (released) return;
+        released = true;
+        this.unuse(entry);
+      },
+    };
   }
 
+  private unuse(e: RamEntry): void {
+    e.users--;
+    if (e.dropped && e.users === 0) e.fd.then((fd) => native.close(fd), () => undefined);
+  }
+
+  /** Stop offering a template's memfd; it is closed once no restore is passing it on. */
   private dropRam(key: string): void {
-    const p = this.rams.get(key);
+    const e = this.rams.get(key);
+    if (e === undefined) return;
     this.rams.delete(key);
-    // restores already started hold their own reference (the VMM's fd 3, its mapping)
-    p?.then((fd) => native.close(fd), () => undefined);
+    e.dropped = true;
+    if (e.users === 0) e.fd.then((fd) => native.close(fd), () => undefined);
+  }
+
+  /** Keep the memfds this process holds within the budget: the least recently used go first (VMs mapping one keep it alive). */
+  private trimRams(keep: string): void {
+    let total = [...this.rams.values()].reduce((a, e) => a + e.bytes, 0);
+    const lru = [...this.rams.entries()].filter(([k]) => k !== keep).sort((a, b) => a[1].usedAt - b[1].usedAt);
+    for (const [k, e] of lru) {
+      if (total <= this.ramBudget) break;
+      this.dropRam(k);
+      total -= e.bytes;
+    }
   }
 
   close(): void {
@@ -183,7 +227,8 @@ export class TemplateStore {
   private evict(keep: string): void {
     const all = this.list().filter((t) => t.key !== keep);
     all.sort((a, b) => b.usedMs - a.usedMs);
-    for (const t of all.slice(MAX_TEMPLATES - 1)) {
+    // one used in the last minute may be in the middle of a restore (its disk is being copied, its snapshot bound)
+    for (const t of all.slice(MAX_TEMPLATES - 1).filter((t) => Date.now() - t.usedMs > IN_USE_MS)) {
       this.dropRam(t.key);
       rmSync(join(this.root, t.key), { recursive: true, force: true });
     }
@@ -225,6 +270,18 @@ export class TemplateStore {
     return n;
   }
 }
+
+interface RamEntry {
+  fd: Promise<number>;
+  /** Restores between taking the fd and handing it to their VMM. */
+  users: number;
+  dropped: boolean;
+  bytes: number;
+  usedAt: number;
+}
+
+const IN_USE_MS = 60_000;
+
 
 /** Copy all of `file` into a new memfd and seal it. */
 async function sealedCopy(file: string, name: string): Promise<number> {
