@@ -71,8 +71,20 @@ function busyboxBinary(): string | null {
   return null;
 }
 
-/** Module files for GUEST_MODULES, dependencies first, each once. */
+const modulesMemo = new Map<string, string[]>();
+
+/** Module files for GUEST_MODULES, dependencies first, each once (asked of modprobe once per kernel and modules.dep). */
 export function moduleFiles(kernel: GuestKernel): string[] {
+  let depStamp = '';
+  try {
+    const st = statSync(join(kernel.modulesDir, 'modules.dep'));
+    depStamp = `${st.size}:${st.mtimeMs}:${st.ino}`;
+  } catch {
+    /* no modules.dep: modprobe says what is wrong */
+  }
+  const memoKey = `${kernel.release}\0${kernel.modulesDir}\0${depStamp}`;
+  const known = modulesMemo.get(memoKey);
+  if (known !== undefined) return known;
   const out: string[] = [];
   for (const m of GUEST_MODULES) {
     const text = execFileSync('modprobe', ['-S', kernel.release, '--show-depends', m], { encoding: 'utf8', timeout: 10_000 });
@@ -82,6 +94,7 @@ export function moduleFiles(kernel: GuestKernel): string[] {
       if (f !== undefined && !out.includes(f) && !f.endsWith('/crc32c-intel.ko')) out.push(f);
     }
   }
+  modulesMemo.set(memoKey, out);
   return out;
 }
 
@@ -176,6 +189,24 @@ function sha256File(h: ReturnType<typeof createHash>, path: string): void {
   h.update(path).update('\0').update(readFileSync(path)).update('\0');
 }
 
+let keyMemo: { stamp: string; key: string } | null = null;
+
+/**
+ * The sha256 of everything that goes into the initramfs. Every microVM create asks for it: the
+ * hash is kept while no input changed its size, mtime or inode.
+ */
+function initramfsKey(kernel: GuestKernel, files: string[]): string {
+  const stamp = [kernel.release, ...files.map((f) => {
+    const st = statSync(f);
+    return `${f}\0${st.size}\0${st.mtimeMs}\0${st.ino}`;
+  })].join('\0');
+  if (keyMemo?.stamp === stamp) return keyMemo.key;
+  const h = createHash('sha256').update(kernel.release).update('\0').update(INIT_SCRIPT);
+  for (const f of files) sha256File(h, f);
+  keyMemo = { stamp, key: h.digest('hex').slice(0, 16) };
+  return keyMemo.key;
+}
+
 /** Build (or take from the cache) the initramfs; returns its path. */
 export function guestInitramfs(kernel: GuestKernel): string {
   const busybox = busyboxBinary();
@@ -183,9 +214,7 @@ export function guestInitramfs(kernel: GuestKernel): string {
   const agent = agentBinary();
   if (!existsSync(agent)) throw new WarrenError('NOT_SUPPORTED', `the guest agent is not built (${agent}; npm run build:native)`);
   const modules = moduleFiles(kernel);
-  const h = createHash('sha256').update(kernel.release).update('\0').update(INIT_SCRIPT);
-  for (const f of [busybox, agent, ...modules]) sha256File(h, f);
-  const key = h.digest('hex').slice(0, 16);
+  const key = initramfsKey(kernel, [busybox, agent, ...modules]);
   const out = join(GUEST_CACHE, `initrd-${kernel.release}-${key}.cpio`);
   if (existsSync(out)) return out;
   mkdirSync(GUEST_CACHE, { recursive: true, mode: 0o755 });

@@ -9,7 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { agentBinary } from '../microvm/guest';
@@ -51,14 +51,26 @@ export function desktopBuildMissing(): string | null {
   return null;
 }
 
+let keyMemo: { stamp: string; key: string } | null = null;
+
+/**
+ * The sha256 of the image's inputs. It is asked for on every create (the feature report says
+ * whether the vm backend has its image): the hash is kept while no input changed its size,
+ * mtime or inode, so the files are read again only when one did.
+ */
 function cacheKey(): string {
-  const h = createHash('sha256').update('vm-desktop-1\0');
   const scripts = scriptsDir();
-  for (const f of ['vm-desktop-image.sh', ...readdirSync(join(scripts, 'vm-guest')).sort().map((n) => `vm-guest/${n}`)]) {
-    h.update(f).update('\0').update(readFileSync(join(scripts, f))).update('\0');
-  }
-  for (const f of [agentBinary(), busyboxBinary()!]) h.update(readFileSync(f));
-  return h.digest('hex').slice(0, 16);
+  const files = [...['vm-desktop-image.sh', ...readdirSync(join(scripts, 'vm-guest')).sort().map((n) => `vm-guest/${n}`)].map((f) => join(scripts, f)), agentBinary(), busyboxBinary()!];
+  const stamp = files.map((f) => {
+    const st = statSync(f);
+    return `${f}\0${st.size}\0${st.mtimeMs}\0${st.ino}`;
+  }).join('\0');
+  if (keyMemo?.stamp === stamp) return keyMemo.key;
+  const h = createHash('sha256').update('vm-desktop-1\0');
+  for (const f of files.slice(0, -2)) h.update(f.slice(scripts.length + 1)).update('\0').update(readFileSync(f)).update('\0');
+  for (const f of files.slice(-2)) h.update(readFileSync(f));
+  keyMemo = { stamp, key: h.digest('hex').slice(0, 16) };
+  return keyMemo.key;
 }
 
 function load(dir: string): DesktopImage | null {
