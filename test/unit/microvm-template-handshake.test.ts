@@ -4,10 +4,11 @@
  * the sealed memfds a node keeps of template RAM.
  */
 import test from 'ava';
-import { closeSync, openSync, readFileSync, readlinkSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, readFileSync, readlinkSync, writeFileSync, writeSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
 import { WarrenError } from '../../src/errors';
+import { vmLeftovers } from '../../src/shim/backends/microvm/backend';
 import { TemplateStore, configLine, portHandshake } from '../../src/shim/backends/microvm/template';
 import { tempDir } from '../helpers/tmp';
 import { waitFor } from '../helpers/wait';
@@ -136,4 +137,10 @@ test("a template's RAM memfd is sealed, outlives a drop while a restore holds it
   t.true(isMemfd(b.fd), 'kept for the next restore');
   store.close();
   await waitFor(() => !isMemfd(b.fd), 2000, 'close()');
+});
+
+test("a template build's run dir is never taken for a sandbox's leftovers, even on a node named like its prefix", (t) => {
+  const dir = tempDir('warren-tpl-left-');
+  for (const d of ['tpl-0123456789abcdef0123456789abcdef-a1b2c3', 'tpl-0123456789abcdef', 'tpl-0123456789abcdeg', 'tpl-00000000000000aa']) mkdirSync(join(dir, d));
+  t.deepEqual(vmLeftovers([dir], new Set(['tpl-00000000000000aa']), 'tpl-'), ['tpl-0123456789abcdef']);
 });

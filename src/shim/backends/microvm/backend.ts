@@ -608,7 +608,8 @@ export function vmLeftovers(dirs: readonly string[], known: ReadonlySet<string>,
   const found = new Set<string>();
   for (const dir of dirs) {
     try {
-      for (const d of readdirSync(dir)) if (d.startsWith(prefix)) found.add(d);
+      // a sandbox id is the prefix and 16 hex digits: a template build's dir (tpl-<key>-<rand>) is never one, whatever the node is called
+      for (const d of readdirSync(dir)) if (d.startsWith(prefix) && /^[0-9a-f]{16}$/.test(d.slice(prefix.length))) found.add(d);
     } catch {
       /* not there yet */
     }
