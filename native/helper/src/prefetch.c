@@ -10,11 +10,13 @@
  *                         mappings: swap readahead into the swap cache; the process's first touch
  *                         of each page is then a minor fault (no decompression, but still a fault).
  *
- * Runs on a thread-pool thread; reports the bytes it asked for.
+ * Runs on a thread-pool thread (touch adds threads of its own, see below); reports the bytes it
+ * asked for.
  */
 #include "wn.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,47 +79,116 @@ static int read_maps(pid_t pid, struct region **out, size_t *n, wn_error *e) {
   return 0;
 }
 
-static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
+/*
+ * touch: swap-in is the kernel decompressing pages (zram) on the calling thread, so the address
+ * space is read by up to PREFETCH_THREADS threads at once, one per online CPU: each takes every
+ * Nth STRIPE of every region, with its own pagemap descriptor and buffer.
+ */
+#define PREFETCH_THREADS 4
+#define STRIPE (4u << 20)
+
+struct touch_job {
+  pid_t pid;
+  const struct region *r;
+  size_t n;
+  unsigned index, count;
+  uint64_t bytes;
+  int gone;  /* the process went away (ESRCH) */
+  int err;   /* errno of a failure to start (open, mmap), 0 otherwise */
+};
+
+static void touch_range(struct touch_job *j, int pm, char *buf, uintptr_t from, uintptr_t to, long page) {
+  uint64_t ent[BATCH];
+  for (uintptr_t a = from; a < to && !j->gone;) {
+    size_t want = (to - a) / (uintptr_t)page;
+    if (want > BATCH) want = BATCH;
+    ssize_t got = pread(pm, ent, want * sizeof ent[0], (off_t)((a / (uintptr_t)page) * sizeof ent[0]));
+    if (got <= 0) return;
+    size_t m = (size_t)got / sizeof ent[0];
+    /* runs of swapped pages, read in chunks of at most CHUNK */
+    for (size_t i = 0; i < m;) {
+      if (!(ent[i] & PM_SWAPPED)) {
+        i++;
+        continue;
+      }
+      size_t k = i;
+      while (k < m && (ent[k] & PM_SWAPPED) && (k - i + 1) * (size_t)page <= CHUNK) k++;
+      struct iovec local = {buf, (k - i) * (size_t)page};
+      struct iovec remote = {(void *)(a + i * (uintptr_t)page), (k - i) * (size_t)page};
+      ssize_t rd = process_vm_readv(j->pid, &local, 1, &remote, 1, 0);
+      if (rd < 0 && errno == ESRCH) {
+        j->gone = 1;
+        return;
+      }
+      /* EFAULT: the mapping changed under us; the rest of the run is skipped */
+      if (rd > 0) j->bytes += (uint64_t)rd;
+      i = k;
+    }
+    a += m * (uintptr_t)page;
+  }
+}
+
+static void *touch_worker(void *arg) {
+  struct touch_job *j = arg;
   char path[64];
-  snprintf(path, sizeof path, "/proc/%d/pagemap", (int)pid);
+  snprintf(path, sizeof path, "/proc/%d/pagemap", (int)j->pid);
   cleanup_fd int pm = open(path, O_RDONLY | O_CLOEXEC);
-  if (pm < 0) return wn_fail_errno(e, WN_NATIVE_ERROR, "open %s", path);
+  if (pm < 0) {
+    j->err = errno;
+    return NULL;
+  }
   long page = sysconf(_SC_PAGESIZE);
   char *buf = mmap(NULL, CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (buf == MAP_FAILED) return wn_fail_errno(e, WN_NATIVE_ERROR, "mmap");
-  uint64_t ent[BATCH];
-  int rc = 0;
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    for (uintptr_t a = r[i].start; a < r[i].end && rc == 0;) {
-      size_t want = (r[i].end - a) / (uintptr_t)page;
-      if (want > BATCH) want = BATCH;
-      ssize_t got = pread(pm, ent, want * sizeof ent[0], (off_t)((a / (uintptr_t)page) * sizeof ent[0]));
-      if (got <= 0) break;
-      size_t m = (size_t)got / sizeof ent[0];
-      /* runs of swapped pages, read in chunks of at most CHUNK */
-      for (size_t j = 0; j < m;) {
-        if (!(ent[j] & PM_SWAPPED)) {
-          j++;
-          continue;
-        }
-        size_t k = j;
-        while (k < m && (ent[k] & PM_SWAPPED) && (k - j + 1) * (size_t)page <= CHUNK) k++;
-        struct iovec local = {buf, (k - j) * (size_t)page};
-        struct iovec remote = {(void *)(a + j * (uintptr_t)page), (k - j) * (size_t)page};
-        ssize_t rd = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-        if (rd < 0 && errno == ESRCH) {
-          rc = wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "process_vm_readv %d", (int)pid);
-          break;
-        }
-        /* EFAULT: the mapping changed under us; the rest of the run is skipped */
-        if (rd > 0) *bytes += (uint64_t)rd;
-        j = k;
-      }
-      a += m * (uintptr_t)page;
+  if (buf == MAP_FAILED) {
+    j->err = errno;
+    return NULL;
+  }
+  uint64_t stripe = 0;
+  for (size_t i = 0; i < j->n && !j->gone; i++) {
+    for (uintptr_t a = j->r[i].start; a < j->r[i].end && !j->gone; a += STRIPE, stripe++) {
+      if (stripe % j->count != j->index) continue;
+      uintptr_t to = j->r[i].end - a > STRIPE ? a + STRIPE : j->r[i].end;
+      touch_range(j, pm, buf, a, to, page);
     }
   }
   munmap(buf, CHUNK);
-  return rc;
+  return NULL;
+}
+
+static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned count = cpus < 1 ? 1 : cpus > PREFETCH_THREADS ? PREFETCH_THREADS : (unsigned)cpus;
+  struct touch_job jobs[PREFETCH_THREADS];
+  pthread_t threads[PREFETCH_THREADS];
+  int started[PREFETCH_THREADS] = {0};
+  for (unsigned t = 0; t < count; t++) jobs[t] = (struct touch_job){.pid = pid, .r = r, .n = n, .index = t, .count = count};
+  /* job 0 runs here; the others on threads of their own (fewer if a thread cannot be made: their stripes go to job 0) */
+  unsigned made = 1;
+  for (unsigned t = 1; t < count; t++) {
+    if (pthread_create(&threads[t], NULL, touch_worker, &jobs[t]) != 0) break;
+    started[t] = 1;
+    made++;
+  }
+  if (made < count) {
+    for (unsigned t = 1; t < count; t++) if (started[t]) pthread_join(threads[t], NULL);
+    for (unsigned t = 0; t < count; t++) jobs[t] = (struct touch_job){.pid = pid, .r = r, .n = n, .index = 0, .count = 1};
+    touch_worker(&jobs[0]);
+    *bytes = jobs[0].bytes;
+    if (jobs[0].gone) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, ESRCH, "process_vm_readv %d", (int)pid);
+    if (jobs[0].err) return wn_fail(e, WN_NATIVE_ERROR, jobs[0].err, "prefetch %d", (int)pid);
+    return 0;
+  }
+  touch_worker(&jobs[0]);
+  for (unsigned t = 1; t < count; t++) pthread_join(threads[t], NULL);
+  int gone = 0, err = 0;
+  for (unsigned t = 0; t < count; t++) {
+    *bytes += jobs[t].bytes;
+    gone |= jobs[t].gone;
+    if (jobs[t].err && !err) err = jobs[t].err;
+  }
+  if (gone) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, ESRCH, "process_vm_readv %d", (int)pid);
+  if (err) return wn_fail(e, err == ENOENT ? WN_SANDBOX_NOT_RUNNING : WN_NATIVE_ERROR, err, "prefetch %d: pagemap or buffer", (int)pid);
+  return 0;
 }
 
 static int willneed(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
