@@ -99,8 +99,9 @@ maybe('CPU limits still hold, and the interpreter start-up is not billed to the 
     prewarmed.push(quick.cpuMs);
   }
   t.log(`cpuMs: on demand ${fresh.join(', ')}; prewarmed ${prewarmed.join(', ')}`);
-  // The interpreter's start-up (most of an on-demand run's CPU) is not charged to the invocation;
-  // how much cheaper a prewarmed run is depends on the machine's load, so only the direction is
-  // asserted here and the figures are bench:fncall's.
-  t.true(Math.min(...prewarmed) < Math.min(...fresh), 'the start-up is not billed to the invocation');
+  // The interpreter's start-up is most of an on-demand run's CPU (about 90% of it for print(1)) and
+  // is not charged to the invocation, even when the invocation comes right after the interpreter was
+  // started: it is offered only once it waits for its script. CPU time, unlike wall time, does not
+  // grow with the machine's load, so a factor of two is safe to assert.
+  t.true(Math.min(...prewarmed) * 2 < Math.min(...fresh), 'the start-up is not billed to the invocation');
 });

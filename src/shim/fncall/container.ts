@@ -123,6 +123,27 @@ export interface WarmSpec {
  * exactly as `python3 -B <script>` would: a fresh __main__ module, sys.argv and sys.path[0] of a
  * script, tracebacks without this frame, SystemExit as usual. The rest of stdin is the program's.
  */
+/** How long a prewarmed interpreter may take to reach the read of its script path before it is offered anyway. */
+const WARM_START_DEADLINE_MS = 10_000;
+
+/**
+ * Resolves once process `pid` is blocked reading its stdin (/proc/<pid>/syscall: read, fd 0), it
+ * is gone, or the deadline passed. Asks the kernel, so the interpreter needs no ready signal.
+ */
+async function waitForStdinRead(pid: number, gone: () => boolean): Promise<void> {
+  const deadline = performance.now() + WARM_START_DEADLINE_MS;
+  while (!gone() && performance.now() < deadline) {
+    let sys = '';
+    try {
+      sys = readFileSync(`/proc/${pid}/syscall`, 'latin1');
+    } catch {
+      return;
+    }
+    if (sys.startsWith('0 0x0 ')) return;
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
 const PYTHON_WARM_BOOTSTRAP = [
   'import os, sys, types',
   'def _warren_run():',
@@ -624,9 +645,14 @@ export class PoolContainer {
         const proc = await this.spawnStep(['python3', '-B', '-c', PYTHON_WARM_BOOTSTRAP], {}, spec);
         const exited = new Promise<ExitStatus>((resolve) => native.watchExit(proc.pidfd, resolve));
         const w = { proc, spec, exited, ready: true, since: performance.now() };
+        let gone = false;
         void exited.then(() => {
           w.ready = false;
+          gone = true;
         });
+        // Offered only once its start-up is over (a step waits for `warming`): an interpreter taken
+        // while still importing would spend the rest of its start-up inside the step, billed to it.
+        await waitForStdinRead(proc.pid, () => gone);
         this.warm = w;
       } catch {
         /* the next python3 step starts on demand */
