@@ -123,6 +123,24 @@ export interface WarmSpec {
  * exactly as `python3 -B <script>` would: a fresh __main__ module, sys.argv and sys.path[0] of a
  * script, tracebacks without this frame, SystemExit as usual. The rest of stdin is the program's.
  */
+const PF_EXITING = 0x4;
+
+/**
+ * Whether the container's pid 1 is gone or on its way out. When it dies the kernel kills every
+ * other process of its pid namespace, and the step's end can be seen before the container's: a
+ * step killed by a signal while pid 1 is exiting (PF_EXITING is set from the start of its exit,
+ * before its namespace is emptied) died with its container, not by its own doing.
+ */
+export function initExiting(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return fields[0] === 'Z' || fields[0] === 'X' || (Number(fields[6]) & PF_EXITING) !== 0;
+  } catch {
+    return true;
+  }
+}
+
 /** How long a prewarmed interpreter may take to reach the read of its script path before it is offered anyway. */
 const WARM_START_DEADLINE_MS = 10_000;
 
@@ -579,7 +597,7 @@ export class PoolContainer {
     const oom = after.oomKills > before.oomKills;
     if (oom && limit === undefined) limit = 'memoryMb';
     let st: InvokeStatus;
-    if (this.dead) st = 'internal_error';
+    if (this.dead || (status.signal !== null && initExiting(this.box.pid))) st = 'internal_error';
     else if (oom) st = 'memory_limit';
     else if (limit === 'maxOutputBytes') st = 'output_limit';
     else if (limit === 'wallMs' || limit === 'cpuMs') st = 'timeout';
