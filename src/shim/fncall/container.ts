@@ -123,6 +123,18 @@ export interface WarmSpec {
  * exactly as `python3 -B <script>` would: a fresh __main__ module, sys.argv and sys.path[0] of a
  * script, tracebacks without this frame, SystemExit as usual. The rest of stdin is the program's.
  */
+/** Children of pid 1 other than the zygote, and the zygote's children (zombies included). */
+function unreapedChildren(initPid: number, zygotePid: number): number {
+  const children = (pid: number): number[] => {
+    try {
+      return readFileSync(`/proc/${pid}/task/${pid}/children`, 'latin1').trim().split(/\s+/).filter(Boolean).map(Number);
+    } catch {
+      return [];
+    }
+  };
+  return children(initPid).filter((p) => p !== zygotePid).length + (zygotePid > 0 ? children(zygotePid).length : 0);
+}
+
 const PF_EXITING = 0x4;
 
 /**
@@ -733,7 +745,10 @@ export class PoolContainer {
         if (this.dead) return false;
         const zpid = this.zygote?.alive ? this.zygote.pid : -1;
         const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid && p !== zpid);
-        if (others.length === 0) return true;
+        // Killed processes leave the cgroup at once but stay in the container's /proc as zombies
+        // until their parent (pid 1 for orphans, the zygote for its forks) reaps them: the next
+        // invocation must not see them either.
+        if (others.length === 0 && unreapedChildren(this.box.pid, zpid) === 0) return true;
         if (Date.now() > deadline) return false;
         if (!frozen && others.length > 1) {
           // Freeze so a fork bomb cannot outrun the kills; pid 1 (the reaper) is thawed with the rest.
