@@ -847,6 +847,7 @@ test.serial('a hostile sender flooding UDP and TCP (slow-loris, pipelined) does 
     else answer();
   });
   const { port, responder } = await setup(t, {}, { [LOOPBACK]: victim, [OTHER_LOOPBACK]: hostile }, { upstreams: [{ address: LOOPBACK, port: upstreamPort }], upstreamTimeoutMs: 3000 });
+  const atStart = responder.stats();
   const child = spawn(process.execPath, ['-e', HOSTILE_SCRIPT], {
     stdio: ['pipe', 'pipe', 'inherit'],
     env: { ...process.env, DNS_WIRE: join(__dirname, '..', '..', 'src', 'shim', 'network', 'dns-wire.js'), DNS_PORT: String(port), DNS_SOURCE: OTHER_LOOPBACK },
@@ -872,6 +873,7 @@ test.serial('a hostile sender flooding UDP and TCP (slow-loris, pipelined) does 
   const after = responder.stats();
   latencies.sort((a, b) => a - b);
   t.log(`victim lookups under the flood: p50 ${latencies[20]!.toFixed(1)} ms, max ${latencies[39]!.toFixed(1)} ms; hostile: ${after.queries - before.queries} queries answered, ${after.dropped - before.dropped} dropped, ${after.tcpClosed - before.tcpClosed} TCP connections closed`);
-  t.true(after.dropped > before.dropped, 'the flood was large enough to be shed');
+  // over the whole flood: the victim's 40 lookups can take only a few ms, too short a window to count on a drop in
+  t.true(after.dropped > atStart.dropped, 'the flood was large enough to be shed');
   t.true(latencies[39]! < 5000, `slowest victim lookup ${latencies[39]!.toFixed(0)} ms (bound: a resolver's first retry is after 5 s; the bench has the figures)`);
 });
