@@ -1,8 +1,8 @@
 import test from 'ava';
-import { normalizeAddress, specialReason, SpecialAddresses, embeddedIpv4, reasonName, REASON_CODES } from '../../src/shim/network/special-addr';
+import { normalizeAddress, specialReason, SpecialAddresses, embeddedIpv4, reasonName, REASON_CODES, localAddresses } from '../../src/shim/network/special-addr';
 import { canonicalIpv6, ipToBytes } from '../../src/shim/network/addr';
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DEFAULT_DENIED_RANGES, PolicyError, loadPolicy } from '../../src/security/policy';
 import { BUNDLED_POLICY_DIR } from '../../src/security/confinement';
@@ -116,6 +116,27 @@ test('the node view: own addresses, the subnet, operator ranges; answers refused
   t.false(s.refresh());
   t.is(s.refusal('192.168.5.7'), undefined);
   t.is(s.refusal('10.1.2.3'), undefined, 'no operator ranges');
+});
+
+test('a change seen by whichever reader comes first is reported once, to onChange', (t) => {
+  let node = ['10.88.0.1'];
+  let changes = 0;
+  const s = new SpecialAddresses({ subnet: '10.88.0.0/16', deniedRanges: () => [], nodeAddresses: () => node, maxAgeMs: 0, onChange: () => changes++ });
+  s.refresh();
+  t.is(changes, 1, 'the first read is a change');
+  node = ['10.88.0.1', '172.31.9.9'];
+  t.is(s.nodeReason('172.31.9.9'), 'node', 'the DNS path reads the new address');
+  t.is(changes, 2, 'and the trie is told, although the periodic refresh will see nothing new');
+  t.false(s.refresh());
+  t.is(changes, 2);
+});
+
+test("localAddresses is the kernel's list: loopback, and every address of an interface, carrier or not", (t) => {
+  const local = new Set(localAddresses());
+  t.true(local.has('127.0.0.1'));
+  for (const list of Object.values(networkInterfaces())) {
+    for (const i of list ?? []) if (i.family === 'IPv4' || !i.address.includes('%')) t.true(local.has(normalizeAddress(i.address).address), i.address);
+  }
 });
 
 test('reason codes match bpf/layouts.json both ways', (t) => {

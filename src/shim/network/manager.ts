@@ -121,7 +121,13 @@ export class NetworkManager {
     // the tap programs (microVMs) are built next to the cgroup programs
     const tapObject = opts.tapObjectPath ?? join(dirname(opts.objectPath), 'tap_egress.bpf.o');
     this.egress = new EgressEnforcer({ native: opts.native, objectPath: opts.objectPath, ...(existsSync(tapObject) ? { tapObjectPath: tapObject } : {}), pinDir: join(opts.pinRoot ?? '/sys/fs/bpf/warren', opts.nodeId) });
-    this.special = new SpecialAddresses({ subnet: this.host.subnet, deniedRanges: () => this.opts.policy().deniedRanges });
+    this.special = new SpecialAddresses({
+      subnet: this.host.subnet,
+      deniedRanges: () => this.opts.policy().deniedRanges,
+      onChange: () => {
+        if (this.started) this.syncDenyRanges();
+      },
+    });
     this.dns = new DnsResponder({
       listen: [{ address: this.host.gatewayAddress, port: 53 }],
       upstreams: opts.upstreams,
@@ -163,14 +169,11 @@ export class NetworkManager {
       throw err;
     }
     this.started = true;
+    this.syncDenyRanges(); // a change read while starting is not lost
     this.timers.push(setInterval(() => this.pollDenials(), 100).unref());
     this.timers.push(setInterval(() => this.egress.sweep(), 30_000).unref());
     // the host's addresses change (interfaces come and go): keep the programs' deny trie current
-    this.timers.push(
-      setInterval(() => {
-        if (this.special.refresh()) this.syncDenyRanges();
-      }, DENY_REFRESH_MS).unref(),
-    );
+    this.timers.push(setInterval(() => this.special.refresh(), DENY_REFRESH_MS).unref());
   }
 
   /** Write the node-wide deny trie from the host's addresses, the subnet and the policy's denied ranges. */

@@ -17,6 +17,7 @@
  * The first two are never allowed for a sandbox, whatever its policy says; the responder
  * refuses all three in answers.
  */
+import { readFileSync } from 'node:fs';
 import { networkInterfaces } from 'node:os';
 import { isIPv4, isIPv6 } from 'node:net';
 import {
@@ -156,10 +157,15 @@ export interface SpecialAddressOptions {
   subnet: string;
   /** Operator-listed ranges (IPv4 or IPv6 CIDRs). */
   deniedRanges(): readonly string[];
-  /** The host's own addresses; default: every address of os.networkInterfaces(). */
+  /** The host's own addresses; default: the kernel's local addresses ({@link localAddresses}). */
   nodeAddresses?(): string[];
   /** How long a read of the host's addresses is reused (default 1000 ms). */
   maxAgeMs?: number;
+  /**
+   * Called after any read that found the addresses changed, whoever asked for the read: the
+   * DNS path re-reads too, and a change it saw first must still reach the programs' trie.
+   */
+  onChange?(): void;
 }
 
 function cidrContains(range: { bytes: Buffer; prefix: number }, b: Buffer): boolean {
@@ -167,8 +173,39 @@ function cidrContains(range: { bytes: Buffer; prefix: number }, b: Buffer): bool
   return true;
 }
 
-function hostAddresses(): string[] {
-  return Object.values(networkInterfaces()).flatMap((list) => (list ?? []).map((i) => i.address.split('%')[0]!));
+/**
+ * Every address this network namespace delivers locally. os.networkInterfaces() is not that
+ * list: libuv leaves out interfaces without carrier, and a bridge loses carrier whenever its
+ * last port goes, while the kernel still accepts packets for its address. The kernel's own
+ * tables are read instead: the LOCAL /32 entries of /proc/net/fib_trie and every address of
+ * /proc/net/if_inet6. Without /proc, the interfaces are the best there is.
+ */
+export function localAddresses(): string[] {
+  let trie: string;
+  try {
+    trie = readFileSync('/proc/net/fib_trie', 'utf8');
+  } catch {
+    return Object.values(networkInterfaces()).flatMap((list) => (list ?? []).map((i) => i.address.split('%')[0]!));
+  }
+  const out = new Set<string>();
+  let last: string | undefined;
+  for (const line of trie.split('\n')) {
+    const leaf = /^[\s|+`-]*-- (\d+\.\d+\.\d+\.\d+)$/.exec(line);
+    if (leaf) last = leaf[1];
+    else if (last !== undefined && /^\s*\/32 host LOCAL$/.test(line)) out.add(last);
+  }
+  let v6 = '';
+  try {
+    v6 = readFileSync('/proc/net/if_inet6', 'utf8'); // absent when IPv6 is disabled
+  } catch {
+    /* no IPv6 */
+  }
+  for (const line of v6.split('\n')) {
+    const hex = line.split(/\s+/)[0];
+    if (hex === undefined || !/^[0-9a-f]{32}$/.test(hex)) continue;
+    out.add(canonicalIpv6(Buffer.from(hex, 'hex')));
+  }
+  return [...out];
 }
 
 /**
@@ -189,7 +226,7 @@ export class SpecialAddresses {
   /** Re-read the host's addresses now; true when they changed. */
   refresh(): boolean {
     const next = new Set<string>();
-    for (const a of (this.opts.nodeAddresses ?? hostAddresses)()) {
+    for (const a of (this.opts.nodeAddresses ?? localAddresses)()) {
       try {
         next.add(normalizeAddress(a).address);
       } catch {
@@ -199,11 +236,12 @@ export class SpecialAddresses {
     this.readAt = Date.now();
     const changed = next.size !== this.node.size || [...next].some((a) => !this.node.has(a));
     this.node = next;
+    if (changed) this.opts.onChange?.();
     return changed;
   }
 
   nodeAddresses(): string[] {
-    if (Date.now() - this.readAt > this.maxAgeMs) this.refresh();
+    if (Date.now() - this.readAt >= this.maxAgeMs) this.refresh();
     return [...this.node];
   }
 
