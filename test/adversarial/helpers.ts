@@ -12,8 +12,7 @@ import test, { type ExecutionContext } from 'ava';
 import { activeEnforcer } from '../../src/features';
 import type { ExecResult, SandboxSpec } from '../../src/shim/types';
 import type { ShimNode } from '../../src/shim/node';
-import { type ShimFixture, openTestShim, rootSkipReason, spec, withShim } from '../helpers/warren';
-import { rm } from 'node:fs/promises';
+import { type ShimFixture, closeTestShim, openTestShim, rootSkipReason, spec, withShim } from '../helpers/warren';
 import { tempDir } from '../helpers/tmp';
 
 /** The checkout this suite runs from (dist/test/adversarial -> the repository): a directory only the host has. */
@@ -133,11 +132,7 @@ export function sharedNode(n: number, overrides: Partial<SandboxSpec> = {}) {
     });
     test.after.always(async (t) => {
       const f = state.fixture;
-      if (f === null) return;
-      for (const s of f.shim.listSandboxes()) await f.shim.deleteSandbox(s.id).catch((e) => t.log(`delete ${s.id}: ${e}`));
-      await f.shim.close();
-      f.shim.layers.unmountUnused();
-      await rm(f.dataDir, { recursive: true, force: true });
+      if (f !== null) await closeTestShim(f, (l) => t.log(l));
     });
   }
   return {

@@ -49,17 +49,22 @@ export async function openTestShim(opts: { dataDir?: string; nodeId?: string; ne
   return { shim, dataDir };
 }
 
+/** Delete what a test left, close the shim, unmount its layers and remove its data. */
+export async function closeTestShim(f: ShimFixture, log: (line: string) => void = () => undefined): Promise<void> {
+  const alive = f.shim.listSandboxes();
+  if (alive.length > 0) log(`cleaning up sandboxes: ${alive.map((s) => s.id).join(', ')}`);
+  for (const s of alive) await f.shim.deleteSandbox(s.id).catch((e) => log(`delete ${s.id}: ${e}`));
+  await f.shim.close();
+  f.shim.layers.unmountUnused();
+  await rm(f.dataDir, { recursive: true, force: true });
+}
+
 export async function withShim(t: ExecutionContext, fn: (f: ShimFixture) => Promise<void>): Promise<void> {
   const f = await openTestShim();
   try {
     await fn(f);
   } finally {
-    const alive = f.shim.listSandboxes();
-    if (alive.length > 0) t.log(`cleaning up sandboxes: ${alive.map((s) => s.id).join(', ')}`);
-    for (const s of alive) await f.shim.deleteSandbox(s.id).catch((e) => t.log(`delete ${s.id}: ${e}`));
-    await f.shim.close();
-    f.shim.layers.unmountUnused();
-    await rm(f.dataDir, { recursive: true, force: true });
+    await closeTestShim(f, (l) => t.log(l));
   }
 }
 

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { microvmBackendStatus, skipReason } from '../../src/features';
 import { WarrenError } from '../../src/errors';
 import type { SandboxInfo } from '../../src/shim/types';
-import { countHostResources, openTestShim, spec, type ShimFixture } from '../helpers/warren';
+import { closeTestShim, countHostResources, openTestShim, spec, type ShimFixture } from '../helpers/warren';
 import { tempDir } from '../helpers/tmp';
 
 const status = microvmBackendStatus();
@@ -50,11 +50,8 @@ if (skip === null) {
     f = await openTestShim();
     vm = await f.shim.createSandbox(vmSpec());
   });
-  test.after.always(async () => {
-    if (!f) return;
-    for (const s of f.shim.listSandboxes()) await f.shim.deleteSandbox(s.id).catch(() => undefined);
-    await f.shim.close();
-    f.shim.layers.unmountUnused();
+  test.after.always(async (t) => {
+    if (f) await closeTestShim(f, (l) => t.log(l));
   });
 }
 

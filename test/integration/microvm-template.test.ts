@@ -12,7 +12,7 @@ import { microvmBackendStatus, skipReason } from '../../src/features';
 import { native } from '../../src/native';
 import { MicroVMBackend } from '../../src/shim/backends/microvm/backend';
 import type { SandboxInfo } from '../../src/shim/types';
-import { openTestShim, spec, type ShimFixture } from '../helpers/warren';
+import { closeTestShim, openTestShim, spec, type ShimFixture } from '../helpers/warren';
 import { tempDir } from '../helpers/tmp';
 import { waitFor } from '../helpers/wait';
 
@@ -38,11 +38,8 @@ if (skip === null) {
     vms.push(await f.shim.createSandbox(vmSpec()));
     vms.push(await f.shim.createSandbox(vmSpec()));
   });
-  test.after.always(async () => {
-    if (!f) return;
-    for (const s of f.shim.listSandboxes()) await f.shim.deleteSandbox(s.id).catch(() => undefined);
-    await f.shim.close();
-    f.shim.layers.unmountUnused();
+  test.after.always(async (t) => {
+    if (f) await closeTestShim(f, (l) => t.log(l));
   });
 }
 

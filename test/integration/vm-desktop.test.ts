@@ -22,7 +22,7 @@ import { decodePng, pixel, type Decoded } from '../helpers/png';
 import { testUnless } from '../helpers/skip';
 import { tempDir } from '../helpers/tmp';
 import { waitFor, waitForValue } from '../helpers/wait';
-import { openTestShim, spec, type ShimFixture } from '../helpers/warren';
+import { closeTestShim, openTestShim, spec, type ShimFixture } from '../helpers/warren';
 
 const status = vmBackendStatus();
 const reason = skipReason('native-helper', 'qemu', 'debootstrap') ?? (status.available ? null : `vm backend unavailable: ${status.reason}`);
@@ -71,12 +71,9 @@ test.before(async (t) => {
 
 test.after.always(async () => {
   if (!f) return;
-  for (const s of f.shim.listSandboxes()) await f.shim.deleteSandbox(s.id).catch(() => undefined);
   await client?.close();
   await gateway?.close();
-  await f.shim.close();
-  f.shim.layers.unmountUnused();
-  await rm(f.dataDir, { recursive: true, force: true });
+  await closeTestShim(f);
 });
 
 test.serial('the feature report names the vm backend, its accelerator, and a create boots the desktop', async (t) => {

@@ -78,6 +78,15 @@ Napi::Value ErrorValue(Napi::Env env, const char* code, const std::string& messa
   ThrowCode(env, "INVALID_ARGUMENT", message, 0);
 }
 
+// A system call the addon makes itself failed: NATIVE_ERROR with errno, which must still be the
+// call's (nothing may run in between).
+#define THROW_ERRNO(env, ...)                                \
+  do {                                                       \
+    wn_error errno_err_;                                     \
+    wn_fail_errno(&errno_err_, WN_NATIVE_ERROR, __VA_ARGS__); \
+    Throw((env), errno_err_);                                \
+  } while (0)
+
 // ---- argument conversion ----------------------------------------------------
 
 std::string ToStr(Napi::Env env, Napi::Value v, const std::string& what, size_t max_len = WN_MAX_PATH) {
@@ -710,11 +719,7 @@ Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
   RequireInit(env);
   pid_t pid = ArgPid(info, 0, "pid");
   int fd = wn_pidfd_open(pid, 0);
-  if (fd < 0) {
-    wn_error e;
-    wn_fail_errno(&e, WN_NATIVE_ERROR, "pidfd_open %d", static_cast<int>(pid));
-    Throw(env, e);
-  }
+  if (fd < 0) THROW_ERRNO(env, "pidfd_open %d", static_cast<int>(pid));
   return Napi::Number::New(env, fd);
 }
 
@@ -723,11 +728,7 @@ Napi::Value PidfdSendSignal(const Napi::CallbackInfo& info) {
   RequireInit(env);
   int fd = ArgFd(info, 0, "pidfd");
   int sig = static_cast<int>(ToInt(env, ArgOrUndefined(info, 1), "signal", 0, 64));
-  if (wn_pidfd_send_signal(fd, sig) < 0) {
-    wn_error e;
-    wn_fail_errno(&e, WN_NATIVE_ERROR, "pidfd_send_signal %d to pidfd %d", sig, fd);
-    Throw(env, e);
-  }
+  if (wn_pidfd_send_signal(fd, sig) < 0) THROW_ERRNO(env, "pidfd_send_signal %d to pidfd %d", sig, fd);
   return env.Undefined();
 }
 
@@ -773,11 +774,7 @@ Napi::Value Close(const Napi::CallbackInfo& info) {
   RequireInit(env);
   int fd = ArgFd(info, 0, "fd");
   if (fd < 3) Invalid(env, "refusing to close stdio fd " + std::to_string(fd));
-  if (close(fd) < 0 && errno != EINTR) {
-    wn_error e;
-    wn_fail_errno(&e, WN_NATIVE_ERROR, "close fd %d", fd);
-    Throw(env, e);
-  }
+  if (close(fd) < 0 && errno != EINTR) THROW_ERRNO(env, "close fd %d", fd);
   return env.Undefined();
 }
 
@@ -788,12 +785,9 @@ Napi::Value MemfdCreate(const Napi::CallbackInfo& info) {
   std::string name = ToStr(env, ArgOrUndefined(info, 0), "name", 200);
   int64_t size = ToInt(env, ArgOrUndefined(info, 1), "size", 0, int64_t(1) << 40);
   int fd = static_cast<int>(syscall(SYS_memfd_create, name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  wn_error e;
-  if (fd < 0) {
-    wn_fail_errno(&e, WN_NATIVE_ERROR, "memfd_create");
-    Throw(env, e);
-  }
+  if (fd < 0) THROW_ERRNO(env, "memfd_create");
   if (ftruncate(fd, static_cast<off_t>(size)) < 0) {
+    wn_error e;
     wn_fail_errno(&e, WN_NATIVE_ERROR, "ftruncate memfd to %lld", static_cast<long long>(size));
     close(fd);
     Throw(env, e);
@@ -806,11 +800,7 @@ Napi::Value MemfdSeal(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
   int fd = ArgFd(info, 0, "fd");
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
-    wn_error e;
-    wn_fail_errno(&e, WN_NATIVE_ERROR, "seal memfd %d", fd);
-    Throw(env, e);
-  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) THROW_ERRNO(env, "seal memfd %d", fd);
   return env.Undefined();
 }
 
