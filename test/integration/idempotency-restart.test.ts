@@ -30,6 +30,14 @@ function supervisedFiles(dataDir: string, id: string): string[] {
   }
 }
 
+function cmdline(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ');
+  } catch {
+    return '(gone)';
+  }
+}
+
 /** Exec supervisors on the host working for this data dir (their command line names it). */
 function supervisors(dataDir: string): number[] {
   const pids: number[] = [];
@@ -213,8 +221,10 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
     const missing = await execKeyed(url, token, sb.id, 'nf-1', { cmd: ['/no/such/cmd'] });
     t.is(missing.body.exitCode, 127);
     // Nothing of the finished runs is left on the host: no files, no supervisors.
+    // (the node removes a run once its result is read, which the supervisor writes just before it exits)
     await waitFor(() => supervisedFiles(dataDir, sb.id).length === 0, 5000, 'the supervised runs to be removed', 20);
-    t.deepEqual(supervisors(dataDir), []);
+    await waitFor(() => supervisors(dataDir).length === 0, 5000, 'the supervisors to exit', 20).catch(() => undefined);
+    t.deepEqual(supervisors(dataDir).map((pid) => `${pid}: ${cmdline(pid)}`), []);
 
     // The shell command lives in the session holder: the retry gets its real result.
     const reattached = await again.shell({ mode: 'command', session: sessionId, offset });
