@@ -17,6 +17,10 @@ export interface ClusterAccount extends Account {
   quota?: Quota;
 }
 
+/** How long a token etcd did not know is refused without asking again. */
+const MISS_TTL_MS = 1000;
+const MAX_MISSES = 10_000;
+
 export class ClusterAccounts {
   private readonly accounts = new Map<string, ClusterAccount>();
   private readonly tokens = new Map<string, string>();
@@ -51,11 +55,46 @@ export class ClusterAccounts {
     return { id: a.id, name: a.name, role: a.role, createdAt: a.createdAt };
   }
 
-  require(token: string | undefined | null): Account {
+  /**
+   * The caller's account. A token this gateway has not seen may have just been made through
+   * another gateway (the watch lags behind it), so a miss is read from etcd before it is refused;
+   * misses are remembered for a moment, so a stream of bad tokens costs etcd one read each per
+   * {@link MISS_TTL_MS} at most, within a bounded table.
+   */
+  async require(token: string | undefined | null): Promise<Account> {
     if (token === undefined || token === null || token === '') throw new WarrenError('UNAUTHENTICATED', 'missing bearer token (Authorization: Bearer <token>)');
-    const a = this.authenticate(token);
+    const a = this.authenticate(token) ?? (TOKEN_RE.test(token) ? await this.readToken(token) : null);
     if (a === null) throw new WarrenError('UNAUTHENTICATED', 'invalid or revoked token');
     return a;
+  }
+
+  private readonly misses = new Map<string, number>();
+
+  private async readToken(token: string): Promise<Account | null> {
+    const hash = hashToken(token).toString('hex');
+    const now = Date.now();
+    const missed = this.misses.get(hash);
+    if (missed !== undefined && now - missed < MISS_TTL_MS) return null;
+    const id = await store('read token', () => this.etcd.get(keys.token(hash)).string());
+    const account = id === null ? null : await this.readAccount(id);
+    if (id === null || account === null) {
+      if (this.misses.size >= MAX_MISSES) {
+        for (const [h, at] of this.misses) if (now - at >= MISS_TTL_MS) this.misses.delete(h);
+        if (this.misses.size >= MAX_MISSES) this.misses.clear();
+      }
+      this.misses.set(hash, now);
+      return null;
+    }
+    this.tokens.set(hash, id);
+    return this.authenticate(token);
+  }
+
+  /** An account as etcd has it now (cached), or null. */
+  private async readAccount(id: string): Promise<ClusterAccount | null> {
+    const v = await store('read account', () => this.etcd.get(keys.account(id)).string());
+    const a = parseJson<ClusterAccount>(v);
+    if (a) this.accounts.set(id, a);
+    return a ?? null;
   }
 
   quota(id: string, fallback: Quota = UNLIMITED): Quota {
@@ -64,10 +103,7 @@ export class ClusterAccounts {
 
   /** The quota as etcd has it now (a quorum read): admissions do not act on a stale copy. */
   async freshQuota(id: string, fallback: Quota = UNLIMITED): Promise<Quota> {
-    const v = await store('read quota', () => this.etcd.get(keys.account(id)).string());
-    const a = parseJson<ClusterAccount>(v);
-    if (a) this.accounts.set(id, a);
-    return a?.quota ?? fallback;
+    return (await this.readAccount(id))?.quota ?? fallback;
   }
 
   list(): Account[] {
@@ -86,14 +122,21 @@ export class ClusterAccounts {
     return { account, token };
   }
 
+  /** Patch an account's quota; concurrent patches through other gateways are not lost (compare on the record's revision). */
   async setQuota(id: string, patch: Partial<Quota>): Promise<Quota> {
-    const cur = this.accounts.get(id);
-    if (!cur) throw new WarrenError('NOT_FOUND', `no account ${id}`);
-    const q = { ...(cur.quota ?? UNLIMITED), ...patch };
-    const next = { ...cur, quota: q };
-    await store('set quota', () => this.etcd.put(keys.account(id)).value(JSON.stringify(next)).exec());
-    this.accounts.set(id, next);
-    return q;
+    for (let attempt = 0; attempt < 8; attempt++) {
+      const res = await store('read account', () => this.etcd.get(keys.account(id)).exec());
+      const kv = res.kvs[0];
+      const cur = kv === undefined ? null : parseJson<ClusterAccount>(kv.value.toString('utf8'));
+      if (!kv || !cur) throw new WarrenError('NOT_FOUND', `no account ${id}`);
+      const q = { ...(cur.quota ?? UNLIMITED), ...patch };
+      const next = { ...cur, quota: q };
+      const put = await store('set quota', () => this.etcd.if(keys.account(id), 'Mod', '==', kv.mod_revision).then(this.etcd.put(keys.account(id)).value(JSON.stringify(next))).commit());
+      if (!put.succeeded) continue;
+      this.accounts.set(id, next);
+      return q;
+    }
+    throw new WarrenError('CLUSTER_UNAVAILABLE', `the quota of ${id} kept changing under this update (retry)`, { retryAfterS: 1 });
   }
 
   /**

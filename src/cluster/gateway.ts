@@ -32,7 +32,7 @@ import type { BackendName, ImageInfo, SandboxInfo } from '../shim/types';
 import { ClusterAccounts } from './accounts';
 import type { ClusterCredential } from './credential';
 import { type EtcdConfig, keys, nextRevision, openEtcd, parseJson, readPrefix, store } from './etcd';
-import { type JobSpec, type JobStatus, type PlacementAsk, type ShareRef, isTerminal, jobStatus, validateJobRequest, validatePlacementAsk } from './jobs';
+import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type PlacementAsk, type ShareRef, isTerminal, jobStatus, validateJobRequest, validatePlacementAsk } from './jobs';
 import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
 import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
 
@@ -65,11 +65,14 @@ class Membership extends EventEmitter {
   readonly lost = new Map<string, Set<number>>();
   readonly staged = new Set<string>();
   /**
-   * Sandboxes this gateway created on a node since that node's last record arrived. A record
-   * is about a second old: without these, every create in that second sees the same load and
-   * power-of-k choices herd them onto whichever node looked least loaded.
+   * Sandboxes this gateway created on a node that the node's latest record does not count yet,
+   * by their creation time on the node's clock. A record is about a second old: without these,
+   * every create in that second sees the same load and power-of-k choices herd them onto
+   * whichever node looked least loaded. A record counts every create admitted before its `at`
+   * (as being created or as live), so one that arrives before or after the create's answer
+   * neither drops nor double-counts it.
    */
-  readonly placedSinceRecord = new Map<string, number>();
+  private readonly placedSince = new Map<string, number[]>();
   private watchers: { cancel(): Promise<void> }[] = [];
 
   constructor(
@@ -107,12 +110,28 @@ class Membership extends EventEmitter {
       return;
     }
     this.nodes.set(rec.id, rec);
-    this.placedSinceRecord.delete(rec.id);
+    const placed = this.placedSince.get(rec.id);
+    if (placed !== undefined) {
+      const left = placed.filter((at) => at >= rec.at);
+      if (left.length > 0) this.placedSince.set(rec.id, left);
+      else this.placedSince.delete(rec.id);
+    }
     this.emit('change');
   }
 
-  notePlaced(node: string): void {
-    this.placedSinceRecord.set(node, (this.placedSinceRecord.get(node) ?? 0) + 1);
+  /** This gateway created a sandbox on `node` (its createdAt, from the node). */
+  notePlaced(node: string, createdAt: string): void {
+    const at = Date.parse(createdAt);
+    const rec = this.nodes.get(node);
+    if (rec !== undefined && rec.at > at) return; // the latest record counts it already
+    const list = this.placedSince.get(node);
+    if (list) list.push(at);
+    else this.placedSince.set(node, [at]);
+  }
+
+  /** Per node, the creates of this gateway its latest record does not count. */
+  placedSinceRecord(): Map<string, number> {
+    return new Map([...this.placedSince].map(([n, l]) => [n, l.length]));
   }
 
   private putLost(key: string): void {
@@ -150,87 +169,6 @@ class Membership extends EventEmitter {
 
   async close(): Promise<void> {
     await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
-  }
-}
-
-interface CachedJob {
-  spec: JobSpec | null;
-  specRev: string;
-  control: JobControlState;
-  progress: Map<string, ShareProgress>;
-}
-
-/** Every job's records, watched: statuses and follow streams are answered from here. */
-class JobsCache extends EventEmitter {
-  readonly jobs = new Map<string, CachedJob>();
-  private watcher: { cancel(): Promise<void> } | null = null;
-  private controlWatcher: { cancel(): Promise<void> } | null = null;
-
-  constructor(private readonly etcd: Etcd3) {
-    super();
-    this.setMaxListeners(0);
-  }
-
-  private job(id: string): CachedJob {
-    let j = this.jobs.get(id);
-    if (!j) this.jobs.set(id, (j = { spec: null, specRev: '0', control: 'running', progress: new Map() }));
-    return j;
-  }
-
-  private apply(key: string, value: string, modRev: string): void {
-    const rest = key.slice(keys.jobs.length);
-    const [id, kind, node, share] = rest.split('/');
-    if (!id) return;
-    const j = this.job(id);
-    if (kind === 'spec') {
-      const s = parseJson<JobSpec>(value);
-      if (s) {
-        j.spec = s;
-        j.specRev = modRev;
-      }
-    } else if (kind === 'progress' && node && share) {
-      const p = parseJson<ShareProgress>(value);
-      if (p) {
-        j.progress.set(`${node}/${share}`, p);
-        this.emit(`progress:${id}`, p);
-      }
-    }
-    this.emit(`job:${id}`);
-  }
-
-  /** A job this gateway just admitted: known here at once (its own watch event follows). */
-  admitted(spec: JobSpec, rev: string): void {
-    const j = this.job(spec.id);
-    if (j.spec === null) {
-      j.spec = spec;
-      j.specRev = rev;
-    }
-  }
-
-  async start(): Promise<void> {
-    const res = await this.etcd.getAll().prefix(keys.jobs).exec();
-    for (const kv of res.kvs) this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
-    const w = await this.etcd.watch().prefix(keys.jobs).startRevision(nextRevision(res.header.revision)).create();
-    w.on('put', (kv) => this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision));
-    this.watcher = w;
-    const c = await readPrefix(this.etcd, keys.controls);
-    for (const kv of c.kvs) this.setControl(kv.key, kv.value);
-    const cw = await this.etcd.watch().prefix(keys.controls).startRevision(nextRevision(c.revision)).create();
-    cw.on('put', (kv) => this.setControl(kv.key.toString('utf8'), kv.value.toString('utf8')));
-    this.controlWatcher = cw;
-  }
-
-  private setControl(key: string, value: string): void {
-    const id = key.slice(keys.controls.length);
-    const c = parseJson<{ state: JobControlState }>(value);
-    if (!c) return;
-    this.job(id).control = c.state;
-    this.emit(`job:${id}`);
-  }
-
-  async close(): Promise<void> {
-    await this.watcher?.cancel().catch(() => undefined);
-    await this.controlWatcher?.cancel().catch(() => undefined);
   }
 }
 
@@ -312,7 +250,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
   /** What the node records do not show yet: creates in flight and those done since each node's last record. */
   const reservedNow = (): Map<string, number> => {
     const r = new Map(inflight);
-    for (const [n, c] of members.placedSinceRecord) r.set(n, (r.get(n) ?? 0) + c);
+    for (const [n, c] of members.placedSinceRecord()) r.set(n, (r.get(n) ?? 0) + c);
     return r;
   };
 
@@ -421,7 +359,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       inflightByAccount.set(account.id, (inflightByAccount.get(account.id) ?? 0) + 1);
       try {
         const info = await callNode<SandboxInfo>(node, 'POST', '/v1/sandboxes', account, rest);
-        members.notePlaced(nodeId);
+        members.notePlaced(nodeId, info.createdAt);
         return explain ? { info, explain: { ...placed.explain, attempts: attempt + 1, refusedBy: [...exclude] } } : { info };
       } catch (err) {
         const e = asWarrenError(err);
@@ -548,10 +486,14 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     throw new WarrenError('CLUSTER_UNAVAILABLE', 'could not admit the job: its account kept changing (retry)');
   }
 
-  function jobFor(account: Account, id: string): { job: { spec: JobSpec } & CachedJob; status: JobStatus } {
-    const j = jobs.jobs.get(id);
+  function cachedJobFor(account: Account, id: string, j: CachedJob | undefined): { job: { spec: JobSpec } & CachedJob; status: JobStatus } {
     if (!j || !j.spec || (j.spec.owner !== account.id && !can(account, 'allSandboxes'))) throw new WarrenError('JOB_NOT_FOUND', `job "${id}" not found`, { id });
     return { job: j as { spec: JobSpec } & CachedJob, status: jobStatus(j.spec, j.control, j.progress, (n, e) => members.isLost(n, e)) };
+  }
+
+  /** One job as etcd has it now, whichever gateway wrote it last. */
+  async function jobFor(account: Account, id: string): Promise<{ job: { spec: JobSpec } & CachedJob; status: JobStatus }> {
+    return cachedJobFor(account, id, await jobs.fresh(id));
   }
 
   async function setControl(id: string, state: JobControlState): Promise<void> {
@@ -612,8 +554,8 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
   }, 500);
   reconcileTimer.unref();
 
-  function followJob(res: http.ServerResponse, account: Account, id: string): void {
-    const { job } = jobFor(account, id);
+  async function followJob(res: http.ServerResponse, account: Account, id: string): Promise<void> {
+    const { job } = await jobFor(account, id);
     res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
     const write = (obj: unknown) => res.write(`${JSON.stringify(obj)}\n`);
     const seen = new Map<string, number>();
@@ -694,17 +636,20 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     req.pipe(up);
   }
 
-  function tunnel(req: http.IncomingMessage, socket: Duplex, head: Buffer): void {
+  async function tunnel(req: http.IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     const refuse = (e: WarrenError) => {
       const body = errorBody(e);
       socket.end(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? ''}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
     };
+    // the client may close while its token is being looked up
+    socket.on('error', () => undefined);
     try {
       const url = new URL(req.url ?? '/', 'http://x');
       const m = /^\/v1\/sandboxes\/([^/]+)\/shell$/.exec(url.pathname);
       if (!m) throw new WarrenError('NOT_FOUND', `no WebSocket route ${url.pathname}`);
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
-      const account = accounts.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
+      const account = await accounts.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
+      if (socket.destroyed) return;
       const node = routeNode(decodeURIComponent(m[1]!));
       const target = new URL(node.url);
       const up = net.connect(Number(target.port), target.hostname);
@@ -758,7 +703,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       );
       return send(res, 200, { ok: true, role: 'gateway', version: warrenVersion(), etcd: etcdOk ? 'ok' : 'unavailable', nodes: members.nodes.size });
     }
-    const account = accounts.require(bearerFromHeader(req.headers.authorization));
+    const account = await accounts.require(bearerFromHeader(req.headers.authorization));
 
     if (path === '/v1/cluster/nodes' && method === 'GET') {
       requirePermission(account, 'allSandboxes');
@@ -784,7 +729,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const id = decodeURIComponent(qm[1]!);
       if (method === 'GET') {
         if (id !== account.id) requirePermission(account, 'quotas');
-        return send(res, 200, { account: id, quota: accounts.quota(id, opts.defaultQuota), usage: { sandboxes: usage(id) } });
+        return send(res, 200, { account: id, quota: await accounts.freshQuota(id, opts.defaultQuota), usage: { sandboxes: usage(id) } });
       }
       if (method === 'PUT') {
         requirePermission(account, 'quotas');
@@ -846,7 +791,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     }
     if (path === '/v1/jobs' && method === 'GET') {
       const out: JobStatus[] = [];
-      for (const [id, j] of jobs.jobs) if (j.spec && (j.spec.owner === account.id || can(account, 'allSandboxes'))) out.push(jobFor(account, id).status);
+      for (const [id, j] of jobs.jobs) if (j.spec && (j.spec.owner === account.id || can(account, 'allSandboxes'))) out.push(cachedJobFor(account, id, j).status);
       return send(res, 200, { jobs: out });
     }
     const jm = /^\/v1\/jobs\/(job-[0-9a-f]{16})(?:\/(pause|resume|cancel|sandboxes))?$/.exec(path);
@@ -855,22 +800,22 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const action = jm[2];
       if (method === 'GET' && action === undefined) {
         if (q.get('follow') === '1') return followJob(res, account, id);
-        const { job, status } = jobFor(account, id);
+        const { job, status } = await jobFor(account, id);
         return send(res, 200, q.get('explain') === '1' ? { ...status, explain: job.spec.explain ?? null, shares: job.spec.shares.map((s) => ({ node: s.node, count: s.count, epoch: s.epoch })) } : status);
       }
       if (method === 'GET' && action === 'sandboxes') {
-        const { job } = jobFor(account, id);
+        const { job } = await jobFor(account, id);
         const { results, unreachable } = await fanOut<{ sandboxes: SandboxInfo[] }>(account, `/v1/sandboxes?label=${encodeURIComponent(`warren.job=${id}`)}${can(account, 'allSandboxes') ? `&owner=${encodeURIComponent(job.spec.owner)}` : ''}`);
         return send(res, 200, { sandboxes: results.flatMap((r) => r.sandboxes), ...(unreachable.length > 0 ? { unreachable } : {}) });
       }
       if (method === 'POST' && action !== undefined && action !== 'sandboxes') {
-        const { status } = jobFor(account, id);
+        const { status } = await jobFor(account, id);
         if (status.state === 'deleted' || status.state === 'deleting') throw new WarrenError('SANDBOX_NOT_RUNNING', `job ${id} is ${status.state}`);
         await setControl(id, action === 'pause' ? 'paused' : action === 'resume' ? 'running' : 'cancelled');
         return send(res, 202, { id, state: action === 'pause' ? 'paused' : action === 'resume' ? 'running' : 'cancelled' });
       }
       if (method === 'DELETE' && action === undefined) {
-        jobFor(account, id);
+        await jobFor(account, id);
         await setControl(id, 'deleted');
         return send(res, 202, { id, state: 'deleting' });
       }
@@ -885,7 +830,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       sendError(res, err, log);
     });
   });
-  server.on('upgrade', (req, socket, head) => tunnel(req, socket, head));
+  server.on('upgrade', (req, socket, head) => void tunnel(req, socket, head));
   server.keepAliveTimeout = 30_000;
   await new Promise<void>((resolve, reject) => {
     server.once('error', (err) => reject(new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.port}: ${err.message}`)));

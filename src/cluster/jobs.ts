@@ -4,11 +4,14 @@
  * shares (one per node it was placed on) and their progress live in etcd;
  * the sandboxes themselves stay on their nodes (labelled warren.job).
  */
+import { EventEmitter } from 'node:events';
+import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
 import { expectNumber, expectObject, rejectUnknown, validateLabels } from '../validation';
 import type { Principal, SandboxSpec } from '../shim/types';
 import type { IndexRange, JobControlState, ShareProgress } from './node-agent';
 import type { Explanation } from './placement';
+import { keys, nextRevision, parseJson, store } from './etcd';
 
 export const MAX_JOB_COUNT = 32_768;
 export const MAX_JOB_CONCURRENCY = 1024;
@@ -184,4 +187,116 @@ export function jobStatus(spec: JobSpec, control: JobControlState, progress: Rea
 
 export function isTerminal(s: JobState): boolean {
   return s === 'done' || s === 'partial' || s === 'cancelled' || s === 'deleted';
+}
+
+// ------------------------------------------------------------------ the gateway's copy
+
+export interface CachedJob {
+  spec: JobSpec | null;
+  specRev: string;
+  control: JobControlState;
+  progress: Map<string, ShareProgress>;
+  /** The mod revision of each key applied: a fresh read and the watch may deliver one key in either order. */
+  revs: Map<string, bigint>;
+}
+
+/**
+ * Every job's records, watched: follow streams and lists are answered from here. The watch can
+ * lag behind a write another gateway made (while etcd elects a leader, for one), so reads of one
+ * job go to etcd first (`fresh`): a job admitted through any gateway is seen through every one.
+ */
+export class JobsCache extends EventEmitter {
+  readonly jobs = new Map<string, CachedJob>();
+  private watcher: { cancel(): Promise<void> } | null = null;
+  private controlWatcher: { cancel(): Promise<void> } | null = null;
+
+  constructor(private readonly etcd: Etcd3) {
+    super();
+    this.setMaxListeners(0);
+  }
+
+  private job(id: string): CachedJob {
+    let j = this.jobs.get(id);
+    if (!j) this.jobs.set(id, (j = { spec: null, specRev: '0', control: 'running', progress: new Map(), revs: new Map() }));
+    return j;
+  }
+
+  /** False when this key is already known at `modRev` or later. */
+  private newer(j: CachedJob, key: string, modRev: string): boolean {
+    const rev = BigInt(modRev);
+    if ((j.revs.get(key) ?? -1n) >= rev) return false;
+    j.revs.set(key, rev);
+    return true;
+  }
+
+  private apply(key: string, value: string, modRev: string): void {
+    const rest = key.slice(keys.jobs.length);
+    const [id, kind, node, share] = rest.split('/');
+    if (!id) return;
+    const j = this.job(id);
+    if (!this.newer(j, key, modRev)) return;
+    if (kind === 'spec') {
+      const s = parseJson<JobSpec>(value);
+      if (s) {
+        j.spec = s;
+        j.specRev = modRev;
+      }
+    } else if (kind === 'progress' && node && share) {
+      const p = parseJson<ShareProgress>(value);
+      if (p) {
+        j.progress.set(`${node}/${share}`, p);
+        this.emit(`progress:${id}`, p);
+      }
+    }
+    this.emit(`job:${id}`);
+  }
+
+  /** A job this gateway just admitted: known here at once (its own watch event follows). */
+  admitted(spec: JobSpec, rev: string): void {
+    const j = this.job(spec.id);
+    if (j.spec === null) {
+      j.spec = spec;
+      j.specRev = rev;
+    }
+  }
+
+  async start(): Promise<void> {
+    const res = await this.etcd.getAll().prefix(keys.jobs).exec();
+    for (const kv of res.kvs) this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
+    const w = await this.etcd.watch().prefix(keys.jobs).startRevision(nextRevision(res.header.revision)).create();
+    w.on('put', (kv) => this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision));
+    this.watcher = w;
+    const c = await this.etcd.getAll().prefix(keys.controls).exec();
+    for (const kv of c.kvs) this.setControl(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
+    const cw = await this.etcd.watch().prefix(keys.controls).startRevision(nextRevision(c.header.revision)).create();
+    cw.on('put', (kv) => this.setControl(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision));
+    this.controlWatcher = cw;
+  }
+
+  /**
+   * One job as etcd has it now (a linearizable read of its spec, progress and control), merged
+   * into the cache; undefined when etcd has no such job.
+   */
+  async fresh(id: string): Promise<CachedJob | undefined> {
+    const [records, control] = await store('job read', () => Promise.all([this.etcd.getAll().prefix(keys.jobPrefix(id)).exec(), this.etcd.get(keys.jobControl(id)).exec()]));
+    for (const kv of records.kvs) this.apply(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
+    for (const kv of control.kvs) this.setControl(kv.key.toString('utf8'), kv.value.toString('utf8'), kv.mod_revision);
+    const j = this.jobs.get(id);
+    return j?.spec ? j : undefined;
+  }
+
+  private setControl(key: string, value: string, modRev: string): void {
+    const id = key.slice(keys.controls.length);
+    const j = this.job(id);
+    if (!this.newer(j, key, modRev)) return;
+    const c = parseJson<{ state: JobControlState }>(value);
+    if (!c) return;
+    j.control = c.state;
+    this.emit(`job:${id}`);
+  }
+
+  async close(): Promise<void> {
+    await this.watcher?.cancel().catch(() => undefined);
+    await this.controlWatcher?.cancel().catch(() => undefined);
+  }
 }

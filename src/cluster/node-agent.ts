@@ -118,14 +118,20 @@ export const SHARE_LABEL = 'warren.share';
 export const INDEX_LABEL = 'warren.index';
 
 /** A shim that refuses creates past the node's capacity or while fenced: the node's final admission. */
-export function admissionShim(shim: Shim, admit: () => () => void): Shim {
+export function admissionShim(shim: Shim, admit: () => (created: boolean) => void): Shim {
   return new Proxy(shim, {
     get(target, prop, receiver) {
       if (prop === 'createSandbox') {
         return async (spec: SandboxSpec, principal?: Principal) => {
           const done = admit();
-          const info = await target.createSandbox(spec, principal);
-          done();
+          let info: SandboxInfo;
+          try {
+            info = await target.createSandbox(spec, principal);
+          } catch (err) {
+            done(false);
+            throw err;
+          }
+          done(true);
           return info;
         };
       }
@@ -271,6 +277,22 @@ export class NodeAgent {
   }
 
   /**
+   * Admit one create of the node's API. It is counted as being created from here until it
+   * ends, so that a record counts every create admitted before it (the gateways rely on it).
+   */
+  admitOne(): (created: boolean) => void {
+    this.admit();
+    this.creating++;
+    let ended = false;
+    return (created) => {
+      if (ended) return;
+      ended = true;
+      this.creating--;
+      if (created) this.createdOne();
+    };
+  }
+
+  /**
    * Register, then start the heartbeat, the share and control watches and the
    * policy watch. A node that restarts after its lease expired (the record
    * is gone) was declared lost: it reconciles first.
@@ -304,6 +326,10 @@ export class NodeAgent {
 
   record(): NodeRecord {
     const shim = this.opts.shim;
+    // `at` and the creates in progress are read before the live list: a create admitted before
+    // `at` is then in one of the two (a create that ends in between is in both, never in neither)
+    const at = Date.now();
+    const creating = this.creating;
     const sandboxes = shim.listSandboxes();
     const accounts: Record<string, number> = {};
     let live = 0;
@@ -336,14 +362,14 @@ export class NodeAgent {
       labels: this.opts.labels,
       epoch: this.epoch,
       capacity: { sandboxes: this.opts.maxSandboxes, cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / 1048576) },
-      used: { sandboxes: live, creating: this.creating, memoryAvailableMb: meminfo, load1: os.loadavg()[0] ?? 0 },
+      used: { sandboxes: live, creating, memoryAvailableMb: meminfo, load1: os.loadavg()[0] ?? 0 },
       backends: this.backendsCache.names,
       images,
       layers: [...layers],
       lazy: this.opts.lazyLayers?.() ?? false,
       accounts,
       fenced: this.fenced,
-      at: Date.now(),
+      at,
     };
   }
 

@@ -128,9 +128,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     const served = opts.cluster
       ? admissionShim(shim, () => {
           if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
-          const a = agent;
-          a.admit();
-          return () => a.createdOne();
+          return agent.admitOne();
         })
       : shim;
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };

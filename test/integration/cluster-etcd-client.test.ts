@@ -8,7 +8,10 @@
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { WarrenError } from '../../src/errors';
-import { openEtcd, store } from '../../src/cluster/etcd';
+import { keys, openEtcd, store } from '../../src/cluster/etcd';
+import { ClusterAccounts } from '../../src/cluster/accounts';
+import { JobsCache, type JobSpec } from '../../src/cluster/jobs';
+import { generateToken } from '../../src/gateway/auth';
 import { EtcdCluster, etcdReason } from '../helpers/cluster';
 import { testUnless } from '../helpers/skip';
 import { tempDir } from '../helpers/tmp';
@@ -27,6 +30,60 @@ test.before(async () => {
 
 test.after.always(async () => {
   await cluster?.close();
+});
+
+// A gateway's watched copies lag behind what another gateway writes (by an election, at worst).
+// These copies are frozen (their watches cancelled) to stand for that lag, deterministically.
+
+test.serial("a job another gateway admitted is read from etcd, not refused from a copy that has not seen it", async (t) => {
+  const etcd = openEtcd({ endpoints: cluster.endpoints });
+  const cache = new JobsCache(etcd);
+  try {
+    await cache.start();
+    await cache.close();
+    const id = 'job-00000000000000aa';
+    const spec = { id, owner: 'acct-x', count: 2, shares: [{ node: 'n1', share: 's1', epoch: 1, count: 2, ranges: [{ start: 0, count: 2 }] }], pending: [], handled: [] } as unknown as JobSpec;
+    await etcd.put(keys.job(id)).value(JSON.stringify(spec)).exec();
+    await etcd.put(keys.jobProgress(id, 'n1', 's1')).value(JSON.stringify({ job: id, share: 's1', node: 'n1', created: 1 })).exec();
+    await etcd.put(keys.jobControl(id)).value(JSON.stringify({ state: 'paused', at: Date.now() })).exec();
+    t.is(cache.jobs.get(id), undefined, 'the frozen copy does not know the job');
+    const j = await cache.fresh(id);
+    t.is(j?.spec?.count, 2);
+    t.is(j?.control, 'paused');
+    t.is(j?.progress.get('n1/s1')?.created, 1);
+    await etcd.put(keys.jobControl(id)).value(JSON.stringify({ state: 'running', at: Date.now() })).exec();
+    t.is((await cache.fresh(id))?.control, 'running', 'a later write is seen by the next read');
+    t.is(await cache.fresh('job-00000000000000bb'), undefined, 'an unknown job stays unknown');
+    await etcd.delete().prefix(keys.jobPrefix(id)).exec();
+    await etcd.delete().key(keys.jobControl(id)).exec();
+  } finally {
+    etcd.close();
+  }
+});
+
+test.serial('a token and a quota written through another gateway are read from etcd before a refusal', async (t) => {
+  const e1 = openEtcd({ endpoints: cluster.endpoints });
+  const e2 = openEtcd({ endpoints: cluster.endpoints });
+  const stale = new ClusterAccounts(e1);
+  const other = new ClusterAccounts(e2);
+  try {
+    await stale.start();
+    await stale.close();
+    await other.start();
+    const { account, token } = await other.create('late', 'runtime');
+    t.is(stale.authenticate(token), null, 'the frozen copy does not know the token');
+    t.is((await stale.require(token)).id, account.id);
+    const bogus = generateToken();
+    await t.throwsAsync(stale.require(bogus), { code: 'UNAUTHENTICATED' } as never);
+    await t.throwsAsync(stale.require(bogus), { code: 'UNAUTHENTICATED' } as never, 'and again, from the remembered miss');
+    await other.setQuota(account.id, { maxSandboxes: 3 });
+    t.deepEqual(await stale.setQuota(account.id, { maxCpu: 4 }), { maxSandboxes: 3, maxCpu: 4, maxMemoryMb: null }, 'a patch through the stale copy keeps the other one');
+    t.deepEqual(await other.freshQuota(account.id), { maxSandboxes: 3, maxCpu: 4, maxMemoryMb: null });
+  } finally {
+    await other.close();
+    e1.close();
+    e2.close();
+  }
 });
 
 test.serial("a stream of reads and writes rides through the leader's loss", async (t) => {
