@@ -244,6 +244,11 @@ export interface NativeAddon {
    * readahead (process_madvise MADV_WILLNEED). Resolves with the bytes asked for.
    */
   prefetchAsync(pid: number, mode: 'touch' | 'willneed'): Promise<{ bytes: number }>;
+  /**
+   * Push the private writable pages of process `pid` to swap (process_madvise MADV_PAGEOUT),
+   * whichever LRU list they are on. Resolves with the size of the mappings advised.
+   */
+  pageoutAsync(pid: number): Promise<{ bytes: number }>;
   pidfdOpen(pid: number): number;
   pidfdSendSignal(pidfd: number, signal: number): void;
   /** Start time in clock ticks of `pid`, or 0 when it does not exist. */

@@ -77,6 +77,27 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
   });
 });
 
+it(`pausing again at once after a resume, its memory just read back and the prefetch still reading, gives it all back and kills nothing`, async (t) => {
+  await withZramSwap(1024, async () => {
+    await withShim(t, async ({ shim }) => {
+      const sb = await shim.createSandbox(spec({ memoryMb: 512 }));
+      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
+      await shim.exec(sb.id, { cmd: '(memhog 200 /tmp/hog 50 >/dev/null 2>&1 &)' });
+      await waitFor(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 20_000, 'memhog to fill its memory', 50);
+      const pid = (await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim();
+      t.regex(pid, /^\d+$/);
+      for (let i = 0; i < 3; i++) {
+        const p = await shim.pauseSandbox(sb.id);
+        t.true(p.swapBytes !== null && p.swapBytes > 150 * MIB, `pause ${i}: ${JSON.stringify(p)}`);
+        await shim.resumeSandbox(sb.id); // its prefetch reads 200 MiB back in the background
+      }
+      t.is((await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim(), pid, 'memhog is still the same process');
+      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n');
+      await shim.deleteSandbox(sb.id);
+    });
+  });
+});
+
 it(`a label selector pauses and resumes every sandbox of a job`, async (t) => {
   await withZramSwap(256, async () => {
     await withShim(t, async ({ shim, dataDir }) => {

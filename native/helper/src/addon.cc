@@ -619,6 +619,20 @@ Napi::Value PrefetchAsync(const Napi::CallbackInfo& info) {
       });
 }
 
+Napi::Value PageoutAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PrefetchJob>();
+  j->pid = static_cast<pid_t>(ToInt(env, ArgOrUndefined(info, 0), "pid", 1, WN_PID_MAX));
+  return Queue(
+      env, std::move(j), [](PrefetchJob& p) { return wn_pageout(p.pid, &p.bytes, &p.e); },
+      [](Napi::Env env, PrefetchJob& p) -> Napi::Value {
+        Napi::Object out = Napi::Object::New(env);
+        out.Set("bytes", Napi::Number::New(env, static_cast<double>(p.bytes)));
+        return out;
+      });
+}
+
 // ---- watchExit ------------------------------------------------------------------------
 
 struct Watcher {
@@ -977,6 +991,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"zygoteSpawn", ZygoteSpawn},
       {"zygoteWatch", ZygoteWatch},
       {"prefetchAsync", PrefetchAsync},
+      {"pageoutAsync", PageoutAsync},
       {"pidfdOpen", PidfdOpen},
       {"pidfdSendSignal", PidfdSendSignal},
       {"processStartTime", ProcessStartTime},

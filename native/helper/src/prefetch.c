@@ -12,6 +12,10 @@
  *
  * Runs on a thread-pool thread (touch adds threads of its own, see below); reports the bytes it
  * asked for.
+ *
+ * wn_pageout is the way back: process_madvise(MADV_PAGEOUT) over the same private writable
+ * mappings pushes their pages to swap whichever LRU list they are on. Pages just read back in
+ * are all on the active list, where a memory limit's reclaim round finds nothing to take.
  */
 #include "wn.h"
 
@@ -27,6 +31,9 @@
 
 #ifndef SYS_process_madvise
 #define SYS_process_madvise 440
+#endif
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
 #endif
 #define PM_SWAPPED (UINT64_C(1) << 62)
 #define CHUNK (1u << 20)
@@ -191,7 +198,8 @@ static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, w
   return 0;
 }
 
-static int willneed(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
+/* process_madvise(advice) over the process's private writable mappings, IOV batches at a time. */
+static int advise(pid_t pid, const struct region *r, size_t n, int advice, const char *what, uint64_t *bytes, wn_error *e) {
   cleanup_fd int pidfd = wn_pidfd_open(pid, 0);
   if (pidfd < 0) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
   struct iovec iov[256];
@@ -204,9 +212,10 @@ static int willneed(pid_t pid, const struct region *r, size_t n, uint64_t *bytes
       k++;
     }
     if (k > 0 && (k == sizeof iov / sizeof iov[0] || i == n)) {
-      if (syscall(SYS_process_madvise, pidfd, iov, k, MADV_WILLNEED, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) {
+      /* EFAULT, ENOMEM, EINVAL: a mapping changed or cannot take the advice; the others still do */
+      if (syscall(SYS_process_madvise, pidfd, iov, k, advice, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) {
         if (errno == ESRCH) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "process_madvise %d", (int)pid);
-        return wn_fail_errno(e, errno == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, "process_madvise MADV_WILLNEED %d", (int)pid);
+        return wn_fail_errno(e, errno == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, "process_madvise %s %d", what, (int)pid);
       }
       k = 0;
     }
@@ -220,7 +229,18 @@ int wn_prefetch(pid_t pid, int mode, uint64_t *bytes, wn_error *e) {
   struct region *r = NULL;
   size_t n = 0;
   if (read_maps(pid, &r, &n, e) < 0) return -1;
-  int rc = mode == WN_PREFETCH_WILLNEED ? willneed(pid, r, n, bytes, e) : touch(pid, r, n, bytes, e);
+  int rc = mode == WN_PREFETCH_WILLNEED ? advise(pid, r, n, MADV_WILLNEED, "MADV_WILLNEED", bytes, e) : touch(pid, r, n, bytes, e);
+  free(r);
+  return rc;
+}
+
+int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e) {
+  *bytes = 0;
+  if (pid < 1 || pid > WN_PID_MAX) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "pid must be 1..%d", WN_PID_MAX);
+  struct region *r = NULL;
+  size_t n = 0;
+  if (read_maps(pid, &r, &n, e) < 0) return -1;
+  int rc = advise(pid, r, n, MADV_PAGEOUT, "MADV_PAGEOUT", bytes, e);
   free(r);
   return rc;
 }

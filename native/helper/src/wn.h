@@ -269,6 +269,8 @@ typedef struct wn_exec_result {
 /* Bring a process's swapped-out pages back (prefetch.c); *bytes: what was asked for. */
 enum { WN_PREFETCH_TOUCH = 0, WN_PREFETCH_WILLNEED = 1 };
 int wn_prefetch(pid_t pid, int mode, uint64_t *bytes, wn_error *e);
+/* Push a process's private writable pages to swap (MADV_PAGEOUT); *bytes: the mappings' size. */
+int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e);
 
 int wn_exec_spec_check(const wn_exec_spec *s, wn_error *e);
 int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);

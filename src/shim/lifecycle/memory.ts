@@ -1,6 +1,11 @@
 /**
  * Pause and resume at the cgroup level: freeze, then give the memory back.
  *
+ * With swap, every process of the group is first paged out (process_madvise
+ * MADV_PAGEOUT over its private writable mappings): the cgroup's reclaim takes
+ * pages from the inactive list first, and after a resume read everything back
+ * every page is active, so a limit write gives up at its first round. Then:
+ *
  * - cgroup v2: `cgroup.freeze`, `memory.swap.max` raised from 0 to the
  *   sandbox's limit, then `memory.reclaim` of the group's whole usage (swap or
  *   zswap takes the anonymous pages; EAGAIN only means "not all of it").
@@ -83,6 +88,15 @@ export function prefetchDone(id: string): Promise<PrefetchReport> | undefined {
   return prefetches.get(id);
 }
 
+/**
+ * Wait for the prefetch of the sandbox's last resume. Its reads charge the sandbox's memory
+ * cgroup: running while a pause lowers the limit, they would fight the reclaim and could make the
+ * kernel's OOM killer end a process of the sandbox.
+ */
+async function settlePrefetch(id: string, ops: CgroupOps): Promise<void> {
+  if (ops === nativeCgroupOps) await prefetches.get(id);
+}
+
 /** Forget a sandbox's prefetch record (destroy). */
 export function forgetPrefetch(id: string): void {
   prefetches.delete(id);
@@ -113,6 +127,8 @@ export interface CgroupOps {
   write(path: string, value: string): Promise<void>;
   read(path: string): Promise<string>;
   swapTotal(): number;
+  /** Push the private pages of every process of the cgroup to swap, whichever LRU list they are on. */
+  pageout?(id: string): Promise<void>;
 }
 
 export const nativeCgroupOps: CgroupOps = {
@@ -122,6 +138,15 @@ export const nativeCgroupOps: CgroupOps = {
   write: (path, value) => writeFile(path, value),
   read: (path) => readFile(path, 'utf8'),
   swapTotal: () => swapTotalBytes(),
+  pageout: async (id) => {
+    let pids: number[] = [];
+    try {
+      pids = native.cgroupProcs(id);
+    } catch {
+      return; // gone: the reclaim that follows says so
+    }
+    await Promise.all(pids.map((p) => native.pageoutAsync(p).catch(() => undefined)));
+  },
 };
 
 function check(id: string): void {
@@ -170,6 +195,7 @@ function errnoOf(err: unknown): string | undefined {
 export async function pauseCgroup(id: string, limitBytes: number, opts: { reclaim?: boolean; ops?: CgroupOps } = {}): Promise<PauseReport> {
   check(id);
   const ops = opts.ops ?? nativeCgroupOps;
+  await settlePrefetch(id, ops);
   const started = performance.now();
   const { version, dir } = memoryDir(ops, id);
   const before = ops.memoryCurrent(id);
@@ -185,6 +211,7 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
       reclaim = 'memory.reclaim';
       // Sandboxes run with memory.swap.max = 0; while paused they may swap up to their limit.
       await ops.write(join(dir, 'memory.swap.max'), String(limitBytes)).catch(() => undefined);
+      if (ops.swapTotal() > 0) await ops.pageout?.(id);
       try {
         await ops.write(join(dir, 'memory.reclaim'), String(Math.max(before, MIB)));
       } catch (err) {
@@ -201,6 +228,9 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
       note = 'no swap on this node (enable a zram swap device): memory stays resident';
     } else {
       reclaim = 'limit';
+      // The limit's reclaim rounds give up on pages that are all on the active list (as after a
+      // resume read everything back): page the processes out first, the limit takes the rest.
+      await ops.pageout?.(id);
       pausedLimitBytes = await lowerLimitV1(ops, dir, limitBytes);
     }
   } catch (err) {
@@ -325,6 +355,7 @@ export function coldBytesFromStat(stat: string, version: 1 | 2): { anon: number;
  */
 export async function reclaimColdCgroup(id: string, limitBytes: number, ops: CgroupOps = nativeCgroupOps): Promise<ColdReclaimReport> {
   check(id);
+  await settlePrefetch(id, ops);
   const started = performance.now();
   const { version, dir } = memoryDir(ops, id);
   const before = ops.memoryCurrent(id);
