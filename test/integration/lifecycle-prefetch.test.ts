@@ -77,3 +77,14 @@ for (const mode of ['touch', 'willneed'] as const) {
     });
   });
 }
+
+it('prefetch and pageout refuse bad pids with stable codes', async (t) => {
+  for (const pid of [0, -1, 2 ** 31, 1.5]) {
+    await t.throwsAsync(Promise.resolve().then(() => native.pageoutAsync(pid)), { code: 'INVALID_ARGUMENT' } as never, `pageout ${pid}`);
+    await t.throwsAsync(Promise.resolve().then(() => native.prefetchAsync(pid, 'touch')), { code: 'INVALID_ARGUMENT' } as never, `prefetch ${pid}`);
+  }
+  await t.throwsAsync(Promise.resolve().then(() => native.prefetchAsync(process.pid, 'sideways' as never)), { code: 'INVALID_ARGUMENT' } as never);
+  // a pid that is not there (the highest possible one is never handed out here)
+  const maxPid = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8')) - 1;
+  await t.throwsAsync(native.pageoutAsync(maxPid), { code: 'SANDBOX_NOT_RUNNING' } as never);
+});
