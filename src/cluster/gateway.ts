@@ -59,6 +59,9 @@ export interface ClusterGateway {
 
 const JSON_LIMIT = 1024 * 1024;
 
+const NODE_MISS_TTL_MS = 1000;
+const MAX_NODE_MISSES = 10_000;
+
 class Membership extends EventEmitter {
   readonly nodes = new Map<string, NodeRecord>();
   /** node -> lost epochs */
@@ -117,6 +120,27 @@ class Membership extends EventEmitter {
       else this.placedSince.delete(rec.id);
     }
     this.emit('change');
+  }
+
+  private readonly misses = new Map<string, number>();
+
+  /**
+   * A node record as etcd has it now, for a node this copy does not know: it may have registered
+   * through a watch event still on its way. Misses are remembered for a second (bounded), so ids
+   * naming nodes that do not exist cost etcd one read per node name and second at most.
+   */
+  async readNode(id: string): Promise<NodeRecord | undefined> {
+    const now = Date.now();
+    const missed = this.misses.get(id);
+    if (missed !== undefined && now - missed < NODE_MISS_TTL_MS) return undefined;
+    const v = await store('read node', () => this.etcd.get(keys.node(id)).string());
+    if (v !== null) this.putNode(v);
+    const rec = this.nodes.get(id);
+    if (rec === undefined) {
+      if (this.misses.size >= MAX_NODE_MISSES) this.misses.clear();
+      this.misses.set(id, now);
+    }
+    return rec;
   }
 
   /** This gateway created a sandbox on `node` (its createdAt, from the node). */
@@ -326,11 +350,12 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     return r;
   }
 
-  function routeNode(id: string): NodeRecord {
+  /** The node a sandbox id names; one this gateway's copy does not know yet (just registered) is read from etcd. */
+  async function routeNode(id: string): Promise<NodeRecord> {
     const nodeId = nodeOfSandbox(id);
     const notFound = new WarrenError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`, { id });
     if (nodeId === null) throw notFound;
-    const rec = members.nodes.get(nodeId);
+    const rec = members.nodes.get(nodeId) ?? (members.lost.has(nodeId) ? undefined : await members.readNode(nodeId));
     if (rec) return rec;
     if (members.lost.has(nodeId)) throw new WarrenError('SANDBOX_LOST', `sandbox "${id}" was on node ${nodeId}, which lost its cluster lease: the sandbox is lost`, { id, node: nodeId });
     throw notFound;
@@ -650,7 +675,8 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
       const account = await accounts.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
       if (socket.destroyed) return;
-      const node = routeNode(decodeURIComponent(m[1]!));
+      const node = await routeNode(decodeURIComponent(m[1]!));
+      if (socket.destroyed) return;
       const target = new URL(node.url);
       const up = net.connect(Number(target.port), target.hostname);
       const lines = [`${req.method} ${req.url} HTTP/1.1`, `host: ${target.host}`, `authorization: ${asAccount(account)}`];
@@ -782,7 +808,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       return send(res, 200, { sandboxes: results.flatMap((r) => r.sandboxes), ...(unreachable.length > 0 ? { unreachable } : {}) });
     }
     const sm = /^\/v1\/sandboxes\/([^/]+)(?:\/.*)?$/.exec(path);
-    if (sm) return proxy(req, res, routeNode(decodeURIComponent(sm[1]!)), account);
+    if (sm) return proxy(req, res, await routeNode(decodeURIComponent(sm[1]!)), account);
 
     // ---- jobs
     if (path === '/v1/jobs' && method === 'POST') {
