@@ -16,6 +16,7 @@ import { WarrenError } from '../../src/errors';
 import { facet, requireOffered } from '../../src/shim/backends/facets';
 import { attachSession, spawnHolder } from '../../src/shim/sessions/session-manager';
 import { tempDir } from '../helpers/tmp';
+import { within } from '../helpers/wait';
 
 export interface BackendHarness {
   backend: Backend;
@@ -253,24 +254,33 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
     const alive = async (pidFile: string) => (await shared.exec({ cmd: `kill -0 "$(cat ${pidFile})"` })).exitCode === 0;
     // whether a `sleep N` runs (GNU grep splits a binary file at its NULs: translate them first)
     const sleeping = async (n: string) => (await shared.exec({ cmd: `for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done | grep -q '^sleep ${n} '` })).exitCode === 0;
-    const cmd = await open('command', 's-conf-signal');
+    // every step has a deadline, and a missed one says which step and what ran in the sandbox then
+    const step = async <T>(p: Promise<T>, what: string): Promise<T> => {
+      try {
+        return await within(p, 120_000, what);
+      } catch (err) {
+        const ps = await within(shared.exec({ cmd: 'ps -o pid,pgid,args 2>/dev/null || ps' }), 30_000, 'ps').then((r) => r.stdout, (e: Error) => e.message);
+        throw new Error(`${(err as Error).message}\n${ps}`);
+      }
+    };
+    const cmd = await step(open('command', 's-conf-signal'), 'the command-mode session opens');
     try {
-      t.is((await cmd.att.run('bg', 'sleep 600 & echo $! > /tmp/conf-bg.pid')).exitCode, 0);
+      t.is((await step(cmd.att.run('bg', 'sleep 600 & echo $! > /tmp/conf-bg.pid'), 'the background job starts')).exitCode, 0);
       const running = cmd.att.run('fg', 'sleep 601');
       t.true(await until(() => sleeping('601'), 120_000), 'the command started');
       cmd.att.signal(15);
-      const r = await running;
+      const r = await step(running, 'the SIGTERM ends the command');
       t.is(r.exitCode, 143, 'the command died of the SIGTERM');
       t.false(cmd.ended(), 'the shell is still there');
       t.true(await alive('/tmp/conf-bg.pid'), 'a background job of an earlier command is spared');
-      const timed = await cmd.att.run('slow', 'sleep 602', 1500);
+      const timed = await step(cmd.att.run('slow', 'sleep 602', 1500), 'the timeout ends the command');
       t.true(timed.timedOut === true && timed.exitCode === null, JSON.stringify(timed));
       t.true(await alive('/tmp/conf-bg.pid'), 'a timeout spares it too');
-      t.is((await cmd.att.run('after', 'kill "$(cat /tmp/conf-bg.pid)"; echo usable')).exitCode, 0, 'the session is usable');
+      t.is((await step(cmd.att.run('after', 'kill "$(cat /tmp/conf-bg.pid)"; echo usable'), 'the session runs the next command')).exitCode, 0, 'the session is usable');
     } finally {
-      await cmd.att.close();
+      await step(cmd.att.close(), 'the command-mode session closes');
     }
-    const pty = await open('pty', 's-conf-pty-signal');
+    const pty = await step(open('pty', 's-conf-pty-signal'), 'the pty session opens');
     try {
       const out: Buffer[] = [];
       pty.att.onOutput((o) => out.push(o.data));
@@ -282,7 +292,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
       t.true(await until(async () => Buffer.concat(out).toString().includes('still=42'), 120_000), 'the shell outlived the foreground job');
       t.false(pty.ended());
     } finally {
-      await pty.att.close();
+      await step(pty.att.close(), 'the pty session closes');
     }
   });
 

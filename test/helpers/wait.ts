@@ -29,3 +29,12 @@ export function elapse(ms: number, why: string): Promise<void> {
   void why;
   return new Promise((r) => setTimeout(r, ms));
 }
+
+/** `p`, or a rejection naming `what` once `timeoutMs` have passed (a step that can hang fails where it hangs). */
+export function within<T>(p: Promise<T>, timeoutMs: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not within ${timeoutMs} ms`)), timeoutMs);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
