@@ -171,6 +171,7 @@ class Membership extends EventEmitter {
   private dropNode(id: string): void {
     const prev = this.nodes.get(id);
     this.nodes.delete(id);
+    this.placedSince.delete(id);
     this.emit('change');
     if (!prev) return;
     const key = keys.lost(id, prev.epoch);
