@@ -4,7 +4,7 @@
  * and a real zram swap device that is always removed afterwards.
  */
 import { execFileSync } from 'node:child_process';
-import { statSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap } from '../../src/shim/lifecycle/swap';
@@ -69,8 +69,47 @@ export function memhogSkipReason(): string | null {
   }
 }
 
+const SWAP_LOCK = '/run/warren-test-swap.lock';
+
+/**
+ * Run `fn` while no other test process makes or removes a swap device. Swap spreads pages over
+ * every device of one priority, so a device one test removes can hold pages of another test's
+ * paused sandbox: they come back into memory, and the other test's released and swapped counts
+ * are off. The lock is a directory (mkdir is atomic) naming its holder; a dead holder's is taken.
+ */
+export async function withSwapLock<T>(fn: () => Promise<T>): Promise<T> {
+  const deadline = Date.now() + 15 * 60_000;
+  for (;;) {
+    try {
+      mkdirSync(SWAP_LOCK);
+      writeFileSync(join(SWAP_LOCK, 'pid'), String(process.pid));
+      break;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      let holder = NaN;
+      try {
+        holder = Number(readFileSync(join(SWAP_LOCK, 'pid'), 'utf8'));
+      } catch {
+        /* being written or removed */
+      }
+      if (Number.isInteger(holder) && holder > 0 && !existsSync(`/proc/${holder}`)) rmSync(SWAP_LOCK, { recursive: true, force: true });
+      if (Date.now() > deadline) throw new Error(`${SWAP_LOCK} held for 15 minutes (pid ${holder})`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    rmSync(SWAP_LOCK, { recursive: true, force: true });
+  }
+}
+
 /** Run `fn` with a real zram swap device of `mb` MiB; the device is swapped off and removed afterwards. */
-export async function withZramSwap<T>(mb: number, fn: (swap: ZramSwap) => Promise<T>): Promise<T> {
+export function withZramSwap<T>(mb: number, fn: (swap: ZramSwap) => Promise<T>): Promise<T> {
+  return withSwapLock(() => withOwnZram(mb, fn));
+}
+
+async function withOwnZram<T>(mb: number, fn: (swap: ZramSwap) => Promise<T>): Promise<T> {
   const stateDir = mkdtempSync(join(tmpdir(), 'warren-zram-'));
   const swap = new ZramSwap(stateDir);
   await swap.setup({ sizeBytes: mb * 1024 * 1024 });

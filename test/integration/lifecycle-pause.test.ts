@@ -98,6 +98,26 @@ it(`pausing again at once after a resume, its memory just read back and the pref
   });
 });
 
+it(`swapping off the device that holds a paused sandbox's pages brings them back, killing nothing`, async (t) => {
+  await withZramSwap(512, async (swap) => {
+    await withShim(t, async ({ shim }) => {
+      const sb = await shim.createSandbox(spec({ memoryMb: 256 }));
+      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
+      await shim.exec(sb.id, { cmd: '(memhog 64 /tmp/hog 50 >/dev/null 2>&1 &)' });
+      await waitFor(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 20_000, 'memhog to fill its memory', 50);
+      const pid = (await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim();
+      const p = await shim.pauseSandbox(sb.id);
+      t.true(p.swapBytes !== null && p.swapBytes > 48 * MIB, JSON.stringify(p));
+      // as another test, or an operator, would: the swap goes away while the sandbox is paused
+      await swap.teardown();
+      t.is(shim.getSandbox(sb.id).state, 'paused');
+      t.is((await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim(), pid, 'memhog is still the same process');
+      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n');
+      await shim.deleteSandbox(sb.id);
+    });
+  });
+});
+
 it(`a label selector pauses and resumes every sandbox of a job`, async (t) => {
   await withZramSwap(256, async () => {
     await withShim(t, async ({ shim, dataDir }) => {

@@ -15,7 +15,7 @@ import type { SandboxInfo } from '../../src/shim/types';
 import { readMountInfo, removeTree } from '../../src/shim/layers/sys';
 import { ZramSwap } from '../../src/shim/lifecycle/swap';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
-import { zramSkipReason } from './lifecycle-fixture';
+import { withSwapLock, zramSkipReason } from './lifecycle-fixture';
 import { kill9, startWarrenProcess } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 import { elapse } from '../helpers/wait';
@@ -39,7 +39,7 @@ async function waitFor(client: WarrenClient, id: string, pred: (s: SandboxInfo) 
   return last;
 }
 
-it(`ttl and idle policies fire after a gateway kill -9 and restart`, async (t) => {
+it(`ttl and idle policies fire after a gateway kill -9 and restart`, (t) => withSwapLock(async () => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-lcrestart-'));
   const nodeId = `l${process.pid.toString(36)}`;
   const log: string[] = [];
@@ -113,4 +113,4 @@ it(`ttl and idle policies fire after a gateway kill -9 and restart`, async (t) =
     }
     t.is(readMountInfo().filter((m) => m.mountPoint.startsWith(dataDir)).length, 0, 'no mounts left');
   }
-});
+}));

@@ -4,14 +4,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap, setZswap } from '../../src/shim/lifecycle/swap';
 import { rootSkipReason } from '../helpers/warren';
-import { zramSkipReason } from './lifecycle-fixture';
+import { withSwapLock, zramSkipReason } from './lifecycle-fixture';
 import { testUnless } from '../helpers/skip';
 
 const skip = rootSkipReason() ?? zramSkipReason();
 const it = testUnless(skip).serial;
 const swaps = () => readFileSync('/proc/swaps', 'utf8');
 
-it(`a zram swap device is created, adopted by a restarted node, and removed without a trace`, async (t) => {
+it(`a zram swap device is created, adopted by a restarted node, and removed without a trace`, (t) => withSwapLock(async () => {
   const dir = mkdtempSync(join(tmpdir(), 'warren-zramtest-'));
   const first = new ZramSwap(dir);
   try {
@@ -31,7 +31,7 @@ it(`a zram swap device is created, adopted by a restarted node, and removed with
     await first.teardown().catch(() => undefined);
     rmSync(dir, { recursive: true, force: true });
   }
-});
+}));
 
 testUnless(skip ?? (existsSync('/sys/module/zswap/parameters/enabled') ? null : 'this kernel has no zswap')).serial(`zswap can be turned on and put back`, async (t) => {
   const before = await setZswap(true);

@@ -351,10 +351,10 @@ export class ContainerSandbox implements HostProcessSandbox {
         const r = await pauseCgroup(this.id, limitBytes);
         const out: PauseReportCore = { memoryBeforeBytes: r.memoryBeforeBytes, memoryAfterBytes: r.memoryAfterBytes, releasedBytes: r.releasedBytes, swapBytes: r.swapBytes, reclaim: r.reclaim, durationMs: r.durationMs };
         if (r.note !== undefined) out.note = r.note;
-        if (r.pausedLimitBytes !== undefined) out.keep = { pausedLimitBytes: r.pausedLimitBytes };
         return out;
       },
       resume: async (limitBytes, kept) => {
+        // a sandbox paused by an earlier version holds a lowered limit until its resume
         const paused = typeof kept?.pausedLimitBytes === 'number' ? kept.pausedLimitBytes : undefined;
         await resumeCgroup(this.id, limitBytes, paused);
       },

@@ -16,8 +16,11 @@
  *   the group cannot get under the new limit; we then settle just above what
  *   is left. memory+swap (`memory.memsw.limit_in_bytes`) stays at the
  *   sandbox's limit, so swapped pages never exceed what the sandbox was given.
+ *   The limit is put back before the pause answers, still frozen: nothing
+ *   faults the pages back in, and a swapoff of their device can then bring
+ *   them back instead of calling the OOM killer on the sandbox.
  *
- * Resume restores the limit and thaws, then prefetches: every swapped-out page of
+ * Resume thaws, then prefetches: every swapped-out page of
  * the sandbox's processes is read back in the background (native prefetchAsync:
  * 'touch' faults each one in and maps it again, so the sandbox's own first touch
  * costs nothing; 'willneed' only asks for swap readahead). Neither cgroup v1 nor
@@ -50,8 +53,6 @@ export interface PauseReport {
   reclaim: 'memory.reclaim' | 'limit' | 'none';
   /** Why nothing (or less) was reclaimed, when that is the case. */
   note?: string;
-  /** The v1 limit held while paused (bytes), to be restored by resume. */
-  pausedLimitBytes?: number;
   freezeMs: number;
   reclaimMs: number;
   durationMs: number;
@@ -203,7 +204,6 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
   const frozen = performance.now();
   let reclaim: PauseReport['reclaim'] = 'none';
   let note: string | undefined;
-  let pausedLimitBytes: number | undefined;
   try {
     if (opts.reclaim === false) {
       note = 'reclaim not requested';
@@ -231,11 +231,17 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
       // The limit's reclaim rounds give up on pages that are all on the active list (as after a
       // resume read everything back): page the processes out first, the limit takes the rest.
       await ops.pageout?.(id);
-      pausedLimitBytes = await lowerLimitV1(ops, dir, limitBytes);
+      try {
+        await lowerLimitV1(ops, dir, limitBytes);
+      } finally {
+        // Frozen, nothing brings the pages back: the limit goes back at once. A lowered limit
+        // held while paused would make their only other way back, a swapoff of the device
+        // they are on, call the OOM killer on the sandbox.
+        await ops.write(join(dir, 'memory.limit_in_bytes'), String(limitBytes));
+      }
     }
   } catch (err) {
     // Leave the sandbox as it was.
-    if (pausedLimitBytes !== undefined) await ops.write(join(dir, 'memory.limit_in_bytes'), String(limitBytes)).catch(() => undefined);
     ops.freeze(id, false);
     throw err instanceof WarrenError ? err : new WarrenError('CGROUP_ERROR', `reclaiming memory of ${id}: ${(err as Error).message}`);
   }
@@ -260,16 +266,15 @@ export async function pauseCgroup(id: string, limitBytes: number, opts: { reclai
     durationMs: round(performance.now() - started),
   };
   if (note !== undefined) report.note = note;
-  if (pausedLimitBytes !== undefined) report.pausedLimitBytes = pausedLimitBytes;
   return report;
 }
 
 /**
  * v1: ask for 1 MiB; when the kernel answers EBUSY (kernel memory, locked or
- * unswappable pages stay), settle a little above what is left. Returns the
- * limit now in force.
+ * unswappable pages stay), settle a little above what is left. The caller puts
+ * the limit back.
  */
-async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Promise<number> {
+async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Promise<void> {
   const file = join(dir, 'memory.limit_in_bytes');
   let target = MIB;
   let last = Number.MAX_SAFE_INTEGER;
@@ -278,7 +283,7 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
   for (let attempt = 0; attempt < 8; attempt++) {
     try {
       await ops.write(file, String(target));
-      return target;
+      return;
     } catch (err) {
       if (errnoOf(err) !== 'EBUSY') throw err;
     }
@@ -299,13 +304,11 @@ async function lowerLimitV1(ops: CgroupOps, dir: string, limitBytes: number): Pr
     }
     settle++;
     target = Math.ceil((usage + settle * MIB) / (64 * 1024)) * 64 * 1024;
-    if (target >= limitBytes) break;
+    if (target >= limitBytes) return;
   }
-  await ops.write(file, String(limitBytes));
-  return limitBytes;
 }
 
-/** Restore the memory limit and thaw. */
+/** Thaw (and restore a v1 limit that a pause of an earlier version left lowered). */
 export async function resumeCgroup(id: string, limitBytes: number, pausedLimitBytes: number | undefined, ops: CgroupOps = nativeCgroupOps, prefetch: PrefetchMode = prefetchMode()): Promise<ResumeReport> {
   check(id);
   const started = performance.now();
