@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, statSync, mkdtempSync, readFileSync, rmSync, wri
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap } from '../../src/shim/lifecycle/swap';
+import { waitFor } from '../helpers/wait';
 
 const MEMHOG_C = String.raw`
 #include <signal.h>
@@ -78,25 +79,24 @@ const SWAP_LOCK = '/run/warren-test-swap.lock';
  * are off. The lock is a directory (mkdir is atomic) naming its holder; a dead holder's is taken.
  */
 export async function withSwapLock<T>(fn: () => Promise<T>): Promise<T> {
-  const deadline = Date.now() + 15 * 60_000;
-  for (;;) {
+  const take = (): boolean => {
     try {
       mkdirSync(SWAP_LOCK);
       writeFileSync(join(SWAP_LOCK, 'pid'), String(process.pid));
-      break;
+      return true;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-      let holder = NaN;
-      try {
-        holder = Number(readFileSync(join(SWAP_LOCK, 'pid'), 'utf8'));
-      } catch {
-        /* being written or removed */
-      }
-      if (Number.isInteger(holder) && holder > 0 && !existsSync(`/proc/${holder}`)) rmSync(SWAP_LOCK, { recursive: true, force: true });
-      if (Date.now() > deadline) throw new Error(`${SWAP_LOCK} held for 15 minutes (pid ${holder})`);
-      await new Promise((r) => setTimeout(r, 100));
     }
-  }
+    let holder = NaN;
+    try {
+      holder = Number(readFileSync(join(SWAP_LOCK, 'pid'), 'utf8'));
+    } catch {
+      /* being written or removed */
+    }
+    if (Number.isInteger(holder) && holder > 0 && !existsSync(`/proc/${holder}`)) rmSync(SWAP_LOCK, { recursive: true, force: true });
+    return false;
+  };
+  await waitFor(take, 15 * 60_000, `${SWAP_LOCK} (held by another test process)`, 100);
   try {
     return await fn();
   } finally {
