@@ -11,15 +11,11 @@ import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
 import { type Account, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
 import type { Role } from '../validation';
-import { keys, nextRevision, parseJson, readPrefix, store } from './etcd';
+import { RecentMisses, keys, nextRevision, parseJson, readPrefix, store } from './etcd';
 
 export interface ClusterAccount extends Account {
   quota?: Quota;
 }
-
-/** How long a token etcd did not know is refused without asking again. */
-const MISS_TTL_MS = 1000;
-const MAX_MISSES = 10_000;
 
 export class ClusterAccounts {
   private readonly accounts = new Map<string, ClusterAccount>();
@@ -58,8 +54,8 @@ export class ClusterAccounts {
   /**
    * The caller's account. A token this gateway has not seen may have just been made through
    * another gateway (the watch lags behind it), so a miss is read from etcd before it is refused;
-   * misses are remembered for a moment, so a stream of bad tokens costs etcd one read each per
-   * {@link MISS_TTL_MS} at most, within a bounded table.
+   * misses are remembered for a second ({@link RecentMisses}), so a stream of bad tokens costs
+   * etcd one read each per second at most.
    */
   async require(token: string | undefined | null): Promise<Account> {
     if (token === undefined || token === null || token === '') throw new WarrenError('UNAUTHENTICATED', 'missing bearer token (Authorization: Bearer <token>)');
@@ -68,21 +64,14 @@ export class ClusterAccounts {
     return a;
   }
 
-  private readonly misses = new Map<string, number>();
+  private readonly misses = new RecentMisses();
 
   private async readToken(token: string): Promise<Account | null> {
     const hash = hashToken(token).toString('hex');
-    const now = Date.now();
-    const missed = this.misses.get(hash);
-    if (missed !== undefined && now - missed < MISS_TTL_MS) return null;
+    if (this.misses.has(hash)) return null;
     const id = await store('read token', () => this.etcd.get(keys.token(hash)).string());
-    const account = id === null ? null : await this.readAccount(id);
-    if (id === null || account === null) {
-      if (this.misses.size >= MAX_MISSES) {
-        for (const [h, at] of this.misses) if (now - at >= MISS_TTL_MS) this.misses.delete(h);
-        if (this.misses.size >= MAX_MISSES) this.misses.clear();
-      }
-      this.misses.set(hash, now);
+    if (id === null || (await this.readAccount(id)) === null) {
+      this.misses.add(hash);
       return null;
     }
     this.tokens.set(hash, id);
@@ -95,10 +84,6 @@ export class ClusterAccounts {
     const a = parseJson<ClusterAccount>(v);
     if (a) this.accounts.set(id, a);
     return a ?? null;
-  }
-
-  quota(id: string, fallback: Quota = UNLIMITED): Quota {
-    return this.accounts.get(id)?.quota ?? fallback;
   }
 
   /** The quota as etcd has it now (a quorum read): admissions do not act on a stale copy. */

@@ -112,6 +112,34 @@ export async function readPrefix(etcd: Etcd3, prefix: string): Promise<{ kvs: { 
   return { kvs: res.kvs.map((kv) => ({ key: kv.key.toString('utf8'), value: kv.value.toString('utf8') })), revision: res.header.revision };
 }
 
+/**
+ * Keys etcd did not have, remembered for `ttlMs` in a bounded table: a cache that reads etcd on a
+ * miss (its watch may lag behind another gateway's write) then costs etcd at most one read per
+ * key and period for names that do not exist.
+ */
+export class RecentMisses {
+  private readonly at = new Map<string, number>();
+
+  constructor(
+    private readonly ttlMs = 1000,
+    private readonly max = 10_000,
+  ) {}
+
+  has(key: string): boolean {
+    const t = this.at.get(key);
+    return t !== undefined && Date.now() - t < this.ttlMs;
+  }
+
+  add(key: string): void {
+    const now = Date.now();
+    if (this.at.size >= this.max) {
+      for (const [k, t] of this.at) if (now - t >= this.ttlMs) this.at.delete(k);
+      if (this.at.size >= this.max) this.at.clear();
+    }
+    this.at.set(key, now);
+  }
+}
+
 export function nextRevision(rev: string): string {
   return (BigInt(rev) + 1n).toString();
 }

@@ -31,7 +31,7 @@ import { warrenVersion } from '../gateway/server';
 import type { BackendName, ImageInfo, SandboxInfo } from '../shim/types';
 import { ClusterAccounts } from './accounts';
 import type { ClusterCredential } from './credential';
-import { type EtcdConfig, keys, nextRevision, openEtcd, parseJson, readPrefix, store } from './etcd';
+import { type EtcdConfig, RecentMisses, keys, nextRevision, openEtcd, parseJson, readPrefix, store } from './etcd';
 import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type PlacementAsk, type ShareRef, isTerminal, jobStatus, validateJobRequest, validatePlacementAsk } from './jobs';
 import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
 import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
@@ -58,9 +58,6 @@ export interface ClusterGateway {
 }
 
 const JSON_LIMIT = 1024 * 1024;
-
-const NODE_MISS_TTL_MS = 1000;
-const MAX_NODE_MISSES = 10_000;
 
 class Membership extends EventEmitter {
   readonly nodes = new Map<string, NodeRecord>();
@@ -122,24 +119,19 @@ class Membership extends EventEmitter {
     this.emit('change');
   }
 
-  private readonly misses = new Map<string, number>();
+  private readonly misses = new RecentMisses();
 
   /**
    * A node record as etcd has it now, for a node this copy does not know: it may have registered
-   * through a watch event still on its way. Misses are remembered for a second (bounded), so ids
+   * through a watch event still on its way. Misses are remembered ({@link RecentMisses}), so ids
    * naming nodes that do not exist cost etcd one read per node name and second at most.
    */
   async readNode(id: string): Promise<NodeRecord | undefined> {
-    const now = Date.now();
-    const missed = this.misses.get(id);
-    if (missed !== undefined && now - missed < NODE_MISS_TTL_MS) return undefined;
+    if (this.misses.has(id)) return undefined;
     const v = await store('read node', () => this.etcd.get(keys.node(id)).string());
     if (v !== null) this.putNode(v);
     const rec = this.nodes.get(id);
-    if (rec === undefined) {
-      if (this.misses.size >= MAX_NODE_MISSES) this.misses.clear();
-      this.misses.set(id, now);
-    }
+    if (rec === undefined) this.misses.add(id);
     return rec;
   }
 
@@ -154,8 +146,8 @@ class Membership extends EventEmitter {
   }
 
   /** Per node, the creates of this gateway its latest record does not count. */
-  placedSinceRecord(): Map<string, number> {
-    return new Map([...this.placedSince].map(([n, l]) => [n, l.length]));
+  *uncountedCreates(): Iterable<[string, number]> {
+    for (const [n, l] of this.placedSince) yield [n, l.length];
   }
 
   private putLost(key: string): void {
@@ -275,7 +267,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
   /** What the node records do not show yet: creates in flight and those done since each node's last record. */
   const reservedNow = (): Map<string, number> => {
     const r = new Map(inflight);
-    for (const [n, c] of members.placedSinceRecord()) r.set(n, (r.get(n) ?? 0) + c);
+    for (const [n, c] of members.uncountedCreates()) r.set(n, (r.get(n) ?? 0) + c);
     return r;
   };
 
@@ -675,7 +667,6 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       if (!m) throw new WarrenError('NOT_FOUND', `no WebSocket route ${url.pathname}`);
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
       const account = await accounts.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
-      if (socket.destroyed) return;
       const node = await routeNode(decodeURIComponent(m[1]!));
       if (socket.destroyed) return;
       const target = new URL(node.url);

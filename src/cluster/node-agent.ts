@@ -283,10 +283,7 @@ export class NodeAgent {
   admitOne(): (created: boolean) => void {
     this.admit();
     this.creating++;
-    let ended = false;
     return (created) => {
-      if (ended) return;
-      ended = true;
       this.creating--;
       if (created) this.createdOne();
     };

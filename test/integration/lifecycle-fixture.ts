@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ZramSwap } from '../../src/shim/lifecycle/swap';
 import { waitFor } from '../helpers/wait';
+import type { ShimFixture } from '../helpers/warren';
 
 const MEMHOG_C = String.raw`
 #include <signal.h>
@@ -68,6 +69,21 @@ export function memhogSkipReason(): string | null {
   } catch (err) {
     return `cannot build the memhog fixture with gcc -static: ${(err as Error).message.split('\n')[0]}`;
   }
+}
+
+type Shim = ShimFixture['shim'];
+
+/** Start `memhog MiB` in the sandbox, wait until its memory is filled; its pid. */
+export async function startMemhog(shim: Shim, id: string, mib: number): Promise<string> {
+  await shim.writeFile(id, '/bin/memhog', memhogBinary(), 0o755);
+  await shim.exec(id, { cmd: `(memhog ${mib} /tmp/hog 50 >/dev/null 2>&1 &)` });
+  await waitFor(async () => (await shim.exec(id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 20_000, 'memhog to fill its memory', 50);
+  return (await shim.exec(id, { cmd: 'pidof memhog' })).stdout.trim();
+}
+
+/** Have memhog re-read every page: "ok\n", or "bad N\n" with the pages that changed. */
+export async function memhogCheck(shim: Shim, id: string): Promise<string> {
+  return (await shim.exec(id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout;
 }
 
 const SWAP_LOCK = '/run/warren-test-swap.lock';

@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
 import { countHostResources, spec, withShim } from '../helpers/warren';
-import { memhogBinary, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
+import { memhogBinary, memhogCheck, memhogSkipReason, startMemhog, withZramSwap, zramSkipReason } from './lifecycle-fixture';
 import { testUnless } from '../helpers/skip';
 import { elapse, waitFor, waitForValue } from '../helpers/wait';
 
@@ -57,7 +57,7 @@ it(`pause releases the memory of a sandbox holding 200 MiB and resume restores i
       const count1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
       const count2 = await waitForValue(async () => Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout), (c) => c > count1, 5000, 'the counter to move after the resume', 50);
       t.true(count2 > count1, `the background counter keeps counting after resume (${count1} -> ${count2})`);
-      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n', 'all 200 MiB came back intact');
+      t.is(await memhogCheck(shim, sb.id), 'ok\n', 'all 200 MiB came back intact');
       t.is((await shim.readFile(sb.id, '/root/file', 100)).toString(), 'keep\n');
 
       await shim.pauseSandbox(sb.id);
@@ -81,10 +81,7 @@ it(`pausing again at once after a resume, its memory just read back and the pref
   await withZramSwap(1024, async () => {
     await withShim(t, async ({ shim }) => {
       const sb = await shim.createSandbox(spec({ memoryMb: 512 }));
-      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
-      await shim.exec(sb.id, { cmd: '(memhog 200 /tmp/hog 50 >/dev/null 2>&1 &)' });
-      await waitFor(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 20_000, 'memhog to fill its memory', 50);
-      const pid = (await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim();
+      const pid = await startMemhog(shim, sb.id, 200);
       t.regex(pid, /^\d+$/);
       for (let i = 0; i < 3; i++) {
         const p = await shim.pauseSandbox(sb.id);
@@ -92,7 +89,7 @@ it(`pausing again at once after a resume, its memory just read back and the pref
         await shim.resumeSandbox(sb.id); // its prefetch reads 200 MiB back in the background
       }
       t.is((await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim(), pid, 'memhog is still the same process');
-      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n');
+      t.is(await memhogCheck(shim, sb.id), 'ok\n');
       await shim.deleteSandbox(sb.id);
     });
   });
@@ -102,17 +99,14 @@ it(`swapping off the device that holds a paused sandbox's pages brings them back
   await withZramSwap(512, async (swap) => {
     await withShim(t, async ({ shim }) => {
       const sb = await shim.createSandbox(spec({ memoryMb: 256 }));
-      await shim.writeFile(sb.id, '/bin/memhog', memhogBinary(), 0o755);
-      await shim.exec(sb.id, { cmd: '(memhog 64 /tmp/hog 50 >/dev/null 2>&1 &)' });
-      await waitFor(async () => (await shim.exec(sb.id, { cmd: 'cat /tmp/hog 2>/dev/null' })).stdout === 'ready\n', 20_000, 'memhog to fill its memory', 50);
-      const pid = (await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim();
+      const pid = await startMemhog(shim, sb.id, 64);
       const p = await shim.pauseSandbox(sb.id);
       t.true(p.swapBytes !== null && p.swapBytes > 48 * MIB, JSON.stringify(p));
       // as another test, or an operator, would: the swap goes away while the sandbox is paused
       await swap.teardown();
       t.is(shim.getSandbox(sb.id).state, 'paused');
       t.is((await shim.exec(sb.id, { cmd: 'pidof memhog' })).stdout.trim(), pid, 'memhog is still the same process');
-      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n');
+      t.is(await memhogCheck(shim, sb.id), 'ok\n');
       await shim.deleteSandbox(sb.id);
     });
   });
@@ -163,7 +157,7 @@ it(`idle reclaim gives the cold memory of a running sandbox back, keeps it runni
       // still running: the counter moves, and every page of the hog comes back intact
       const c1 = Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout);
       await waitFor(async () => Number((await shim.exec(sb.id, { cmd: 'cat /tmp/count' })).stdout) > c1, 30_000, 'the counter to keep counting');
-      t.is((await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 })).stdout, 'ok\n', 'the cold pages came back intact');
+      t.is(await memhogCheck(shim, sb.id), 'ok\n', 'the cold pages came back intact');
       // that activity started a new idle period: it is reclaimed again once idle
       const second = await waitForValue(() => shim.getSandbox(sb.id).lifecycle?.coldReclaim, (r) => r !== undefined && r.at !== first!.at, 60_000, 'a second idle reclaim', 100);
       t.true(Date.parse(second!.at) > Date.parse(first!.at));

@@ -10,7 +10,7 @@ import { skipReason } from '../../src/features';
 import { native } from '../../src/native';
 import { prefetchDone } from '../../src/shim/lifecycle/memory';
 import { spec, withShim } from '../helpers/warren';
-import { memhogBinary, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
+import { memhogBinary, memhogCheck, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
 import { testUnless } from '../helpers/skip';
 import { waitForValue } from '../helpers/wait';
 
@@ -67,8 +67,7 @@ for (const mode of ['touch', 'willneed'] as const) {
             t.true(back.rss > 90 * MIB, `VmRSS ${(back.rss / MIB).toFixed(1)} MiB`);
             t.true(back.swap < 8 * MIB, `VmSwap ${(back.swap / MIB).toFixed(1)} MiB`);
           }
-          const check = await shim.exec(sb.id, { cmd: 'kill -USR1 $(pidof memhog); while ! grep -qE "ok|bad" /tmp/hog; do usleep 10000; done; cat /tmp/hog', timeoutMs: 60_000 });
-          t.is(check.stdout, 'ok\n', 'every page came back with its pattern');
+          t.is(await memhogCheck(shim, sb.id), 'ok\n', 'every page came back with its pattern');
           await shim.deleteSandbox(sb.id);
         } finally {
           delete process.env.WARREN_RESUME_PREFETCH;

@@ -89,31 +89,27 @@ export function prefetchDone(id: string): Promise<PrefetchReport> | undefined {
   return prefetches.get(id);
 }
 
-/**
- * Wait for the prefetch of the sandbox's last resume. Its reads charge the sandbox's memory
- * cgroup: running while a pause lowers the limit, they would fight the reclaim and could make the
- * kernel's OOM killer end a process of the sandbox.
- */
-async function settlePrefetch(id: string, ops: CgroupOps): Promise<void> {
-  if (ops === nativeCgroupOps) await prefetches.get(id);
-}
-
 /** Forget a sandbox's prefetch record (destroy). */
 export function forgetPrefetch(id: string): void {
   prefetches.delete(id);
 }
 
-/** Read the swapped-out memory of every process of cgroup `id` back. */
-export async function prefetchCgroup(id: string, mode: Exclude<PrefetchMode, 'off'>): Promise<PrefetchReport> {
-  const t0 = performance.now();
-  let pids: number[] = [];
+/** `fn` for every process of cgroup `id` at once; one that fails (it exited) gives `fallback`, a cgroup that is gone nothing. */
+async function eachProcess<T>(id: string, fn: (pid: number) => Promise<T>, fallback: T): Promise<T[]> {
+  let pids: number[];
   try {
     pids = native.cgroupProcs(id);
   } catch {
-    /* gone */
+    return [];
   }
-  const done = await Promise.all(pids.map((p) => native.prefetchAsync(p, mode).catch(() => ({ bytes: 0 }))));
-  return { mode, bytes: done.reduce((n, d) => n + d.bytes, 0), processes: pids.length, durationMs: round(performance.now() - t0) };
+  return Promise.all(pids.map((p) => fn(p).catch(() => fallback)));
+}
+
+/** Read the swapped-out memory of every process of cgroup `id` back. */
+export async function prefetchCgroup(id: string, mode: Exclude<PrefetchMode, 'off'>): Promise<PrefetchReport> {
+  const t0 = performance.now();
+  const done = await eachProcess(id, (p) => native.prefetchAsync(p, mode), { bytes: 0 });
+  return { mode, bytes: done.reduce((n, d) => n + d.bytes, 0), processes: done.length, durationMs: round(performance.now() - t0) };
 }
 
 /**
@@ -140,13 +136,7 @@ export const nativeCgroupOps: CgroupOps = {
   read: (path) => readFile(path, 'utf8'),
   swapTotal: () => swapTotalBytes(),
   pageout: async (id) => {
-    let pids: number[] = [];
-    try {
-      pids = native.cgroupProcs(id);
-    } catch {
-      return; // gone: the reclaim that follows says so
-    }
-    await Promise.all(pids.map((p) => native.pageoutAsync(p).catch(() => undefined)));
+    await eachProcess(id, (p) => native.pageoutAsync(p), { bytes: 0 });
   },
 };
 
@@ -196,7 +186,9 @@ function errnoOf(err: unknown): string | undefined {
 export async function pauseCgroup(id: string, limitBytes: number, opts: { reclaim?: boolean; ops?: CgroupOps } = {}): Promise<PauseReport> {
   check(id);
   const ops = opts.ops ?? nativeCgroupOps;
-  await settlePrefetch(id, ops);
+  // The prefetch of the last resume charges the sandbox's cgroup as it reads: running on while the
+  // limit is lowered, it would fight the reclaim and could make the OOM killer end a process.
+  await prefetches.get(id);
   const started = performance.now();
   const { version, dir } = memoryDir(ops, id);
   const before = ops.memoryCurrent(id);
@@ -358,7 +350,7 @@ export function coldBytesFromStat(stat: string, version: 1 | 2): { anon: number;
  */
 export async function reclaimColdCgroup(id: string, limitBytes: number, ops: CgroupOps = nativeCgroupOps): Promise<ColdReclaimReport> {
   check(id);
-  await settlePrefetch(id, ops);
+  await prefetches.get(id); // as in pauseCgroup
   const started = performance.now();
   const { version, dir } = memoryDir(ops, id);
   const before = ops.memoryCurrent(id);

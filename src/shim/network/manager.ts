@@ -124,9 +124,7 @@ export class NetworkManager {
     this.special = new SpecialAddresses({
       subnet: this.host.subnet,
       deniedRanges: () => this.opts.policy().deniedRanges,
-      onChange: () => {
-        if (this.started) this.syncDenyRanges();
-      },
+      onChange: () => this.syncDenyRanges(),
     });
     this.dns = new DnsResponder({
       listen: [{ address: this.host.gatewayAddress, port: 53 }],
@@ -169,7 +167,6 @@ export class NetworkManager {
       throw err;
     }
     this.started = true;
-    this.syncDenyRanges(); // a change read while starting is not lost
     this.timers.push(setInterval(() => this.pollDenials(), 100).unref());
     this.timers.push(setInterval(() => this.egress.sweep(), 30_000).unref());
     // the host's addresses change (interfaces come and go): keep the programs' deny trie current
