@@ -24,6 +24,7 @@ import { join } from 'node:path';
 import type { Etcd3 } from 'etcd3';
 import { WarrenError, asWarrenError } from '../errors';
 import { BUNDLED_POLICY_DIR, policyStore } from '../security/confinement';
+import type { ShimNode } from '../shim/node';
 import type { BackendName, Principal, SandboxInfo, SandboxSpec, Shim } from '../shim/types';
 import type { ClusterCredential } from './credential';
 import { keys, nextRevision, parseJson, readPrefix } from './etcd';
@@ -32,7 +33,7 @@ import type { NodeRecord, Pool } from './placement';
 export interface NodeAgentOptions {
   etcd: Etcd3;
   credential: ClusterCredential;
-  shim: Shim;
+  shim: ShimNode;
   /** The node's API as gateways reach it. */
   url: string;
   dataDir: string;

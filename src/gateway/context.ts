@@ -35,11 +35,11 @@ export function sandboxNotFound(id: string): WarrenError {
 }
 
 /** The sandbox `rawId` if `account` may see it; SANDBOX_NOT_FOUND otherwise (same answer whether it exists or not). */
-export function sandboxFor(ctx: GatewayContext, account: Account, rawId: unknown): SandboxInfo {
+export async function sandboxFor(ctx: GatewayContext, account: Account, rawId: unknown): Promise<SandboxInfo> {
   const id = validateSandboxId(rawId);
   let info: SandboxInfo;
   try {
-    info = ctx.shim.getSandbox(id);
+    info = await ctx.shim.getSandbox(id);
   } catch (err) {
     if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'NOT_FOUND')) throw sandboxNotFound(id);
     throw err;
@@ -59,15 +59,15 @@ export async function raceSafe<T>(ctx: GatewayContext, id: string, fn: () => Pro
   try {
     return await fn();
   } catch (err) {
-    throw raceError(ctx, id, err) ?? err;
+    throw (await raceError(ctx, id, err)) ?? err;
   }
 }
 
-function raceError(ctx: GatewayContext, id: string, err: unknown): WarrenError | null {
+async function raceError(ctx: GatewayContext, id: string, err: unknown): Promise<WarrenError | null> {
   if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'SANDBOX_NOT_RUNNING' || err.status < 500)) return null;
   let state: string;
   try {
-    state = ctx.shim.getSandbox(id).state;
+    state = (await ctx.shim.getSandbox(id)).state;
   } catch {
     return sandboxNotFound(id);
   }

@@ -275,10 +275,12 @@ export class IdempotencyStore {
   }
 
   /** Remove expired keys and keys of sandboxes that no longer exist; returns how many went. */
-  gc(sandboxExists: (id: string) => boolean): number {
+  async gc(sandboxExists: (id: string) => Promise<boolean>): Promise<number> {
     let removed = this.expireStmt.run(this.now()).changes;
+    // One sandbox at a time, each asked after its keys were seen: a sandbox found gone never
+    // comes back (ids are not reused), so keys written meanwhile are never dropped by mistake.
     for (const { sandbox } of this.sandboxesStmt.all() as Array<{ sandbox: string }>) {
-      if (!sandboxExists(sandbox)) removed += this.dropSandboxStmt.run(sandbox).changes;
+      if (!(await sandboxExists(sandbox))) removed += this.dropSandboxStmt.run(sandbox).changes;
     }
     return removed;
   }

@@ -114,7 +114,7 @@ export async function idempotentExec(
   const scope: IdempotencyScope = { account: account.id, sandbox: sandboxId, key };
   // The hash covers what the command is, not how the answer is presented (JSON or NDJSON, utf8 or base64).
   const hash = bodyHash(execReq);
-  const unsupervised = ctx.shim.supervisedReason(sandboxId);
+  const unsupervised = await ctx.shim.supervisedReason(sandboxId);
   for (let attempt = 0; ; attempt++) {
     const run = randomBytes(8).toString('hex');
     const begun = idem.store.begin(scope, 'exec', hash, unsupervised === null ? { run } : { unsupervised });
@@ -256,29 +256,31 @@ export function followElsewhere(ctx: GatewayContext, idem: IdempotencyContext, r
   const run = rec.meta.run as string;
   const sandbox = rec.scope.sandbox;
   const lost = (why: string) => idem.store.fail(rec.scope, { code: 'IDEMPOTENCY_INTERRUPTED', message: why }, 'interrupted');
-  let live: LiveExec | null;
-  try {
-    live = ctx.shim.followSupervised(sandbox, run);
-  } catch {
-    live = null;
-  }
-  if (live === null) {
-    lost('the gateway that ran this request ended while it was running, and its run left nothing to follow (its sandbox was stopped or deleted); its outcome is unknown and it is not run again under this key');
-    return;
-  }
-  const cap = idem.store.maxStoredOutputBytes;
-  const out = new BoundedBytes(cap);
-  const err = new BoundedBytes(cap);
-  live.stdout.on('data', (c: Buffer) => out.push(c));
-  live.stderr.on('data', (c: Buffer) => err.push(c));
-  const ended = (s: NodeJS.ReadableStream) => new Promise<void>((r) => {
-    s.once('end', r);
-    s.once('close', r);
-  });
-  const run$ = live;
+  // In `inflight` from the start (before the node answers): a retry of this key waits for it.
   const done = (async () => {
+    let live: LiveExec | null;
     try {
-      const [, , outcome] = await Promise.all([ended(run$.stdout), ended(run$.stderr), run$.done]);
+      live = await ctx.shim.followSupervised(sandbox, run);
+    } catch {
+      live = null;
+    }
+    if (live === null) {
+      lost('the gateway that ran this request ended while it was running, and its run left nothing to follow (its sandbox was stopped or deleted); its outcome is unknown and it is not run again under this key');
+      idem.inflight.delete(id);
+      return;
+    }
+    const cap = idem.store.maxStoredOutputBytes;
+    const out = new BoundedBytes(cap);
+    const err = new BoundedBytes(cap);
+    live.stdout.on('data', (c: Buffer) => out.push(c));
+    live.stderr.on('data', (c: Buffer) => err.push(c));
+    const ended = (s: NodeJS.ReadableStream) =>
+      new Promise<void>((r) => {
+        s.once('end', r);
+        s.once('close', r);
+      });
+    try {
+      const [, , outcome] = await Promise.all([ended(live.stdout), ended(live.stderr), live.done]);
       idem.store.finish(rec.scope, outcomeOf(outcome), out.bytes(), err.bytes(), out.total, err.total);
     } catch (e) {
       lost(asWarrenError(e).message);

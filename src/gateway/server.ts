@@ -30,9 +30,9 @@ import { IDEMPOTENCY_DEFAULTS, type IdempotencyOptions, IdempotencyStore } from 
 import { type IdempotencyContext, followElsewhere } from './idempotent-exec';
 
 /** Whether the node still knows sandbox `id` (any state): its idempotency keys are kept until it is gone. */
-function sandboxExists(ctx: GatewayContext, id: string): boolean {
+async function sandboxExists(ctx: GatewayContext, id: string): Promise<boolean> {
   try {
-    ctx.shim.getSandbox(id);
+    await ctx.shim.getSandbox(id);
     return true;
   } catch (err) {
     if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'NOT_FOUND')) return false;
@@ -115,15 +115,22 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     followed.set(rec.scope.sandbox, runs);
   }
   // Runs nobody will ask for (their key went, a crash before it was written) are removed once ended.
-  for (const sb of opts.shim.listSandboxes()) {
-    void opts.shim.sweepSupervised(sb.id, followed.get(sb.id) ?? new Set()).catch((err: Error) => log(`idempotency: sweeping supervised execs of ${sb.id} failed: ${err.message}`));
-  }
+  void opts.shim
+    .listSandboxes()
+    .then((list) => {
+      for (const sb of list) {
+        void opts.shim.sweepSupervised(sb.id, followed.get(sb.id) ?? new Set()).catch((err: Error) => log(`idempotency: sweeping supervised execs of ${sb.id} failed: ${err.message}`));
+      }
+    })
+    .catch((err: Error) => log(`idempotency: listing sandboxes to sweep failed: ${err.message}`));
+  let collecting = false;
   const collectKeys = () => {
-    try {
-      idem.store.gc((id) => sandboxExists(ctx, id));
-    } catch (err) {
-      log(`idempotency: garbage collection failed: ${(err as Error).message}`);
-    }
+    if (collecting) return;
+    collecting = true;
+    idem.store
+      .gc((id) => sandboxExists(ctx, id))
+      .catch((err: Error) => log(`idempotency: garbage collection failed: ${err.message}`))
+      .finally(() => (collecting = false));
   };
   collectKeys();
   const gcTimer = setInterval(collectKeys, Math.max(1000, Math.min(IDEMPOTENCY_DEFAULTS.gcIntervalMs, idem.store.windowMs)));

@@ -8,10 +8,11 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openDatabase } from '../state/db';
 import { WarrenError } from '../errors';
-import { type NetworkConfig, openShim } from '../shim/node';
+import { type NetworkConfig, type ShimNode, openShim } from '../shim/node';
 import { feature } from '../features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
-import type { ImportProgress, Shim } from '../shim/types';
+import { LocalShim } from '../shim/local';
+import type { ImportProgress } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
 import { raiseHostLimits } from '../shim/host-tunables';
@@ -86,7 +87,7 @@ export interface Warren {
 export async function startWarren(opts: StartOptions): Promise<Warren> {
   mkdirSync(opts.dataDir, { recursive: true, mode: 0o700 });
   const db = openDatabase(join(opts.dataDir, 'warren.db'));
-  let shim: Shim | null = null;
+  let shim: ShimNode | null = null;
   let telemetry: Telemetry | null = null;
   try {
     // Create the admin token before the (possibly long) default image build, so
@@ -126,11 +127,11 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
     let agent: NodeAgent | null = null;
     const served = opts.cluster
-      ? admissionShim(shim, () => {
+      ? admissionShim(new LocalShim(shim), () => {
           if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
           return agent.admitOne();
         })
-      : shim;
+      : new LocalShim(shim);
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
     if (credential) gatewayOpts.auth = new ClusterNodeAuth(db, credential);
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;

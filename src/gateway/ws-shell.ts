@@ -677,7 +677,7 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
         throw new WarrenError('INVALID_ARGUMENT', `the bearer.<token> subprotocol must be offered together with ${SHELL_SUBPROTOCOL}`);
       }
       const account = ctx.auth.require(headerToken ?? proto.token);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const q = validateShellQuery(new URLSearchParams(req.path_query));
 
       let att: SessionAttachment;

@@ -59,7 +59,7 @@ import type {
   SessionAttachment,
   CommandResult,
   SessionInfo,
-  Shim,
+  ImportImageRequest,
 } from './types';
 
 export interface ShimOptions {
@@ -109,13 +109,13 @@ function newSandboxId(nodeId: string): string {
   return `${nodeId}-${randomBytes(8).toString('hex')}`;
 }
 
-export async function openShim(opts: ShimOptions): Promise<Shim> {
+export async function openShim(opts: ShimOptions): Promise<ShimNode> {
   const node = new ShimNode(opts);
   await node.start();
   return node;
 }
 
-export class ShimNode implements Shim {
+export class ShimNode {
   readonly nodeId: string;
   private readonly registry: SandboxRegistry;
   readonly layers: LayerStore;
@@ -889,7 +889,7 @@ export class ShimNode implements Shim {
     return principal === undefined ? all : this.access.images(principal, all);
   }
 
-  async importImage(req: Parameters<Shim['importImage']>[0], onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
+  async importImage(req: ImportImageRequest, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
     const { source } = req;
     switch (source.type) {
       case 'directory':

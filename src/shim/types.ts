@@ -2,9 +2,11 @@
  * The node-side (shim) contract. The gateway only talks to a `Shim`; on one
  * machine both live in one process, but nothing here assumes it.
  */
-import type { Readable, Writable } from 'node:stream';
+import type { Duplex, Readable, Writable } from 'node:stream';
 import type { Principal } from './access';
-import type { FnCallManager } from './fncall/manager';
+import type { LanguagesInfo } from './fncall/manager';
+import type { RunCodeRequest, RunJupyterRequest, RunJupyterResponse } from './fncall/sandboxfusion';
+import type { InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, PoolStats } from './fncall/types';
 
 export type { Principal } from './access';
 
@@ -596,12 +598,18 @@ export interface FeatureReport {
   capacity?: Record<string, unknown>;
 }
 
-/** What the gateway calls. One per node. */
+/**
+ * What the gateway calls: the contract between a gateway and one node. Every
+ * method is asynchronous and every argument and answer is data (or a stream
+ * described by the types above), so the same contract is served in-process
+ * (LocalShim, the embedded default) and across machines (src/shim/remote:
+ * docs/shim-protocol.md). A gateway holds nothing else of a node.
+ */
 export interface Shim {
   readonly nodeId: string;
-  features(): FeatureReport;
-  /** FnCall warm pools (src/shim/fncall); absent on nodes without them. */
-  readonly functions?: FnCallManager;
+  features(): Promise<FeatureReport>;
+  /** FnCall pools (src/shim/fncall); absent on nodes without them. */
+  readonly functions?: FnCallApi;
 
   /**
    * `principal`: the account asking; every image, workspace and toolkit
@@ -610,26 +618,26 @@ export interface Shim {
    * anything.
    */
   createSandbox(spec: SandboxSpec, principal?: Principal): Promise<SandboxInfo>;
-  getSandbox(id: string): SandboxInfo;
-  listSandboxes(filter?: { owner?: string; labels?: Record<string, string> }): SandboxInfo[];
+  getSandbox(id: string): Promise<SandboxInfo>;
+  listSandboxes(filter?: SandboxFilter): Promise<SandboxInfo[]>;
   /** One page in id order after the cursor `after`; `next` names the next page's cursor. */
-  listSandboxesPage(filter: { owner?: string; labels?: Record<string, string> }, page: { limit: number; after?: string }): { sandboxes: SandboxInfo[]; next?: string };
+  listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string }>;
   /** Sandboxes, cpu and memory an account's live sandboxes hold (quota checks). */
-  sandboxUsage(owner: string): { sandboxes: number; cpu: number; memoryMb: number };
+  sandboxUsage(owner: string): Promise<SandboxUsage>;
   deleteSandbox(id: string): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
-  /** exec with the output kept by the node in bounded memory (the gateway streams it out). */
+  /** exec with the output kept in bounded memory (the gateway streams it out). */
   execCaptured(id: string, req: ExecRequest): Promise<CapturedExec>;
   /** exec with the output read as it comes (streamed answers). */
   execLive(id: string, req: ExecRequest): Promise<LiveExec>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
   /** Why sandbox `id` cannot run execs that outlive the gateway process (null: it can). */
-  supervisedReason(id: string): string | null;
+  supervisedReason(id: string): Promise<string | null>;
   /** exec under a supervisor process of its own (run `runId`), followed from here. */
   execSupervised(id: string, req: ExecRequest, runId: string): Promise<LiveExec>;
   /** Follow a supervised run (of this gateway process or an earlier one); null when it has no files. */
-  followSupervised(id: string, runId: string): LiveExec | null;
+  followSupervised(id: string, runId: string): Promise<LiveExec | null>;
   dropSupervised(id: string, runId: string): Promise<void>;
   /** Remove sandbox `id`'s supervised runs not in `keep` that have ended. */
   sweepSupervised(id: string, keep: ReadonlySet<string>): Promise<number>;
@@ -640,10 +648,10 @@ export interface Shim {
   // computer use (vm backend): NOT_SUPPORTED for sandboxes without a screen
   screenshot?(id: string, opts?: { width?: number }): Promise<{ png: Buffer; width: number; height: number }>;
   sendInput?(id: string, actions: unknown): Promise<{ actions: number; events: number }>;
-  openVnc?(id: string): Promise<import('node:net').Socket>;
+  openVnc?(id: string): Promise<Duplex>;
   /** Extract a tar stream into `dir` inside the sandbox; entries escaping `dir` are refused before anything is written. */
   uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }>;
-  downloadTar(id: string, path: string): Promise<import('node:stream').Readable>;
+  downloadTar(id: string, path: string): Promise<Readable>;
 
   openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment>;
   attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment>;
@@ -659,37 +667,88 @@ export interface Shim {
   /** Checkpoint to disk with CRIU (NOT_SUPPORTED where the criu probe fails). */
   hibernateSandbox(id: string): Promise<PauseResult>;
   /** Move the hard maximum: `seconds` past the current expiry, or `ttlSeconds` from now. */
-  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): SandboxInfo;
+  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): Promise<SandboxInfo>;
   packSandbox(id: string, req: PackRequest, owner: string): Promise<PackResult>;
   /** A packed environment by image name or digest, or null for images that are not packed environments. */
-  environment(ref: string, principal?: Principal): EnvironmentInfo | null;
+  environment(ref: string, principal?: Principal): Promise<EnvironmentInfo | null>;
   /** With a principal: only what it may use (the same check as createSandbox's). */
-  listEnvironments(principal?: Principal): EnvironmentInfo[];
-  /** Throws (FORBIDDEN, or not found for digests) unless `principal` may use every reference. */
-  authorizeContent(principal: Principal, refs: { image?: string; workspaces?: readonly string[]; toolkits?: readonly string[]; backend?: string }): void;
-  publishEnvironment(name: string, published: boolean): EnvironmentInfo;
+  listEnvironments(principal?: Principal): Promise<EnvironmentInfo[]>;
+  /** Rejects (FORBIDDEN, or not found for digests) unless `principal` may use every reference. */
+  authorizeContent(principal: Principal, refs: ContentRefs): Promise<void>;
+  publishEnvironment(name: string, published: boolean): Promise<EnvironmentInfo>;
 
   // per-service egress
   /** Enable (true) or disable (false) services of a running sandbox; atomic in the kernel. */
   updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo>;
-  networkInfo(id: string): SandboxNetworkInfo;
+  networkInfo(id: string): Promise<SandboxNetworkInfo>;
   /** Cgroup counters of a running or paused sandbox (null otherwise); optional for shims that cannot read them. */
   sandboxStats?(id: string): Promise<SandboxStats | null>;
 
   /** With a principal: only the images it may use. */
-  listImages(principal?: Principal): ImageInfo[];
-  importImage(
-    req: {
-      name: string;
-      kind?: ImageInfo['kind'];
-      source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } | { type: 'registry'; ref: string; mode?: 'lazy' | 'eager' };
-    },
-    onProgress?: (p: ImportProgress) => void,
-  ): Promise<ImageInfo>;
+  listImages(principal?: Principal): Promise<ImageInfo[]>;
+  /** `source.path`: a path on the node's own file system (the node's operator imports from it). */
+  importImage(req: ImportImageRequest, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo>;
   /** Push an image to an OCI registry (host[:port]/repo[:tag]) as a Warren image artifact (docs/images.md). */
   pushImage?(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult>;
   /** Stage an image into an overflow pool's registry repository (host[:port]/repo). */
   stageImage?(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult>;
+  /** Which layers the node holds and how (all, or those of `digests`). */
+  layerStates?(digests?: string[]): Promise<LayerState[]>;
 
   close(): Promise<void>;
+}
+
+export interface LayerState {
+  digest: string;
+  /** local: whole on disk; lazy: fetched on read from its registry; absent. */
+  state: 'local' | 'lazy' | 'absent';
+  mounted: boolean;
+}
+
+export interface SandboxFilter {
+  owner?: string;
+  labels?: Record<string, string>;
+}
+
+export interface SandboxUsage {
+  sandboxes: number;
+  cpu: number;
+  memoryMb: number;
+}
+
+export interface ContentRefs {
+  image?: string;
+  workspaces?: readonly string[];
+  toolkits?: readonly string[];
+  backend?: string;
+}
+
+export interface ImportImageRequest {
+  name: string;
+  kind?: ImageInfo['kind'];
+  source: { type: 'directory' | 'oci-archive'; path: string } | { type: 'debootstrap'; suite?: string; include?: string[] } | { type: 'registry'; ref: string; mode?: 'lazy' | 'eager' };
+}
+
+/**
+ * FnCall on the contract: pools, invocations and the SandboxFusion calls. The
+ * node validates limits against the pool's policy (LIMIT_OUT_OF_RANGE before
+ * anything runs) and admits per account (RESOURCE_EXHAUSTED with retryAfterS).
+ */
+export interface FnCallApi {
+  /** Whether /run_code and /run_jupyter may be called without a token on this node. */
+  anonymousRunCode(): Promise<boolean>;
+  listPools(): Promise<PoolStats[]>;
+  /** `wait`: answer once the pool's minimum is warm. The principal must be allowed the pool's content. */
+  createPool(body: unknown, principal: Principal, opts?: { wait?: boolean }): Promise<PoolStats>;
+  poolStats(name: string): Promise<PoolStats>;
+  deletePool(name: string): Promise<void>;
+  invoke(pool: string, account: string, req: InvokeRequest): Promise<InvokeResult>;
+  judge(pool: string, account: string, req: JudgeRequest): Promise<JudgeResult>;
+  batch(pool: string, account: string, reqs: InvokeRequest[], concurrency?: number): Promise<Array<InvokeResult | { error: { code: string; message: string } }>>;
+  /** POST /run_code: the pool that carries the language, the request fitted to its policy. */
+  runCode(account: string, req: RunCodeRequest): Promise<InvokeResult>;
+  runJupyter(account: string, req: RunJupyterRequest): Promise<RunJupyterResponse>;
+  languages(): Promise<LanguagesInfo>;
+  /** Build (or find cached) a toolkit layer; rejects when it cannot be built here. */
+  ensureToolkit(name: string): Promise<void>;
 }

@@ -13,7 +13,7 @@ const MiB = 1024 * 1024;
 const PLACES = ['/root/fill', '/dev/shm/fill', '/dev/fill', '/tmp/fill', '/work/fill', '/fill'];
 
 /** Fill `path` until the disk says no; returns the bytes it holds. */
-async function fill(shim: import('../../src/shim/types').Shim, id: string, path: string): Promise<number> {
+async function fill(shim: import('../../src/shim/node').ShimNode, id: string, path: string): Promise<number> {
   const r = await shim.exec(id, { cmd: `dd if=/dev/zero of=${path} bs=1048576 count=128 2>/dev/null; wc -c < ${path} 2>/dev/null || echo 0` });
   return Number(r.stdout.trim());
 }

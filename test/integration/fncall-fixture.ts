@@ -13,6 +13,7 @@ import { type Gateway, createGateway } from '../../src/gateway/server';
 import { WarrenClient } from '../../src/sdk';
 import type { PoolOptions } from '../../src/sdk/functions';
 import type { ShimNode } from '../../src/shim/node';
+import { bindShim } from '../helpers/shim-binding';
 import { openDatabase } from '../../src/state/db';
 import { openTestShim } from '../helpers/warren';
 
@@ -39,7 +40,8 @@ export async function openFnFixture(): Promise<FnFixture> {
   const db = openDatabase(join(dataDir, 'warren.db'));
   const auth = new Auth(db);
   const adminToken = auth.ensureAdminToken(dataDir)!;
-  const gateway = await createGateway({ shim, db, dataDir, host: '127.0.0.1', port: 0, log: (l) => logs.push(`[gateway] ${l}`) });
+  const bound = await bindShim(shim);
+  const gateway = await createGateway({ shim: bound.shim, db, dataDir, host: '127.0.0.1', port: 0, log: (l) => logs.push(`[gateway] ${l}`) });
   const admin = new WarrenClient({ url: gateway.url, token: adminToken, connections: 128 });
   return {
     shim,
@@ -56,6 +58,7 @@ export async function openFnFixture(): Promise<FnFixture> {
     async close() {
       await admin.close().catch(() => undefined);
       await gateway.close();
+      await bound.close();
       await shim.close();
       shim.layers.unmountUnused();
       db.close();

@@ -15,7 +15,8 @@ import { containerBackendStatus } from '../../src/features';
 import { Auth, type Role } from '../../src/gateway/auth';
 import { type Gateway, createGateway } from '../../src/gateway/server';
 import { WarrenClient } from '../../src/sdk';
-import type { Shim } from '../../src/shim/types';
+import type { ShimNode } from '../../src/shim/node';
+import { type BoundShim, bindShim } from '../helpers/shim-binding';
 import { openDatabase } from '../../src/state/db';
 import { openTestShim, rootSkipReason } from '../helpers/warren';
 
@@ -24,7 +25,7 @@ export interface GatewayFixture {
   url: string;
   adminToken: string;
   admin: WarrenClient;
-  shim: Shim;
+  shim: ShimNode;
   dataDir: string;
   /** A fresh account with its own client. */
   account(role?: Role): { id: string; token: string; client: WarrenClient };
@@ -63,12 +64,14 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
   const adminToken = auth.ensureAdminToken(dataDir)!;
   const clients: WarrenClient[] = [];
   let gateway: Gateway | null = null;
+  let bound: BoundShim | null = null;
   try {
+    bound = await bindShim(shim);
     const log = (l: string) => {
       t.log(`[gateway] ${l}`);
       opts.onLog?.(l);
     };
-    const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir, host: '127.0.0.1', port: 0, log };
+    const gwOpts: Parameters<typeof createGateway>[0] = { shim: bound.shim, db, dataDir, host: '127.0.0.1', port: 0, log };
     if (opts.uploadLimitBytes !== undefined) gwOpts.uploadLimitBytes = opts.uploadLimitBytes;
     if (opts.allowedOrigins !== undefined) gwOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.shell !== undefined) gwOpts.shell = opts.shell;
@@ -96,6 +99,7 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
     for (const s of alive) await shim.deleteSandbox(s.id).catch((e) => t.log(`delete ${s.id}: ${e}`));
     for (const c of clients) await c.close().catch(() => undefined);
     if (gateway) await gateway.close();
+    await bound?.close();
     await shim.close();
     (shim as { layers?: { unmountUnused?: () => void } }).layers?.unmountUnused?.();
     db.close();

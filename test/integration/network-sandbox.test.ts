@@ -326,7 +326,8 @@ t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
   const db = openDatabase(join(dataDir, 'warren.db'));
   const auth = new Auth(db);
   const token = auth.ensureAdminToken(dataDir) ?? require('node:fs').readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
-  const gateway = await createGateway({ shim, db, dataDir, host: '127.0.0.1', port: 0 });
+  const { LocalShim } = await import('../../src/shim/local');
+  const gateway = await createGateway({ shim: new LocalShim(shim), db, dataDir, host: '127.0.0.1', port: 0 });
   const client = new WarrenClient({ url: gateway.url, token });
   try {
     const sb = await client.createSandbox({ image: 'judge', network: { pypi: true }, memoryMb: 512 });

@@ -15,6 +15,7 @@ import { Auth } from '../../src/gateway/auth';
 import { type Gateway, createGateway } from '../../src/gateway/server';
 import { WarrenClient, type Sandbox } from '../../src/sdk';
 import { VmBackend } from '../../src/shim/backends/vm';
+import { LocalShim } from '../../src/shim/local';
 import { desktopImage } from '../../src/shim/backends/vm/image';
 import { native } from '../../src/native';
 import { openDatabase } from '../../src/state/db';
@@ -64,7 +65,7 @@ test.before(async (t) => {
   f = await openTestShim();
   const db = openDatabase(join(f.dataDir, 'warren.db'));
   token = new Auth(db).ensureAdminToken(f.dataDir)!;
-  gateway = await createGateway({ shim: f.shim, db, dataDir: f.dataDir, host: '127.0.0.1', port: 0, log: () => undefined });
+  gateway = await createGateway({ shim: new LocalShim(f.shim), db, dataDir: f.dataDir, host: '127.0.0.1', port: 0, log: () => undefined });
   client = new WarrenClient({ url: gateway.url, token });
   box = await client.createSandbox({ backend: 'vm', cpu: 2, memoryMb: 512, diskMb: 1024 });
 });

@@ -73,7 +73,7 @@ test('the window: a key is remembered until it expires, then a request runs agai
   t.true(store.begin(scope('k'), 'exec', bodyHash({ cmd: 'y' })).first);
 });
 
-test('gc removes expired keys and keys of sandboxes that are gone', (t) => {
+test('gc removes expired keys and keys of sandboxes that are gone', async (t) => {
   const { store, clock } = clockedStore({ windowMs: 1000 });
   const h = bodyHash({});
   store.begin(scope('old'), 'exec', h);
@@ -82,7 +82,7 @@ test('gc removes expired keys and keys of sandboxes that are gone', (t) => {
   store.begin(scope('other', 'sb-gone'), 'exec', h);
   t.is(store.size, 3);
   clock.now += 600;
-  t.is(store.gc((id) => id !== 'sb-gone'), 2);
+  t.is(await store.gc(async (id) => id !== 'sb-gone'), 2);
   t.is(store.size, 1);
   t.truthy(store.get(scope('young')));
   store.dropSandbox('sb-1');

@@ -18,7 +18,7 @@ import { randomBytes } from 'node:crypto';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
 import { policyStore } from '../../security/confinement';
-import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
+import { JUDGE_IMAGE } from '../../shim/fncall/manager';
 import { toolkitLayerName } from '../../shim/fncall/toolkits';
 import type { SandboxInfo, SandboxSpec } from '../../shim/types';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
@@ -155,11 +155,11 @@ export class Control {
   ) {}
 
   /** Re-arm pause timers after a restart; forget records of sandboxes that are gone. */
-  start(): void {
+  async start(): Promise<void> {
     for (const rec of this.plane.state.all()) {
       let info: SandboxInfo;
       try {
-        info = this.plane.ctx.shim.getSandbox(rec.id);
+        info = await this.plane.ctx.shim.getSandbox(rec.id);
       } catch {
         this.plane.state.remove(rec.id);
         continue;
@@ -200,10 +200,10 @@ export class Control {
   }
 
   /** The caller's sandbox in a state E2B knows (running or paused); 404 otherwise. */
-  private sandbox(account: Account, id: unknown): SandboxInfo {
+  private async sandbox(account: Account, id: unknown): Promise<SandboxInfo> {
     let info: SandboxInfo;
     try {
-      info = sandboxFor(this.plane.ctx, account, id);
+      info = await sandboxFor(this.plane.ctx, account, id);
     } catch (err) {
       if (err instanceof WarrenError && err.code === 'INVALID_ID') throw new E2bError(404, `sandbox ${JSON.stringify(String(id)).slice(0, 80)} not found`);
       throw err;
@@ -252,7 +252,7 @@ export class Control {
     };
   }
 
-  private template(account: Account, raw: unknown): { image: string; template: string } {
+  private async template(account: Account, raw: unknown): Promise<{ image: string; template: string }> {
     const template = raw === undefined || raw === null ? 'base' : raw;
     if (typeof template !== 'string' || template === '') throw new E2bError(400, 'templateID must be a non-empty string');
     if (DEFAULT_TEMPLATES.includes(template)) return { image: 'default', template };
@@ -261,7 +261,7 @@ export class Control {
     const known =
       IMAGE_REF_RE.test(template) &&
       !template.includes('..') &&
-      (this.plane.ctx.shim.listImages(principal).some((i) => i.name === template || i.digest === template) || this.plane.ctx.shim.environment(template, principal) !== null);
+      ((await this.plane.ctx.shim.listImages(principal)).some((i) => i.name === template || i.digest === template) || (await this.plane.ctx.shim.environment(template, principal)) !== null);
     if (!known) throw new E2bError(404, `template ${JSON.stringify(template.slice(0, 128))} not found (templates are this node's images and environments; "base" is the default image)`);
     return { image: template, template };
   }
@@ -272,7 +272,7 @@ export class Control {
    * standard-library fallback) where this node has no FnCall or the toolkit cannot be built.
    */
   private async interpreterToolkits(): Promise<string[] | null> {
-    const fn = (this.plane.ctx.shim as unknown as { functions?: FnCallManager }).functions;
+    const fn = this.plane.ctx.shim.functions;
     if (fn === undefined) return null;
     try {
       await fn.ensureToolkit('python');
@@ -284,7 +284,7 @@ export class Control {
   }
 
   /** The native spec of an E2B create body, validated like POST /v1/sandboxes. */
-  private spec(account: Account, b: Record<string, unknown>, image: string, toolkits: string[] = []): { spec: SandboxSpec; rec: Omit<E2bRecord, 'id'> } {
+  private async spec(account: Account, b: Record<string, unknown>, image: string, toolkits: string[] = []): Promise<{ spec: SandboxSpec; rec: Omit<E2bRecord, 'id'> }> {
     for (const key of ['mcp', 'volumeMounts']) {
       const v = b[key];
       if (v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0)) throw new E2bError(400, `${key} is not available on Warren`);
@@ -303,7 +303,7 @@ export class Control {
     if (onTimeout === 'kill') native.ttlSeconds = timeout;
     const services = mapNetwork(b.allow_internet_access, b.network, policyStore().current.services);
     if (services !== undefined) native.network = services;
-    const backends = this.plane.ctx.shim.features().backends;
+    const backends = (await this.plane.ctx.shim.features()).backends;
     let spec: SandboxSpec;
     try {
       spec = validateCreateRequest(native, {
@@ -325,7 +325,7 @@ export class Control {
 
   private async createFrom(account: Account, spec: SandboxSpec, rec: Omit<E2bRecord, 'id'>): Promise<SandboxInfo> {
     const principal = principalOf(account);
-    this.plane.ctx.shim.authorizeContent(principal, spec);
+    await this.plane.ctx.shim.authorizeContent(principal, spec);
     let info: SandboxInfo;
     try {
       info = await withQuota(this.plane.ctx, account, spec, () => this.plane.ctx.shim.createSandbox(spec, principal));
@@ -374,14 +374,14 @@ export class Control {
 
     route('post', '/v2/sandboxes', async (req, res, account) => {
       const b = await readJsonBody(req);
-      const { image, template } = this.template(account, b.templateID);
+      const { image, template } = await this.template(account, b.templateID);
       const toolkits = template === INTERPRETER_TEMPLATE ? await this.interpreterToolkits() : null;
-      const { spec, rec } = this.spec(account, b, toolkits === null ? image : JUDGE_IMAGE, toolkits ?? []);
+      const { spec, rec } = await this.spec(account, b, toolkits === null ? image : JUDGE_IMAGE, toolkits ?? []);
       const info = await this.createFrom(account, spec, { ...rec, template });
       sendRest(res, 201, this.created(info, template));
     });
 
-    const list = (req: Request, res: Response, account: Account, paged: boolean) => {
+    const list = async (req: Request, res: Response, account: Account, paged: boolean) => {
       const q = new URLSearchParams(req.path_query);
       const metadata = parseMetadataQuery(q.get('metadata'));
       const states = (q.getAll('state').join(',') || 'running,paused').split(',').filter((s) => s !== '');
@@ -390,8 +390,7 @@ export class Control {
       const limit = limitRaw === null || limitRaw === '' ? 100 : Number(limitRaw);
       if (!Number.isInteger(limit) || limit < 1 || limit > 1000) throw new E2bError(400, 'limit must be an integer in 1..1000');
       const cursor = q.get('nextToken');
-      const all = this.plane.ctx.shim
-        .listSandboxes(can(account, 'allSandboxes') ? {} : { owner: account.id })
+      const all = (await this.plane.ctx.shim.listSandboxes(can(account, 'allSandboxes') ? {} : { owner: account.id }))
         .filter((s) => can(account, 'allSandboxes') || s.owner === account.id)
         .filter((s) => {
           const st = e2bState(s);
@@ -416,11 +415,11 @@ export class Control {
     route('get', '/sandboxes', async (req, res, account) => list(req, res, account, false));
 
     route('get', '/sandboxes/:id', async (req, res, account) => {
-      sendRest(res, 200, this.detail(this.sandbox(account, req.path_parameters.id)));
+      sendRest(res, 200, this.detail(await this.sandbox(account, req.path_parameters.id)));
     });
 
     route('delete', '/sandboxes/:id', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       this.disarm(info.id);
       await this.plane.ctx.shim.deleteSandbox(info.id);
       this.plane.state.remove(info.id);
@@ -429,33 +428,33 @@ export class Control {
     });
 
     route('post', '/sandboxes/:id/timeout', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const b = await readJsonBody(req);
       const timeout = timeoutSeconds(b.timeout, 'timeout', NaN);
       if (Number.isNaN(timeout)) throw new E2bError(400, 'timeout is required');
       const rec = this.record(info);
       rec.endAt = Date.now() + timeout * 1000;
-      if (rec.onTimeout === 'kill') this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: timeout });
+      if (rec.onTimeout === 'kill') await this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: timeout });
       this.plane.state.put(rec);
       if (e2bState(info) === 'running') this.arm(rec);
       sendRest(res, 204);
     });
 
     const pause = async (req: Request, res: Response, account: Account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       await readJsonBody(req);
       if (e2bState(info) === 'paused') throw new E2bError(409, `sandbox ${info.id} is already paused`);
       const rec = this.record(info);
       this.disarm(info.id);
       // A paused E2B sandbox keeps its state until it is connected again or killed.
-      if (rec.onTimeout === 'kill') this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: PAUSED_TTL_S });
+      if (rec.onTimeout === 'kill') await this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: PAUSED_TTL_S });
       await this.plane.ctx.shim.pauseSandbox(info.id);
       sendRest(res, 204);
     };
     route('post', '/sandboxes/:id/pause', pause);
 
     const connect = async (req: Request, res: Response, account: Account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const b = await readJsonBody(req);
       const rec = this.record(info);
       const timeout = timeoutSeconds(b.timeout, 'timeout', Math.max(1, Math.ceil((rec.endAt - Date.now()) / 1000)));
@@ -463,16 +462,16 @@ export class Control {
       if (wasPaused) await this.plane.ctx.shim.resumeSandbox(info.id);
       // Connecting never shortens the timeout.
       rec.endAt = Math.max(wasPaused ? 0 : rec.endAt, Date.now() + timeout * 1000);
-      if (rec.onTimeout === 'kill') this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: Math.max(1, Math.ceil((rec.endAt - Date.now()) / 1000)) });
+      if (rec.onTimeout === 'kill') await this.plane.ctx.shim.extendSandbox(info.id, { ttlSeconds: Math.max(1, Math.ceil((rec.endAt - Date.now()) / 1000)) });
       this.plane.state.put(rec);
       this.arm(rec);
-      sendRest(res, wasPaused ? 201 : 200, this.created(this.plane.ctx.shim.getSandbox(info.id), rec.template));
+      sendRest(res, wasPaused ? 201 : 200, this.created(await this.plane.ctx.shim.getSandbox(info.id), rec.template));
     };
     route('post', '/v2/sandboxes/:id/connect', connect);
     route('post', '/sandboxes/:id/resume', connect);
 
     route('get', '/sandboxes/:id/metrics', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const stats = this.plane.ctx.shim.sandboxStats ? await this.plane.ctx.shim.sandboxStats(info.id).catch(() => null) : null;
       if (stats === null) {
         sendRest(res, 200, []);
@@ -499,7 +498,7 @@ export class Control {
     });
 
     route('post', '/sandboxes/:id/snapshots', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const b = await readJsonBody(req);
       requirePermission(account, 'packEnvironments');
       const name = b.name === undefined || b.name === null ? `snap-${info.id.slice(-8)}-${randomBytes(4).toString('hex')}` : b.name;
@@ -514,8 +513,7 @@ export class Control {
       const q = new URLSearchParams(req.path_query);
       const sandboxID = q.get('sandboxID');
       const name = q.get('name');
-      const envs = this.plane.ctx.shim
-        .listEnvironments(principalOf(account))
+      const envs = (await this.plane.ctx.shim.listEnvironments(principalOf(account)))
         .filter((e) => can(account, 'allSandboxes') || e.owner === account.id)
         .filter((e) => !sandboxID || e.sourceSandbox === sandboxID)
         .filter((e) => !name || e.name === name || e.name.startsWith(`${name}:`))
@@ -525,14 +523,14 @@ export class Control {
 
     route('delete', '/templates/:id', async (req, res, account) => {
       const id = req.path_parameters.id ?? '';
-      const env = IMAGE_REF_RE.test(id) ? this.plane.ctx.shim.environment(id, principalOf(account)) : null;
+      const env = IMAGE_REF_RE.test(id) ? await this.plane.ctx.shim.environment(id, principalOf(account)) : null;
       if (env === null || (env.owner !== account.id && !can(account, 'allSandboxes'))) throw new E2bError(404, `snapshot ${JSON.stringify(id.slice(0, 128))} not found`);
       void res;
       throw new E2bError(501, `environments are kept by Warren's layer store and cannot be deleted through this API; unpublish it instead (POST /v1/environments/${env.name}/unpublish)`);
     });
 
     route('post', '/sandboxes/:id/fork', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const b = await readJsonBody(req);
       requirePermission(account, 'packEnvironments');
       const count = b.count === undefined || b.count === null ? 1 : b.count;
@@ -544,7 +542,7 @@ export class Control {
       const results: unknown[] = [];
       for (let i = 0; i < count; i++) {
         try {
-          const source = this.plane.ctx.shim.getSandbox(info.id);
+          const source = await this.plane.ctx.shim.getSandbox(info.id);
           const native: Record<string, unknown> = { image: packed.environment.name, labels: source.labels, cpu: source.limits.cpu, memoryMb: source.limits.memoryMb };
           if (rec.onTimeout === 'kill') native.ttlSeconds = timeout;
           if (source.network) native.network = source.network.services;
@@ -561,7 +559,7 @@ export class Control {
     });
 
     route('put', '/sandboxes/:id/network', async (req, res, account) => {
-      const info = this.sandbox(account, req.path_parameters.id);
+      const info = await this.sandbox(account, req.path_parameters.id);
       const b = await readJsonBody(req);
       const { allowInternetAccess, ...network } = b;
       const wanted = mapNetwork(allowInternetAccess, Object.keys(network).length > 0 ? network : undefined, policyStore().current.services) ?? {};

@@ -93,7 +93,7 @@ function header(req: Request, name: string): string | undefined {
  * valid token; 502 (what the SDK reads as "sandbox not running") when it is
  * missing, stopped, or paused without auto-resume.
  */
-export function planeSandbox(plane: Plane, req: Request, opts: { traffic?: boolean } = {}): SandboxInfo {
+export async function planeSandbox(plane: Plane, req: Request, opts: { traffic?: boolean } = {}): Promise<SandboxInfo> {
   const id = header(req, 'e2b-sandbox-id');
   if (id === undefined) throw new E2bError(400, 'missing E2b-Sandbox-Id header (set E2B_SANDBOX_URL to this gateway)', 'invalid_argument');
   const access = header(req, 'x-access-token');
@@ -103,7 +103,7 @@ export function planeSandbox(plane: Plane, req: Request, opts: { traffic?: boole
   if (!ok) throw new E2bError(401, access === undefined && traffic === undefined ? 'missing X-Access-Token' : 'invalid access token for this sandbox', 'unauthenticated');
   let info: SandboxInfo;
   try {
-    info = plane.ctx.shim.getSandbox(id);
+    info = await plane.ctx.shim.getSandbox(id);
   } catch {
     throw new E2bError(502, `sandbox ${id} is not running`, 'unavailable');
   }
@@ -164,7 +164,7 @@ export async function ensureUser(plane: Plane, id: string): Promise<void> {
     await shim.writeFile(id, '/etc/group', Buffer.from(next.group), 0o644);
     await shim.writeFile(id, '/etc/passwd', Buffer.from(next.passwd), 0o644);
     // The home directory through the native confined walk: no process to start.
-    const pid = shim.getSandbox(id).pid;
+    const pid = (await shim.getSandbox(id)).pid;
     if (pid !== undefined) {
       const root = `/proc/${pid}/root`;
       native.mkdirInRoot(root, '/home/user', 0o755, true);
@@ -284,7 +284,7 @@ function registerService(app: Server, plane: Plane, service: string, unary: Reco
       if (!isStream && !Object.prototype.hasOwnProperty.call(unary, method)) {
         throw new E2bError(501, `${service}/${method} is not implemented (known: ${known.join(', ')})`, 'unimplemented');
       }
-      const info = planeSandbox(plane, req);
+      const info = await planeSandbox(plane, req);
       const body = await readBodyAnyEncoding(req, RPC_BODY_LIMIT);
       read = true;
       const msg = decodeRequestMessage(body, isStream);
@@ -632,8 +632,9 @@ async function watchDir(plane: Plane, info: SandboxInfo, msg: Record<string, unk
   const recursive = boolField(msg.recursive, 'recursive');
   // The user must be able to list the directory (envd watches as that user).
   await fsRun(plane, info.id, user, `${FS_SCRIPTS.exists}\n[ -d "$1" ] || { echo "path is not a directory: $1" >&2; exit 20; }\n[ -r "$1" ] && [ -x "$1" ] || { echo "Permission denied: $1" >&2; exit 13; }`, [path]);
-  const root = `/proc/${info.pid ?? plane.ctx.shim.getSandbox(info.id).pid}/root`;
-  if (!info.pid && !plane.ctx.shim.getSandbox(info.id).pid) throw new E2bError(502, 'sandbox is not running', 'unavailable');
+  const pid = info.pid ?? (await plane.ctx.shim.getSandbox(info.id)).pid;
+  if (!pid) throw new E2bError(502, 'sandbox is not running', 'unavailable');
+  const root = `/proc/${pid}/root`;
   const watchers = new Map<string, { w: FSWatcher; fd: number }>();
   const MAX_WATCHES = 4096;
   const add = (rel: string) => {
@@ -739,7 +740,7 @@ function gunzipLimited(data: Buffer, limit: number): Promise<Buffer> {
 }
 
 async function upload(plane: Plane, req: Request, res: Response): Promise<void> {
-  const info = planeSandbox(plane, req);
+  const info = await planeSandbox(plane, req);
   const q = new URLSearchParams(req.path_query);
   const user = requestUser(q.get('username') ?? undefined);
   const limit = plane.ctx.uploadLimit;
@@ -767,7 +768,7 @@ async function upload(plane: Plane, req: Request, res: Response): Promise<void> 
 }
 
 async function download(plane: Plane, req: Request, res: Response): Promise<void> {
-  const info = planeSandbox(plane, req);
+  const info = await planeSandbox(plane, req);
   const q = new URLSearchParams(req.path_query);
   const user = requestUser(q.get('username') ?? undefined);
   const raw = q.get('path');
@@ -840,7 +841,7 @@ export function registerEnvd(app: Server, plane: Plane): void {
   app.get(
     '/health',
     plain(async (req, res) => {
-      planeSandbox(plane, req);
+      await planeSandbox(plane, req);
       res.status(204).send();
     }),
   );

@@ -45,7 +45,8 @@ export async function startE2bSurface(ctx: GatewayContext, opts: E2bOptions): Pr
     res.send(restErrorBody(new E2bError(404, `no E2B route for ${req.method} ${req.path.slice(0, 200)}`)), !req.received);
   });
   const { server, port } = await listen(router, opts.host, opts.port, ctx.log);
-  control.start();
+  // Re-arming timers asks the node about each sandbox; a failure is logged, the surface still serves.
+  void control.start().catch((err: Error) => ctx.log(`e2b: re-arming pause timers failed: ${err.message}`));
   const host = opts.host.includes(':') ? `[${opts.host}]` : opts.host === '0.0.0.0' ? '127.0.0.1' : opts.host;
   return {
     port,

@@ -108,7 +108,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
   app.post(
     '/execute',
     wrap(async (req, res) => {
-      const info = planeSandbox(plane, req, { traffic: true });
+      const info = await planeSandbox(plane, req, { traffic: true });
       const b = await parseBody(req);
       if (typeof b.code !== 'string') throw new E2bError(400, 'code: must be a string', 'invalid_argument');
       let env: Record<string, string> = {};
@@ -159,7 +159,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
   app.post(
     '/contexts',
     wrap(async (req, res) => {
-      const info = planeSandbox(plane, req, { traffic: true });
+      const info = await planeSandbox(plane, req, { traffic: true });
       const b = await parseBody(req);
       const lang = language(b.language);
       const cwd = typeof b.cwd === 'string' && b.cwd !== '' ? resolvePath(b.cwd, DEFAULT_USER, 'cwd') : homeOf(DEFAULT_USER);
@@ -171,7 +171,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
   app.get(
     '/contexts',
     wrap(async (req, res) => {
-      const info = planeSandbox(plane, req, { traffic: true });
+      const info = await planeSandbox(plane, req, { traffic: true });
       sendJsonBody(res, 200, JSON.stringify([...ctxOf(info.id).values()].map((c) => ({ id: c.id, language: c.language, cwd: c.cwd }))));
     }),
   );
@@ -179,7 +179,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
   app.delete(
     '/contexts/:id',
     wrap(async (req, res) => {
-      const info = planeSandbox(plane, req, { traffic: true });
+      const info = await planeSandbox(plane, req, { traffic: true });
       const m = ctxOf(info.id);
       const c = m.get(req.path_parameters.id ?? '');
       if (!c) throw new E2bError(404, `context ${req.path_parameters.id} not found`, 'not_found');
@@ -192,7 +192,7 @@ export function registerInterpreter(app: Server, plane: Plane): void {
   app.post(
     '/contexts/:id/restart',
     wrap(async (req, res) => {
-      const info = planeSandbox(plane, req, { traffic: true });
+      const info = await planeSandbox(plane, req, { traffic: true });
       const c = ctxOf(info.id).get(req.path_parameters.id ?? '');
       if (!c) throw new E2bError(404, `context ${req.path_parameters.id} not found`, 'not_found');
       // An idle kernel restarts inside its driver; a busy one (a cell that may never end) goes with its driver.

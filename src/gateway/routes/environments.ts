@@ -17,10 +17,10 @@ import { queryOf, readJson, rejectUnknownQuery, sendJson } from '../http';
 import { validateImageRef, validateQuotaRequest } from '../../validation';
 import { accountUsage } from './sandboxes';
 
-function ownEnvironment(ctx: GatewayContext, account: Account, rawName: unknown): EnvironmentInfo {
+async function ownEnvironment(ctx: GatewayContext, account: Account, rawName: unknown): Promise<EnvironmentInfo> {
   requirePermission(account, 'publishEnvironments');
   const name = validateImageRef(rawName, 'name');
-  const env = ctx.shim.environment(name, principalOf(account));
+  const env = await ctx.shim.environment(name, principalOf(account));
   if (env === null) throw new WarrenError('IMAGE_NOT_FOUND', `no environment ${JSON.stringify(name)}`, { ref: name });
   if (env.owner !== account.id && !can(account, 'allSandboxes')) {
     throw new WarrenError('FORBIDDEN', `environment ${JSON.stringify(env.name)} belongs to another account`, { image: env.name });
@@ -31,9 +31,9 @@ function ownEnvironment(ctx: GatewayContext, account: Account, rawName: unknown)
 export function registerEnvironmentRoutes(app: Server, ctx: GatewayContext): void {
   app.get(
     '/v1/environments',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, { environments: ctx.shim.listEnvironments(principalOf(account)) });
+      sendJson(res, 200, { environments: await ctx.shim.listEnvironments(principalOf(account)) });
     }),
   );
 
@@ -43,21 +43,21 @@ export function registerEnvironmentRoutes(app: Server, ctx: GatewayContext): voi
   ] as const) {
     app.post(
       `/v1/environments/:name/${action}`,
-      authed(ctx, (req, res, account) => {
+      authed(ctx, async (req, res, account) => {
         rejectUnknownQuery(queryOf(req), []);
-        const env = ownEnvironment(ctx, account, decodeURIComponent(req.path_parameters.name ?? ''));
-        sendJson(res, 200, ctx.shim.publishEnvironment(env.name, published));
+        const env = await ownEnvironment(ctx, account, decodeURIComponent(req.path_parameters.name ?? ''));
+        sendJson(res, 200, await ctx.shim.publishEnvironment(env.name, published));
       }),
     );
   }
 
   app.get(
     '/v1/accounts/:id/quota',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       const id = req.path_parameters.id;
       if (id !== account.id && id !== 'me') requirePermission(account, 'quotas');
       const target = id === 'me' ? account.id : String(id);
-      sendJson(res, 200, { account: target, quota: ctx.auth.quota(target, ctx.defaultQuota), usage: accountUsage(ctx, target) });
+      sendJson(res, 200, { account: target, quota: ctx.auth.quota(target, ctx.defaultQuota), usage: await accountUsage(ctx, target) });
     }),
   );
 

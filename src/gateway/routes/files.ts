@@ -26,7 +26,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['path']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
       const data = await raceSafe(ctx, info.id, () => ctx.shim.readFile(info.id, path, ctx.uploadLimit));
       if (res.completed) return;
@@ -42,7 +42,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['path', 'mode']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
       if (path === '/') throw new WarrenError('INVALID_ARGUMENT', 'path: cannot write to /', { field: 'path' });
       const mode = parseFileMode(queryOne(q, 'mode'));
@@ -57,7 +57,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['path']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const raw = queryOne(q, 'path');
       const path = raw === undefined ? '/' : validateSandboxPath(raw);
       sendJson(res, 200, { path, entries: await raceSafe(ctx, info.id, () => ctx.shim.listDir(info.id, path)) });
@@ -69,7 +69,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['path']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
       const tar = await readBody(req, ctx.uploadLimit);
       if (tar.length === 0) throw new WarrenError('INVALID_ARCHIVE', 'empty tar body');
@@ -83,7 +83,7 @@ export function registerFileRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['path']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const path = requiredPath(q);
       const stream = await raceSafe(ctx, info.id, () => ctx.shim.downloadTar(info.id, path));
       await streamBody(res, stream, 'application/x-tar', ctx.log);

@@ -7,17 +7,15 @@
  */
 import type { Request, Response, Server } from 'hyper-express';
 import { WarrenError, asWarrenError } from '../../errors';
-import { type FnCallManager, JUDGE_IMAGE } from '../../shim/fncall/manager';
-// the judge's own toolkit layers (built by the node from Debian's packages) are everyone's
-import { TOOLKITS } from '../../shim/fncall/toolkits';
-import { type RunJupyterResponse, fitToPolicy, sandboxErrorResponse, toRunCodeResponse, validateRunCode, validateRunJupyter } from '../../shim/fncall/sandboxfusion';
+import { type RunJupyterResponse, sandboxErrorResponse, toRunCodeResponse, validateRunCode, validateRunJupyter } from '../../shim/fncall/sandboxfusion';
+import type { FnCallApi } from '../../shim/types';
 import { FN_LIMITS, validateBatch, validateInvoke, validateJudge, validatePoolName } from '../../shim/fncall/wire';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed, open } from '../context';
 import { publicError, queryOf, readJson, rejectUnknownQuery, sendEmpty, sendJson, writeError } from '../http';
 
-/** The node's FnCall manager (part of the Shim contract); NOT_SUPPORTED on shims without one. */
-export function fncallOf(ctx: GatewayContext): FnCallManager {
+/** The node's FnCall (part of the Shim contract); NOT_SUPPORTED on shims without it. */
+export function fncallOf(ctx: GatewayContext): FnCallApi {
   const fn = ctx.shim.functions;
   if (fn === undefined) throw new WarrenError('NOT_SUPPORTED', 'this node has no FnCall pools');
   return fn;
@@ -43,9 +41,9 @@ function requireRun(account: Account): void {
 export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
   app.get(
     '/v1/functions',
-    authed(ctx, (req, res) => {
+    authed(ctx, async (req, res) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, { pools: fncallOf(ctx).listPools() });
+      sendJson(res, 200, { pools: await fncallOf(ctx).listPools() });
     }),
   );
 
@@ -54,25 +52,17 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), ['wait']);
       requirePermission(account, 'buildImages');
-      const fn = fncallOf(ctx);
-      // A pool serves every account that may invoke it: its creator must at least be allowed its content.
-      const principal = principalOf(account);
-      const stats = fn.createPool(await readJson(req), 'api', (p) => ctx.shim.authorizeContent(principal, { image: p.image === JUDGE_IMAGE && !ctx.shim.listImages().some((i) => i.name === JUDGE_IMAGE) ? undefined : p.image, toolkits: p.layers.filter((l) => TOOLKITS[l] === undefined) }));
+      // A pool serves every account that may invoke it: the node checks its creator may use its content.
       // ?wait=1: answer once min containers are warm (the first start may build the judge image).
-      if (queryOf(req).get('wait') === '1') {
-        await fn.waitWarm(stats.name);
-        sendJson(res, 201, fn.pool(stats.name).stats());
-        return;
-      }
-      sendJson(res, 201, stats);
+      sendJson(res, 201, await fncallOf(ctx).createPool(await readJson(req), principalOf(account), { wait: queryOf(req).get('wait') === '1' }));
     }),
   );
 
   app.get(
     '/v1/functions/:pool',
-    authed(ctx, (req, res) => {
+    authed(ctx, async (req, res) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, fncallOf(ctx).pool(validatePoolName(req.path_parameters.pool)).stats());
+      sendJson(res, 200, await fncallOf(ctx).poolStats(validatePoolName(req.path_parameters.pool)));
     }),
   );
 
@@ -95,7 +85,6 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
         const fn = fncallOf(ctx);
         const pool = validatePoolName(req.path_parameters.pool);
         const body = validateInvoke(await readJson(req, FN_LIMITS.bodyBytes));
-        fn.checkLimits(pool, body);
         sendJson(res, 200, await fn.invoke(pool, account.id, body));
       }),
     ),
@@ -110,7 +99,6 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
         const fn = fncallOf(ctx);
         const pool = validatePoolName(req.path_parameters.pool);
         const body = validateJudge(await readJson(req, FN_LIMITS.bodyBytes));
-        fn.checkLimits(pool, body);
         sendJson(res, 200, await fn.judge(pool, account.id, body));
       }),
     ),
@@ -125,7 +113,6 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
         const fn = fncallOf(ctx);
         const pool = validatePoolName(req.path_parameters.pool);
         const body = validateBatch(await readJson(req, FN_LIMITS.bodyBytes));
-        body.invocations.forEach((inv) => fn.checkLimits(pool, inv));
         sendJson(res, 200, { results: await fn.batch(pool, account.id, body.invocations, body.concurrency) });
       }),
     ),
@@ -133,17 +120,17 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
 
   // SandboxFusion-compatible. Its clients send no token: anonymous calls are refused unless
   // the node's fncall.json sets runCodeAnonymous (they then run as the account "anonymous").
-  const sandboxFusionAccount = (req: Request, fn: FnCallManager): string => {
+  const sandboxFusionAccount = async (req: Request, fn: FnCallApi): Promise<string> => {
     const token = bearerFromHeader(req.headers.authorization);
-    if (token === undefined && fn.runCodeAnonymous) return 'anonymous';
+    if (token === undefined && (await fn.anonymousRunCode())) return 'anonymous';
     const account = ctx.auth.require(token);
     if (!can(account, 'sandboxes')) throw new WarrenError('FORBIDDEN', `role "${account.role}" may not run code`);
     return account.id;
   };
-  const sandboxFusion = <T>(run: (fn: FnCallManager, accountId: string, body: unknown) => Promise<T>, onError: (message: string) => T) =>
+  const sandboxFusion = <T>(run: (fn: FnCallApi, accountId: string, body: unknown) => Promise<T>, onError: (message: string) => T) =>
     open(ctx, async (req: Request, res: Response) => {
       const fn = fncallOf(ctx);
-      const accountId = sandboxFusionAccount(req, fn);
+      const accountId = await sandboxFusionAccount(req, fn);
       await withRetryAfter(res, async () => {
         const body = await readJson(req, FN_LIMITS.bodyBytes);
         try {
@@ -159,13 +146,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
   app.post(
     '/run_code',
     sandboxFusion(
-      async (fn, accountId, raw) => {
-        const req = validateRunCode(raw);
-        const pool = fn.runCodePool(req.language);
-        const body = fitToPolicy(req, fn.pool(pool).spec.limits);
-        fn.checkLimits(pool, body);
-        return toRunCodeResponse(await fn.invoke(pool, accountId, body));
-      },
+      async (fn, accountId, raw) => toRunCodeResponse(await fn.runCode(accountId, validateRunCode(raw))),
       sandboxErrorResponse,
     ),
   );
@@ -173,10 +154,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
   app.post(
     '/run_jupyter',
     sandboxFusion(
-      async (fn, accountId, raw) => {
-        const req = validateRunJupyter(raw);
-        return fn.runJupyter(fn.runCodePool('python3'), accountId, req);
-      },
+      async (fn, accountId, raw) => fn.runJupyter(accountId, validateRunJupyter(raw)),
       (message): RunJupyterResponse => ({ status: 'SandboxError', message, driver: null, cells: [], executor_pod_name: null, files: {} }),
     ),
   );
@@ -193,9 +171,9 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
   // SandboxFusion languages this node cannot offer, with the reason.
   app.get(
     '/v1/languages',
-    authed(ctx, (req, res) => {
+    authed(ctx, async (req, res) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, fncallOf(ctx).languages());
+      sendJson(res, 200, await fncallOf(ctx).languages());
     }),
   );
   void writeError;

@@ -39,24 +39,23 @@ async function streamWork<T>(res: Response, ctx: GatewayContext, start: string, 
 export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
   app.get(
     '/v1/images',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       // Only what the account may use: unpublished environments of others are not listed.
-      sendJson(res, 200, { images: ctx.shim.listImages(principalOf(account)) });
+      sendJson(res, 200, { images: await ctx.shim.listImages(principalOf(account)) });
     }),
   );
 
   app.get(
     '/v1/images/layers',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['digests']);
       requirePermission(account, 'buildImages');
-      const shim = ctx.shim as { layerStates?: (d?: string[]) => unknown[] };
-      if (!shim.layerStates) throw new WarrenError('NOT_SUPPORTED', 'this node does not report its layers');
+      if (!ctx.shim.layerStates) throw new WarrenError('NOT_SUPPORTED', 'this node does not report its layers');
       const raw = q.get('digests');
       const digests = raw ? raw.split(',').slice(0, 1024) : undefined;
-      sendJson(res, 200, { layers: shim.layerStates(digests) });
+      sendJson(res, 200, { layers: await ctx.shim.layerStates(digests) });
     }),
   );
 
@@ -82,7 +81,7 @@ export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
       const body = validatePushRequest(await readJson(req));
       const push = ctx.shim.pushImage?.bind(ctx.shim);
       if (!push) throw new WarrenError('NOT_SUPPORTED', 'this node cannot push images');
-      ctx.shim.authorizeContent(principalOf(account), { image: body.image });
+      await ctx.shim.authorizeContent(principalOf(account), { image: body.image });
       await streamWork(res, ctx, `pushing ${body.image} to ${body.ref}`, (p) => push(body, p), (r: ImagePushResult) => ({ type: 'done', push: r }));
     }),
   );
@@ -96,7 +95,7 @@ export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
       const body = validateStageRequest(await readJson(req));
       const stage = ctx.shim.stageImage?.bind(ctx.shim);
       if (!stage) throw new WarrenError('NOT_SUPPORTED', 'this node cannot stage images');
-      ctx.shim.authorizeContent(principalOf(account), { image: body.image });
+      await ctx.shim.authorizeContent(principalOf(account), { image: body.image });
       await streamWork(res, ctx, `staging ${body.image} in ${body.repository}`, (p) => stage(body, p), (r: ImagePushResult) => ({ type: 'done', push: r }));
     }),
   );

@@ -22,8 +22,11 @@ import {
 const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
 
 /** Live sandboxes (running, paused, hibernated, creating) of an account, plus creations in flight. */
-export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
-  const u: Usage = ctx.shim.sandboxUsage(accountId);
+export async function accountUsage(ctx: GatewayContext, accountId: string): Promise<Usage> {
+  return withReservations(ctx, accountId, await ctx.shim.sandboxUsage(accountId));
+}
+
+function withReservations(ctx: GatewayContext, accountId: string, u: Usage): Usage {
   const r = reservations.get(ctx)?.get(accountId);
   if (r) {
     u.sandboxes += r.sandboxes;
@@ -34,7 +37,9 @@ export function accountUsage(ctx: GatewayContext, accountId: string): Usage {
 }
 
 export async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
-  checkQuota(ctx.auth.quota(account.id, ctx.defaultQuota), accountUsage(ctx, account.id), spec);
+  const live = await ctx.shim.sandboxUsage(account.id);
+  // From here to the reservation nothing awaits: concurrent creates see each other's reservations.
+  checkQuota(ctx.auth.quota(account.id, ctx.defaultQuota), withReservations(ctx, account.id, live), spec);
   let byAccount = reservations.get(ctx);
   if (!byAccount) reservations.set(ctx, (byAccount = new Map()));
   const r = byAccount.get(account.id) ?? { sandboxes: 0, cpu: 0, memoryMb: 0 };
@@ -83,14 +88,14 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const body = await readJson(req);
-      const backends = ctx.shim.features().backends;
+      const backends = (await ctx.shim.features()).backends;
       const availableBackends = (Object.keys(backends) as BackendName[]).filter((b) => backends[b]?.available);
       const spec = validateCreateRequest(body, { owner: account.id, host: ctx.host, availableBackends });
       // Roles: runtime accounts create only from published environments and node
       // images, builders also from their own packs, admins from anything; the
       // shim checks every reference (src/shim/access.ts).
       const principal = principalOf(account);
-      ctx.shim.authorizeContent(principal, spec);
+      await ctx.shim.authorizeContent(principal, spec);
       const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec, principal));
       sendJson(res, 201, present(account, info));
     }),
@@ -118,7 +123,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/pause',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       sendJson(res, 200, await ctx.shim.pauseSandbox(info.id));
     }),
   );
@@ -127,7 +132,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/resume',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       sendJson(res, 200, await ctx.shim.resumeSandbox(info.id));
     }),
   );
@@ -136,7 +141,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/hibernate',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       sendJson(res, 200, await ctx.shim.hibernateSandbox(info.id));
     }),
   );
@@ -145,9 +150,9 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/extend',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const body = validateExtendRequest(await readJson(req));
-      sendJson(res, 200, present(account, ctx.shim.extendSandbox(info.id, body)));
+      sendJson(res, 200, present(account, await ctx.shim.extendSandbox(info.id, body)));
     }),
   );
 
@@ -156,7 +161,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       requirePermission(account, 'packEnvironments');
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const body = validatePackRequest(await readJson(req));
       if (body.publish) requirePermission(account, 'publishEnvironments');
       sendJson(res, 201, await ctx.shim.packSandbox(info.id, body, account.id));
@@ -165,7 +170,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
 
   app.get(
     '/v1/sandboxes',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['label', 'owner', 'limit', 'after']);
       const labels = parseLabelFilter(q.getAll('label'));
@@ -182,20 +187,20 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       if (labels !== undefined) filter.labels = labels;
       if (page !== null) {
         // A page at a time (?limit=, then ?after=<next>): cost independent of the node's size.
-        const p = ctx.shim.listSandboxesPage(filter, page);
+        const p = await ctx.shim.listSandboxesPage(filter, page);
         sendJson(res, 200, { sandboxes: p.sandboxes.map((s) => present(account, s)), ...(p.next !== undefined ? { next: p.next } : {}) });
         return;
       }
-      const list = ctx.shim.listSandboxes(filter).filter((s) => can(account, 'allSandboxes') || s.owner === account.id);
+      const list = (await ctx.shim.listSandboxes(filter)).filter((s) => can(account, 'allSandboxes') || s.owner === account.id);
       sendJson(res, 200, { sandboxes: list.map((s) => present(account, s)) });
     }),
   );
 
   app.get(
     '/v1/sandboxes/:id',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, present(account, sandboxFor(ctx, account, req.path_parameters.id)));
+      sendJson(res, 200, present(account, await sandboxFor(ctx, account, req.path_parameters.id)));
     }),
   );
 
@@ -203,7 +208,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       await raceSafe(ctx, info.id, () => ctx.shim.deleteSandbox(info.id));
       ctx.idempotency?.store.dropSandbox(info.id);
       sendEmpty(res, 204);
@@ -214,7 +219,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/exec',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const body = await readJson(req);
       const execReq = validateExecRequest(body);
       const encoding = validateOutputEncoding((body as Record<string, unknown>).encoding);
@@ -240,10 +245,10 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
   // per-service egress of a running sandbox
   app.get(
     '/v1/sandboxes/:id/network',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
-      sendJson(res, 200, ctx.shim.networkInfo(info.id));
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
+      sendJson(res, 200, await ctx.shim.networkInfo(info.id));
     }),
   );
 
@@ -251,7 +256,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/network',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const change = validateNetworkServices(await readJson(req), 'body');
       sendJson(res, 200, await ctx.shim.updateNetwork(info.id, change));
     }),
@@ -261,7 +266,7 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/sandboxes/:id/sessions',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       sendJson(res, 200, { sessions: await raceSafe(ctx, info.id, () => ctx.shim.listSessions(info.id)) });
     }),
   );

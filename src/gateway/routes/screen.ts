@@ -10,7 +10,7 @@
  * Sandboxes of other backends answer NOT_SUPPORTED.
  */
 import type { Request, Response, Server, Websocket } from 'hyper-express';
-import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { WarrenError } from '../../errors';
 import { bearerFromHeader, bearerFromSubprotocols } from '../auth';
 import { type GatewayContext, authed, raceSafe, sandboxFor } from '../context';
@@ -35,7 +35,7 @@ export function parseScreenWidth(raw: string | undefined): number | undefined {
 }
 
 interface VncContext {
-  sock: Socket;
+  sock: Duplex;
 }
 
 export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { allowedOrigins: readonly string[] }): { closeAll(): void } {
@@ -44,7 +44,7 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
     authed(ctx, async (req, res, account) => {
       const q = queryOf(req);
       rejectUnknownQuery(q, ['width']);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const width = parseScreenWidth(queryOne(q, 'width'));
       const shot = await raceSafe(ctx, info.id, () => need(ctx, 'screenshot')(info.id, width === undefined ? {} : { width }));
       if (res.completed) return;
@@ -61,7 +61,7 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
     '/v1/sandboxes/:id/input',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const body = await readJson(req, INPUT_BODY_LIMIT);
       if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new WarrenError('INVALID_ARGUMENT', 'the body is {"actions": [...]}');
       for (const k of Object.keys(body)) if (k !== 'actions') throw new WarrenError('UNKNOWN_FIELD', `unknown field ${JSON.stringify(k)}`, { field: k });
@@ -80,7 +80,7 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
       }
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
       const account = ctx.auth.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const sock = await raceSafe(ctx, info.id, () => need(ctx, 'openVnc')(info.id));
       if (res.completed) {
         sock.destroy();

@@ -20,9 +20,9 @@ export function registerSystemRoutes(app: Server, ctx: GatewayContext): void {
 
   app.get(
     '/v1/features',
-    authed(ctx, (req, res) => {
+    authed(ctx, async (req, res) => {
       rejectUnknownQuery(queryOf(req), []);
-      sendJson(res, 200, ctx.shim.features());
+      sendJson(res, 200, await ctx.shim.features());
     }),
   );
 

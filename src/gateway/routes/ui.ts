@@ -135,7 +135,7 @@ class Sampler {
     const t = Date.now();
     let list: SandboxInfo[] = [];
     try {
-      list = this.ctx.shim.listSandboxes();
+      list = await this.ctx.shim.listSandboxes();
     } catch {
       /* a closing node has nothing to show */
     }
@@ -144,7 +144,7 @@ class Sampler {
     push(this.ticks, { t, live }, NODE_SAMPLES);
 
     try {
-      for (const p of fncallOf(this.ctx).listPools()) {
+      for (const p of await fncallOf(this.ctx).listPools()) {
         let points = this.pools.get(p.name);
         if (points === undefined) this.pools.set(p.name, (points = []));
         push(points, { t, warm: p.warm, busy: p.busy, starting: p.starting, queued: p.queued, p50Ms: p.p50Ms, p99Ms: p.p99Ms }, NODE_SAMPLES);
@@ -193,9 +193,9 @@ function samplerOf(ctx: GatewayContext): Sampler {
 }
 
 /** The sandboxes `account` may see (the rule of GET /v1/sandboxes). */
-function visible(ctx: GatewayContext, account: Account): SandboxInfo[] {
+async function visible(ctx: GatewayContext, account: Account): Promise<SandboxInfo[]> {
   const all = can(account, 'allSandboxes');
-  return ctx.shim.listSandboxes(all ? {} : { owner: account.id }).filter((s) => all || s.owner === account.id);
+  return (await ctx.shim.listSandboxes(all ? {} : { owner: account.id })).filter((s) => all || s.owner === account.id);
 }
 
 function sinceParam(req: Request): number {
@@ -319,7 +319,7 @@ export function registerUiRoutes(app: Server, ctx: GatewayContext): void {
       const sampler = samplerOf(ctx);
       await sampler.wanted();
       const out: Record<string, UsagePoint> = {};
-      for (const s of visible(ctx, account)) {
+      for (const s of await visible(ctx, account)) {
         const last = sampler.usage.get(s.id)?.points.at(-1);
         if (last !== undefined) out[s.id] = last;
       }
@@ -331,7 +331,7 @@ export function registerUiRoutes(app: Server, ctx: GatewayContext): void {
     '/v1/ui/sandboxes/:id/usage',
     authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
-      const info = sandboxFor(ctx, account, req.path_parameters.id);
+      const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const sampler = samplerOf(ctx);
       await sampler.wanted();
       sendJson(res, 200, { id: info.id, limits: info.limits, intervalMs: SAMPLE_INTERVAL_MS, samples: sampler.usage.get(info.id)?.points ?? [] });
@@ -340,14 +340,14 @@ export function registerUiRoutes(app: Server, ctx: GatewayContext): void {
 
   app.get(
     '/v1/ui/denials',
-    authed(ctx, (req, res, account) => {
+    authed(ctx, async (req, res, account) => {
       rejectUnknownQuery(queryOf(req), []);
       const out: { sandbox: string; owner: string; at: string; service: string; destination: string; proto: string; hook: string }[] = [];
       let networked = 0;
-      for (const s of visible(ctx, account)) {
+      for (const s of await visible(ctx, account)) {
         if (s.network === undefined) continue;
         try {
-          for (const d of ctx.shim.networkInfo(s.id).denials) out.push({ sandbox: s.id, owner: s.owner, ...d });
+          for (const d of (await ctx.shim.networkInfo(s.id)).denials) out.push({ sandbox: s.id, owner: s.owner, ...d });
           networked++;
         } catch {
           /* stopped or deleted meanwhile */

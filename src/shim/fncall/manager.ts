@@ -55,6 +55,13 @@ export interface FnCallOptions {
   onProgress?: (p: { phase: string; message: string; fraction?: number }) => void;
 }
 
+export interface LanguagesInfo {
+  available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
+  unavailable: Array<{ name: string; reason: string }>;
+  toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
+  kernels: { run_jupyter: KernelBackend; interpreter: KernelBackend; note: string };
+}
+
 export class FnCallManager {
   private readonly pools = new Map<string, Pool>();
   private readonly backend: HostProcessBackend;
@@ -201,12 +208,7 @@ export class FnCallManager {
   }
 
   /** Every language: which toolkit carries it, which pools carry it; and the unavailable ones with the reason. */
-  languages(): {
-    available: Array<{ name: string; aliases: string[]; toolkit: string | null; compiled: boolean; testRunner: boolean; lazy: boolean; pools: string[] }>;
-    unavailable: Array<{ name: string; reason: string }>;
-    toolkits: Array<{ name: string; packages: string[]; below: string[]; lazy: boolean; build: ToolkitBuild | null }>;
-    kernels: { run_jupyter: KernelBackend; interpreter: KernelBackend; note: string };
-  } {
+  languages(): LanguagesInfo {
     const pools = [...this.pools.values()];
     const ipy = TOOLKITS.python!.packages.includes('python3-ipykernel') && TOOLKITS.python!.packages.includes('python3-jupyter-client');
     return {
