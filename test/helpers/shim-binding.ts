@@ -4,8 +4,11 @@
  * over the shim protocol on loopback and the gateway holds a RemoteShim, so
  * the same gateway tests pass over both bindings (test/integration/remote).
  */
+import { randomBytes } from 'node:crypto';
 import { LocalShim } from '../../src/shim/local';
 import type { ShimNode } from '../../src/shim/node';
+import { RemoteShim } from '../../src/shim/remote/client';
+import { serveShim } from '../../src/shim/remote/server';
 import type { Shim } from '../../src/shim/types';
 
 export interface BoundShim {
@@ -14,6 +17,31 @@ export interface BoundShim {
   close(): Promise<void>;
 }
 
-export async function bindShim(node: ShimNode): Promise<BoundShim> {
-  return { shim: new LocalShim(node), close: async () => undefined };
+let remoteCount = 0;
+
+/** How many gateways of this test process were bound through the shim protocol. */
+export function remoteBindings(): number {
+  return remoteCount;
+}
+
+export async function bindShim(node: ShimNode, remote = process.env.WARREN_TEST_SHIM === 'remote'): Promise<BoundShim> {
+  const local = new LocalShim(node);
+  if (!remote) return { shim: local, close: async () => undefined };
+  remoteCount++;
+  const token = randomBytes(24).toString('hex');
+  const server = await serveShim({ shim: local, token, host: '127.0.0.1', port: 0 });
+  let shim: RemoteShim;
+  try {
+    shim = await RemoteShim.connect({ url: server.url, token });
+  } catch (err) {
+    await server.close();
+    throw err;
+  }
+  return {
+    shim,
+    async close() {
+      await shim.close();
+      await server.close();
+    },
+  };
 }

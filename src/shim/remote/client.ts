@@ -1,0 +1,782 @@
+/**
+ * The gateway's end of the shim protocol: RemoteShim implements the Shim
+ * contract by calling a node's shim server (server.ts) over HTTP and
+ * WebSocket (docs/shim-protocol.md). Everything the node answers is checked
+ * before it is believed: error bodies become WarrenErrors with their stable
+ * codes, anything else that is not the protocol is UNAVAILABLE naming the
+ * node, and no answer is read past its bound.
+ */
+import { Duplex, PassThrough, type Readable, Writable } from 'node:stream';
+import { Agent, request } from 'undici';
+import WebSocket from 'ws';
+import { WarrenError } from '../../errors';
+import type { Principal } from '../access';
+import type {
+  CapturedExec,
+  CapturedOutput,
+  CommandResult,
+  ContentRefs,
+  ExecOutcome,
+  ExecRequest,
+  ExecStream,
+  FnCallApi,
+  ImportImageRequest,
+  ImportProgress,
+  LiveExec,
+  OpenSessionOptions,
+  SandboxFilter,
+  SessionAttachment,
+  SessionInfo,
+  SessionOutput,
+  Shim,
+} from '../types';
+import { type Hello, MAX_JSON_BYTES, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
+
+export interface RemoteShimOptions {
+  url: string;
+  token: string;
+  /** Connections kept to the node (default 64). */
+  connections?: number;
+}
+
+type Args = unknown[];
+
+export class RemoteShim implements Shim {
+  readonly nodeId: string;
+  readonly functions?: FnCallApi;
+  private readonly agent: Agent;
+  private readonly base: string;
+  private readonly auth: string;
+  private readonly sockets = new Set<WebSocket>();
+
+  private constructor(
+    opts: RemoteShimOptions,
+    hello: Hello,
+    agent: Agent,
+  ) {
+    this.base = opts.url.replace(/\/+$/, '');
+    this.auth = `Bearer ${opts.token}`;
+    this.agent = agent;
+    this.nodeId = hello.nodeId;
+    if (hello.functions) this.functions = new RemoteFnCall(this);
+  }
+
+  /** Connect to the node at `url` and learn who it is (GET /shim/v1/hello). */
+  static async connect(opts: RemoteShimOptions): Promise<RemoteShim> {
+    const agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000 });
+    try {
+      const res = await request(`${opts.url.replace(/\/+$/, '')}${SHIM_BASE}/hello`, { dispatcher: agent, headers: { authorization: `Bearer ${opts.token}` } });
+      const body = await readJson(res.body, 64 * 1024, opts.url);
+      if (res.statusCode !== 200) throw errorFrom(body, `node ${opts.url} answered ${res.statusCode} to hello`);
+      const h = body as Partial<Hello>;
+      if (h.protocol !== SHIM_PROTOCOL_VERSION || typeof h.nodeId !== 'string') throw new WarrenError('UNAVAILABLE', `node ${opts.url} speaks shim protocol ${String(h.protocol)}, this gateway ${SHIM_PROTOCOL_VERSION}`);
+      return new RemoteShim(opts, { protocol: h.protocol, nodeId: h.nodeId, functions: h.functions === true, optional: Array.isArray(h.optional) ? h.optional : [] }, agent);
+    } catch (err) {
+      await agent.close().catch(() => undefined);
+      if (err instanceof WarrenError) throw err;
+      throw new WarrenError('UNAVAILABLE', `node ${opts.url} is unreachable: ${(err as Error).message}`);
+    }
+  }
+
+  private fail(err: unknown): never {
+    if (err instanceof WarrenError) throw err;
+    throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: ${(err as Error).message}`);
+  }
+
+  private async post(method: string, body: Buffer | string, headers: Record<string, string> = {}, signal?: AbortSignal) {
+    try {
+      const res = await request(`${this.base}${SHIM_BASE}/call/${method}`, {
+        method: 'POST',
+        dispatcher: this.agent,
+        headers: { authorization: this.auth, 'content-type': typeof body === 'string' ? 'application/json' : 'application/octet-stream', ...headers },
+        body,
+        ...(signal ? { signal } : {}),
+      });
+      if (res.statusCode !== 200 && res.statusCode !== 204) throw errorFrom(await readJson(res.body, MAX_JSON_BYTES, this.nodeId), `node ${this.nodeId} answered ${res.statusCode} to ${method}`);
+      return res;
+    } catch (err) {
+      this.fail(err);
+    }
+  }
+
+  /** One JSON request, one JSON answer. */
+  async call<T>(method: string, args: Args): Promise<T> {
+    const res = await this.post(method, JSON.stringify({ args: encode(trimUndefined(args)) }));
+    const body = (await readJson(res.body, MAX_JSON_BYTES, this.nodeId)) as { result?: unknown };
+    return decode(body.result) as T;
+  }
+
+  private async rawIn<T>(method: string, args: Args, data: Buffer): Promise<T> {
+    const header = Buffer.from(JSON.stringify(encode(trimUndefined(args)))).toString('base64url');
+    const res = await this.post(method, data, { 'x-shim-args': header });
+    return decode(((await readJson(res.body, MAX_JSON_BYTES, this.nodeId)) as { result?: unknown }).result) as T;
+  }
+
+  /** NDJSON frames of `method`'s answer, until its end (or the node's error). */
+  private async ndjson(method: string, args: Args, onFrame: (f: Record<string, unknown>) => void): Promise<void> {
+    const res = await this.post(method, JSON.stringify({ args: encode(trimUndefined(args)) }));
+    const lines = new LineReader(MAX_JSON_BYTES, (line) => onFrame(frameOf(line, this.nodeId, method)));
+    try {
+      for await (const c of res.body) lines.push(c as Buffer);
+    } catch (err) {
+      res.body.destroy();
+      if (err instanceof WarrenError) throw err;
+      throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the ${method} answer broke: ${(err as Error).message}`);
+    }
+  }
+
+  private async liveExec(method: string, args: Args): Promise<LiveExec | null> {
+    const abort = new AbortController();
+    const started = Date.now();
+    const res = await this.post(method, JSON.stringify({ args: encode(trimUndefined(args)) }), {}, abort.signal);
+    // 204: a supervised run with nothing left to follow
+    if (res.statusCode === 204) {
+      res.body.resume();
+      return null;
+    }
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let settle!: { ok: (o: ExecOutcome) => void; err: (e: unknown) => void };
+    const done = new Promise<ExecOutcome>((ok, err) => (settle = { ok, err }));
+    done.catch(() => undefined);
+    let ended = false;
+    let killed = false;
+    const finish = (err: unknown, outcome?: ExecOutcome) => {
+      if (ended) return;
+      ended = true;
+      stdout.end();
+      stderr.end();
+      // Killing drops the connection, and the node kills the process when it sees that.
+      if (killed) settle.ok({ exitCode: null, signal: 9, status: 'killed', durationMs: Date.now() - started, truncated: false });
+      else if (err !== null) settle.err(err);
+      else settle.ok(outcome!);
+    };
+    const push = (to: PassThrough, b64: unknown) => {
+      if (typeof b64 !== 'string') throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: bad output frame`);
+      if (!to.write(Buffer.from(b64, 'base64'))) {
+        res.body.pause();
+        to.once('drain', () => res.body.resume());
+      }
+    };
+    const lines = new LineReader(MAX_JSON_BYTES, (line) => {
+      const f = frameOf(line, this.nodeId, method);
+      if ('o' in f) push(stdout, f.o);
+      else if ('e' in f) push(stderr, f.e);
+      else if ('done' in f) finish(null, f.done as ExecOutcome);
+      else if ('error' in f) finish(errorFrom(f, `node ${this.nodeId}: ${method} failed`));
+    });
+    res.body.on('data', (c: Buffer) => {
+      try {
+        lines.push(c);
+      } catch (err) {
+        res.body.destroy(err as Error);
+      }
+    });
+    res.body.once('end', () => finish(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the ${method} stream ended without its outcome`)));
+    res.body.once('error', (e) => finish(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the ${method} stream broke: ${e.message}`)));
+    return {
+      stdout,
+      stderr,
+      done,
+      kill: () => {
+        if (ended) return;
+        killed = true;
+        abort.abort();
+      },
+    };
+  }
+
+  private openWs(method: string, args: Args): WsChannel {
+    const q = Buffer.from(JSON.stringify(encode(trimUndefined(args)))).toString('base64url');
+    const ws = new WebSocket(`${this.base.replace(/^http/, 'ws')}${SHIM_BASE}/ws/${method}?args=${q}`, { headers: { authorization: this.auth }, perMessageDeflate: false, maxPayload: 16 * 1024 * 1024 });
+    this.sockets.add(ws);
+    ws.once('close', () => this.sockets.delete(ws));
+    return new WsChannel(ws);
+  }
+
+  /** The first JSON frame of a stream: `started`/`info`, or the node's error. Later frames wait in the channel. */
+  private firstFrame(ch: WsChannel, what: string): Promise<Record<string, unknown>> {
+    const ws = ch.ws;
+    return new Promise((resolve, reject) => {
+      const onMessage = (data: Buffer, isBinary: boolean) => {
+        cleanup();
+        const f = isBinary ? null : parseFrame(data);
+        if (f === null) {
+          ws.terminate();
+          return reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: bad first frame of ${what}`));
+        }
+        if ('error' in f) return reject(errorFrom(f, `node ${this.nodeId}: ${what} failed`));
+        resolve(f);
+      };
+      const onError = (err: Error) => {
+        cleanup();
+        reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: ${what}: ${err.message}`));
+      };
+      const onClose = () => {
+        cleanup();
+        reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: ${what} closed before it started`));
+      };
+      const onUnexpected = (_req: unknown, res: import('node:http').IncomingMessage) => {
+        cleanup();
+        res.resume();
+        reject(new WarrenError(res.statusCode === 401 ? 'UNAUTHENTICATED' : 'UNAVAILABLE', `node ${this.nodeId}: ${what} refused (${res.statusCode})`));
+      };
+      const cleanup = () => {
+        ch.onMessage(null);
+        ws.off('error', onError);
+        ws.off('close', onClose);
+        ws.off('unexpected-response', onUnexpected);
+      };
+      ch.onMessage(onMessage);
+      ws.once('error', onError);
+      ws.once('close', onClose);
+      ws.once('unexpected-response', onUnexpected);
+    });
+  }
+
+  // ---------------------------------------------------------------- contract
+  features() {
+    return this.call<Awaited<ReturnType<Shim['features']>>>('features', []);
+  }
+  createSandbox(spec: Parameters<Shim['createSandbox']>[0], principal?: Principal) {
+    return this.call<Awaited<ReturnType<Shim['createSandbox']>>>('createSandbox', [spec, principal]);
+  }
+  getSandbox(id: string) {
+    return this.call<Awaited<ReturnType<Shim['getSandbox']>>>('getSandbox', [id]);
+  }
+  listSandboxes(filter?: SandboxFilter) {
+    return this.call<Awaited<ReturnType<Shim['listSandboxes']>>>('listSandboxes', [filter]);
+  }
+  listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }) {
+    return this.call<Awaited<ReturnType<Shim['listSandboxesPage']>>>('listSandboxesPage', [filter, page]);
+  }
+  sandboxUsage(owner: string) {
+    return this.call<Awaited<ReturnType<Shim['sandboxUsage']>>>('sandboxUsage', [owner]);
+  }
+  async deleteSandbox(id: string) {
+    await this.call('deleteSandbox', [id]);
+  }
+  exec(id: string, req: ExecRequest) {
+    return this.call<Awaited<ReturnType<Shim['exec']>>>('exec', [id, req]);
+  }
+  async execCaptured(id: string, req: ExecRequest): Promise<CapturedExec> {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    let done: (ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean }) | null = null;
+    let failure: WarrenError | null = null;
+    await this.ndjson('execCaptured', [id, req], (f) => {
+      if ('o' in f && typeof f.o === 'string') out.push(Buffer.from(f.o, 'base64'));
+      else if ('e' in f && typeof f.e === 'string') err.push(Buffer.from(f.e, 'base64'));
+      else if ('done' in f) done = f.done as typeof done;
+      else if ('error' in f) failure = errorFrom(f, `node ${this.nodeId}: exec failed`);
+    });
+    if (failure) throw failure;
+    if (done === null) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer ended without its outcome`);
+    const { stdoutTruncated, stderrTruncated, ...outcome } = done as ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean };
+    return { ...outcome, stdout: captured(Buffer.concat(out), stdoutTruncated === true), stderr: captured(Buffer.concat(err), stderrTruncated === true), release: () => undefined };
+  }
+  async execLive(id: string, req: ExecRequest): Promise<LiveExec> {
+    return (await this.liveExec('execLive', [id, req]))!;
+  }
+  async execStream(id: string, req: Parameters<Shim['execStream']>[1]): Promise<ExecStream> {
+    const ch = this.openWs('execStream', [id, req]);
+    const ws = ch.ws;
+    const first = await this.firstFrame(ch, 'execStream');
+    const pid = Number((first.started as { pid?: unknown } | undefined)?.pid ?? 0);
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let exitedOk!: (v: { exitCode: number | null; signal: number | null }) => void;
+    let exitedErr!: (e: unknown) => void;
+    const exited = new Promise<{ exitCode: number | null; signal: number | null }>((ok, e) => ((exitedOk = ok), (exitedErr = e)));
+    exited.catch(() => undefined);
+    let settled = false;
+    const end = (err: unknown, st?: { exitCode: number | null; signal: number | null }) => {
+      if (settled) return;
+      settled = true;
+      stdout.end();
+      stderr.end();
+      if (err === null) exitedOk(st!);
+      else exitedErr(err);
+    };
+    ch.onMessage((data: Buffer, isBinary: boolean) => {
+      if (isBinary) {
+        const to = data[0] === 1 ? stdout : data[0] === 2 ? stderr : null;
+        if (to === null) return ws.terminate();
+        if (!to.write(data.subarray(1))) {
+          ws.pause();
+          to.once('drain', () => ws.resume());
+        }
+        return;
+      }
+      const f = parseFrame(data);
+      if (f !== null && 'exited' in f) end(null, f.exited as { exitCode: number | null; signal: number | null });
+      else if (f !== null && 'error' in f) end(errorFrom(f, `node ${this.nodeId}: exec stream failed`));
+    });
+    ws.once('close', () => end(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec stream closed before the process exited`)));
+    ws.on('error', () => undefined);
+    const stdin = new Writable({
+      write(chunk: Buffer, _enc, cb) {
+        if (ws.readyState !== ws.OPEN) return cb();
+        ws.send(Buffer.concat([Buffer.of(0), chunk]), (e) => cb(e ?? null));
+      },
+      final(cb) {
+        if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ eof: true }));
+        cb();
+      },
+    });
+    stdin.on('error', () => undefined);
+    return {
+      pid,
+      stdin,
+      stdout,
+      stderr,
+      exited,
+      kill(signal?: number) {
+        if (ws.readyState === ws.OPEN) ws.send(JSON.stringify({ kill: signal ?? true }));
+      },
+    };
+  }
+  supervisedReason(id: string) {
+    return this.call<string | null>('supervisedReason', [id]);
+  }
+  async execSupervised(id: string, req: ExecRequest, runId: string): Promise<LiveExec> {
+    return (await this.liveExec('execSupervised', [id, req, runId]))!;
+  }
+  followSupervised(id: string, runId: string) {
+    return this.liveExec('followSupervised', [id, runId]);
+  }
+  async dropSupervised(id: string, runId: string) {
+    await this.call('dropSupervised', [id, runId]);
+  }
+  sweepSupervised(id: string, keep: ReadonlySet<string>) {
+    return this.call<number>('sweepSupervised', [id, keep]);
+  }
+  async readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
+    const res = await this.post('readFile', JSON.stringify({ args: [id, path, maxBytes] }));
+    return readAll(res.body, maxBytes, this.nodeId);
+  }
+  async writeFile(id: string, path: string, data: Buffer, mode?: number) {
+    await this.rawIn('writeFile', [id, path, null, mode], data);
+  }
+  listDir(id: string, path: string) {
+    return this.call<Awaited<ReturnType<Shim['listDir']>>>('listDir', [id, path]);
+  }
+  screenshot(id: string, opts?: { width?: number }) {
+    return this.call<{ png: Buffer; width: number; height: number }>('screenshot', [id, opts]);
+  }
+  sendInput(id: string, actions: unknown) {
+    return this.call<{ actions: number; events: number }>('sendInput', [id, actions]);
+  }
+  async openVnc(id: string): Promise<Duplex> {
+    const ch = this.openWs('openVnc', [id]);
+    await this.firstFrame(ch, 'openVnc');
+    return wsDuplex(ch);
+  }
+  uploadTar(id: string, dir: string, tar: Buffer) {
+    return this.rawIn<{ entries: number }>('uploadTar', [id, dir, null], tar);
+  }
+  async downloadTar(id: string, path: string): Promise<Readable> {
+    const res = await this.post('downloadTar', JSON.stringify({ args: [id, path] }));
+    return res.body;
+  }
+  async openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment> {
+    return this.session('openSession', [id, opts]);
+  }
+  attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment> {
+    return this.session('attachSession', [id, sessionId, fromOffset]);
+  }
+  private async session(method: string, args: Args): Promise<SessionAttachment> {
+    const ch = this.openWs(method, args);
+    const first = await this.firstFrame(ch, method);
+    return new RemoteSession(ch, first.info as SessionInfo, this.nodeId);
+  }
+  listSessions(id: string) {
+    return this.call<SessionInfo[]>('listSessions', [id]);
+  }
+  pauseSandbox(id: string) {
+    return this.call<Awaited<ReturnType<Shim['pauseSandbox']>>>('pauseSandbox', [id]);
+  }
+  resumeSandbox(id: string) {
+    return this.call<Awaited<ReturnType<Shim['resumeSandbox']>>>('resumeSandbox', [id]);
+  }
+  pauseSandboxes(filter: Parameters<Shim['pauseSandboxes']>[0]) {
+    return this.call<Awaited<ReturnType<Shim['pauseSandboxes']>>>('pauseSandboxes', [filter]);
+  }
+  resumeSandboxes(filter: Parameters<Shim['resumeSandboxes']>[0]) {
+    return this.call<Awaited<ReturnType<Shim['resumeSandboxes']>>>('resumeSandboxes', [filter]);
+  }
+  hibernateSandbox(id: string) {
+    return this.call<Awaited<ReturnType<Shim['hibernateSandbox']>>>('hibernateSandbox', [id]);
+  }
+  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }) {
+    return this.call<Awaited<ReturnType<Shim['extendSandbox']>>>('extendSandbox', [id, req]);
+  }
+  packSandbox(id: string, req: Parameters<Shim['packSandbox']>[1], owner: string) {
+    return this.call<Awaited<ReturnType<Shim['packSandbox']>>>('packSandbox', [id, req, owner]);
+  }
+  environment(ref: string, principal?: Principal) {
+    return this.call<Awaited<ReturnType<Shim['environment']>>>('environment', [ref, principal]);
+  }
+  listEnvironments(principal?: Principal) {
+    return this.call<Awaited<ReturnType<Shim['listEnvironments']>>>('listEnvironments', [principal]);
+  }
+  async authorizeContent(principal: Principal, refs: ContentRefs) {
+    await this.call('authorizeContent', [principal, refs]);
+  }
+  publishEnvironment(name: string, published: boolean) {
+    return this.call<Awaited<ReturnType<Shim['publishEnvironment']>>>('publishEnvironment', [name, published]);
+  }
+  updateNetwork(id: string, change: Record<string, boolean>) {
+    return this.call<Awaited<ReturnType<Shim['updateNetwork']>>>('updateNetwork', [id, change]);
+  }
+  networkInfo(id: string) {
+    return this.call<Awaited<ReturnType<Shim['networkInfo']>>>('networkInfo', [id]);
+  }
+  sandboxStats(id: string) {
+    return this.call<Awaited<ReturnType<NonNullable<Shim['sandboxStats']>>>>('sandboxStats', [id]);
+  }
+  listImages(principal?: Principal) {
+    return this.call<Awaited<ReturnType<Shim['listImages']>>>('listImages', [principal]);
+  }
+  private async progress<T>(method: string, args: Args, onProgress?: (p: ImportProgress) => void): Promise<T> {
+    let result: unknown;
+    let have = false;
+    let failure: WarrenError | null = null;
+    await this.ndjson(method, args, (f) => {
+      if ('progress' in f) onProgress?.(f.progress as ImportProgress);
+      else if ('done' in f) {
+        result = decode(f.done);
+        have = true;
+      } else if ('error' in f) failure = errorFrom(f, `node ${this.nodeId}: ${method} failed`);
+    });
+    if (failure) throw failure;
+    if (!have) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the ${method} answer ended without its result`);
+    return result as T;
+  }
+  importImage(req: ImportImageRequest, onProgress?: (p: ImportProgress) => void) {
+    return this.progress<Awaited<ReturnType<Shim['importImage']>>>('importImage', [req], onProgress);
+  }
+  pushImage(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void) {
+    return this.progress<Awaited<ReturnType<NonNullable<Shim['pushImage']>>>>('pushImage', [req], onProgress);
+  }
+  stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void) {
+    return this.progress<Awaited<ReturnType<NonNullable<Shim['stageImage']>>>>('stageImage', [req], onProgress);
+  }
+  layerStates(digests?: string[]) {
+    return this.call<Awaited<ReturnType<NonNullable<Shim['layerStates']>>>>('layerStates', [digests]);
+  }
+  /**
+   * Drops this gateway's connections to the node, streams included (the node then kills their
+   * execs and detaches their sessions); the node itself goes on.
+   */
+  async close() {
+    for (const ws of this.sockets) ws.terminate();
+    await this.agent.destroy();
+  }
+}
+
+class RemoteFnCall implements FnCallApi {
+  constructor(private readonly shim: RemoteShim) {}
+  private c<T>(name: string, args: Args): Promise<T> {
+    return this.shim.call<T>(`functions.${name}`, args);
+  }
+  anonymousRunCode() {
+    return this.c<boolean>('anonymousRunCode', []);
+  }
+  listPools() {
+    return this.c<Awaited<ReturnType<FnCallApi['listPools']>>>('listPools', []);
+  }
+  createPool(body: unknown, principal: Principal, opts?: { wait?: boolean }) {
+    return this.c<Awaited<ReturnType<FnCallApi['createPool']>>>('createPool', [body, principal, opts]);
+  }
+  poolStats(name: string) {
+    return this.c<Awaited<ReturnType<FnCallApi['poolStats']>>>('poolStats', [name]);
+  }
+  async deletePool(name: string) {
+    await this.c('deletePool', [name]);
+  }
+  invoke(pool: string, account: string, req: Parameters<FnCallApi['invoke']>[2]) {
+    return this.c<Awaited<ReturnType<FnCallApi['invoke']>>>('invoke', [pool, account, req]);
+  }
+  judge(pool: string, account: string, req: Parameters<FnCallApi['judge']>[2]) {
+    return this.c<Awaited<ReturnType<FnCallApi['judge']>>>('judge', [pool, account, req]);
+  }
+  batch(pool: string, account: string, reqs: Parameters<FnCallApi['batch']>[2], concurrency?: number) {
+    return this.c<Awaited<ReturnType<FnCallApi['batch']>>>('batch', [pool, account, reqs, concurrency]);
+  }
+  runCode(account: string, req: Parameters<FnCallApi['runCode']>[1]) {
+    return this.c<Awaited<ReturnType<FnCallApi['runCode']>>>('runCode', [account, req]);
+  }
+  runJupyter(account: string, req: Parameters<FnCallApi['runJupyter']>[1]) {
+    return this.c<Awaited<ReturnType<FnCallApi['runJupyter']>>>('runJupyter', [account, req]);
+  }
+  languages() {
+    return this.c<Awaited<ReturnType<FnCallApi['languages']>>>('languages', []);
+  }
+  async ensureToolkit(name: string) {
+    await this.c('ensureToolkit', [name]);
+  }
+}
+
+/** A session attachment whose session lives on the node; this end keeps the listener semantics of ShellSession. */
+class RemoteSession implements SessionAttachment {
+  private outL: Array<(o: SessionOutput) => void> = [];
+  private doneL: Array<(r: CommandResult) => void> = [];
+  private exitL: Array<(s: { exitCode: number | null; signal: number | null }) => void> = [];
+  private lostL: Array<(bytes: number, next: number) => void> = [];
+  private queuedOut: SessionOutput[] = [];
+  private queuedDone: CommandResult[] = [];
+  private exitStatus: { exitCode: number | null; signal: number | null } | null = null;
+  private rid = 0;
+  private readonly pending = new Map<number, { ok: (v: unknown) => void; err: (e: unknown) => void }>();
+
+  private readonly ws: WebSocket;
+
+  constructor(
+    ch: WsChannel,
+    readonly info: SessionInfo,
+    private readonly nodeId: string,
+  ) {
+    const ws = (this.ws = ch.ws);
+    ch.onMessage((data: Buffer, isBinary: boolean) => {
+      const f = isBinary ? null : parseFrame(data);
+      if (f === null) return ws.terminate();
+      if ('out' in f) {
+        const o = f.out as { stream?: unknown; offset?: unknown; d?: unknown };
+        if ((o.stream !== 'stdout' && o.stream !== 'stderr' && o.stream !== 'pty') || typeof o.offset !== 'number' || typeof o.d !== 'string') return ws.terminate();
+        const out: SessionOutput = { stream: o.stream, offset: o.offset, data: Buffer.from(o.d, 'base64') };
+        if (this.outL.length === 0) this.queuedOut.push(out);
+        else for (const l of this.outL) l(out);
+      } else if ('done' in f) {
+        const r = f.done as CommandResult;
+        if (this.doneL.length === 0) this.queuedDone.push(r);
+        else for (const l of this.doneL) l(r);
+      } else if ('exit' in f) {
+        this.exitStatus = f.exit as { exitCode: number | null; signal: number | null };
+        for (const l of this.exitL) l(this.exitStatus);
+      } else if ('lost' in f) {
+        const lost = f.lost as { bytes: number; next: number };
+        for (const l of this.lostL) l(lost.bytes, lost.next);
+      } else if ('rid' in f) {
+        const p = this.pending.get(Number(f.rid));
+        if (p === undefined) return;
+        this.pending.delete(Number(f.rid));
+        if ('error' in f) p.err(errorFrom(f, `node ${this.nodeId}: session request failed`));
+        else p.ok(decode(f.result));
+      }
+    });
+    ws.on('error', () => undefined);
+    ws.once('close', () => {
+      for (const p of this.pending.values()) p.err(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection closed`));
+      this.pending.clear();
+    });
+  }
+
+  private send(frame: Record<string, unknown>): void {
+    if (this.ws.readyState === this.ws.OPEN) this.ws.send(JSON.stringify(frame));
+  }
+
+  private ask<T>(frame: Record<string, unknown>): Promise<T> {
+    if (this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
+    const rid = ++this.rid;
+    return new Promise<T>((ok, err) => {
+      this.pending.set(rid, { ok: ok as (v: unknown) => void, err });
+      this.send({ ...frame, rid });
+    });
+  }
+
+  onOutput(listener: (out: SessionOutput) => void): void {
+    this.outL.push(listener);
+    const q = this.queuedOut;
+    this.queuedOut = [];
+    for (const o of q) listener(o);
+  }
+  onCommandDone(listener: (res: CommandResult) => void): void {
+    this.doneL.push(listener);
+    const q = this.queuedDone;
+    this.queuedDone = [];
+    for (const r of q) listener(r);
+  }
+  onExit(listener: (status: { exitCode: number | null; signal: number | null }) => void): void {
+    this.exitL.push(listener);
+    const st = this.exitStatus;
+    if (st) queueMicrotask(() => listener(st));
+  }
+  onLost(listener: (bytes: number, nextOffset: number) => void): void {
+    this.lostL.push(listener);
+  }
+  run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult> {
+    return this.ask<CommandResult>({ op: 'run', commandId, command, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
+  }
+  write(data: Buffer | string): void {
+    this.send({ op: 'write', d: Buffer.from(data).toString('base64') });
+  }
+  resize(cols: number, rows: number): void {
+    this.send({ op: 'resize', cols, rows });
+  }
+  signal(signal: number): void {
+    this.send({ op: 'signal', signal });
+  }
+  detach(): void {
+    this.ws.close(1000);
+  }
+  async close(): Promise<void> {
+    await this.ask({ op: 'close' });
+    this.ws.close(1000);
+  }
+  pauseOutput(): void {
+    this.send({ op: 'pause' });
+  }
+  resumeOutput(): void {
+    this.send({ op: 'resume' });
+  }
+  abortCommand(): void {
+    this.send({ op: 'abort' });
+  }
+  recentStatus(commandId: string, after: number): Promise<{ exitCode: number; endOffset: number } | null> {
+    return this.ask({ op: 'recentStatus', commandId, after });
+  }
+}
+
+/**
+ * One WebSocket's messages in order, to one handler at a time: several frames
+ * can arrive in one read, so the frames after a stream's first one wait here
+ * until the stream's own handler takes them.
+ */
+class WsChannel {
+  private handler: ((data: Buffer, isBinary: boolean) => void) | null = null;
+  private backlog: Array<[Buffer, boolean]> = [];
+
+  constructor(readonly ws: WebSocket) {
+    ws.on('message', (data: Buffer, isBinary: boolean) => {
+      if (this.handler !== null) this.handler(data, isBinary);
+      else this.backlog.push([data, isBinary]);
+    });
+  }
+
+  onMessage(handler: ((data: Buffer, isBinary: boolean) => void) | null): void {
+    this.handler = handler;
+    while (this.handler !== null && this.backlog.length > 0) {
+      const [data, isBinary] = this.backlog.shift()!;
+      this.handler(data, isBinary);
+    }
+  }
+}
+
+/** A byte stream over a channel's binary messages (VNC). */
+function wsDuplex(ch: WsChannel): Duplex {
+  const ws = ch.ws;
+  const d = new Duplex({
+    write(chunk: Buffer, _enc, cb) {
+      if (ws.readyState !== ws.OPEN) return cb(new Error('the VNC connection is closed'));
+      ws.send(chunk, (e) => cb(e ?? null));
+    },
+    final(cb) {
+      ws.close(1000);
+      cb();
+    },
+    read() {
+      ws.resume();
+    },
+    destroy(err, cb) {
+      ws.terminate();
+      cb(err);
+    },
+  });
+  ch.onMessage((data: Buffer, isBinary: boolean) => {
+    if (!isBinary) return;
+    if (!d.push(data)) ws.pause();
+  });
+  ws.once('close', () => d.push(null));
+  ws.on('error', (e) => d.destroy(e));
+  return d;
+}
+
+/** Output held by this gateway after a remote exec (the node released its copy). */
+function captured(buf: Buffer, truncated: boolean): CapturedOutput {
+  return {
+    size: buf.length,
+    truncated,
+    *chunks(chunkBytes = 3 * 21_845) {
+      const n = Math.max(3, chunkBytes - (chunkBytes % 3));
+      for (let i = 0; i < buf.length; i += n) yield buf.subarray(i, i + n);
+    },
+    bytes: () => buf,
+  };
+}
+
+/** Trailing undefined arguments are left out: the wire has no undefined, and arities allow it. */
+function trimUndefined(args: Args): Args {
+  let n = args.length;
+  while (n > 0 && args[n - 1] === undefined) n--;
+  return args.slice(0, n).map((a) => (a === undefined ? null : a));
+}
+
+function frameOf(line: string, node: string, method: string): Record<string, unknown> {
+  let f: unknown;
+  try {
+    f = JSON.parse(line);
+  } catch {
+    throw new WarrenError('UNAVAILABLE', `node ${node}: a ${method} frame is not JSON`);
+  }
+  if (f === null || typeof f !== 'object' || Array.isArray(f)) throw new WarrenError('UNAVAILABLE', `node ${node}: a ${method} frame is not an object`);
+  return f as Record<string, unknown>;
+}
+
+function parseFrame(data: Buffer): Record<string, unknown> | null {
+  try {
+    const v = JSON.parse(data.toString('utf8'));
+    return v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : null;
+  } catch {
+    return null;
+  }
+}
+
+async function readAll(body: Readable, limit: number, node: string): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const c of body) {
+    size += (c as Buffer).length;
+    if (size > limit) {
+      body.destroy();
+      throw new WarrenError('UNAVAILABLE', `node ${node}: an answer over its bound of ${limit} bytes`);
+    }
+    chunks.push(c as Buffer);
+  }
+  return Buffer.concat(chunks, size);
+}
+
+async function readJson(body: Readable, limit: number, node: string): Promise<unknown> {
+  const text = (await readAll(body, limit, node)).toString('utf8');
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new WarrenError('UNAVAILABLE', `node ${node}: the answer is not JSON`);
+  }
+}
+
+/** Splits NDJSON into lines, each bounded. */
+class LineReader {
+  private parts: Buffer[] = [];
+  private size = 0;
+  constructor(
+    private readonly limit: number,
+    private readonly onLine: (line: string) => void,
+  ) {}
+  push(chunk: Buffer): void {
+    let start = 0;
+    for (let nl = chunk.indexOf(10); nl !== -1; nl = chunk.indexOf(10, start)) {
+      this.parts.push(chunk.subarray(start, nl));
+      const line = Buffer.concat(this.parts).toString('utf8');
+      this.parts = [];
+      this.size = 0;
+      start = nl + 1;
+      if (line.length > 0) this.onLine(line);
+    }
+    if (start < chunk.length) {
+      this.size += chunk.length - start;
+      if (this.size > this.limit) throw new WarrenError('UNAVAILABLE', `an NDJSON line over ${this.limit} bytes`);
+      this.parts.push(chunk.subarray(start));
+    }
+  }
+}
