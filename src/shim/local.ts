@@ -140,6 +140,9 @@ export class LocalShim implements Shim {
   listDir(id: string, path: string) {
     return this.node.listDir(id, path);
   }
+  watchDir(id: string, path: string, opts: { recursive: boolean }) {
+    return this.node.watchDir(id, path, opts);
+  }
   screenshot(id: string, opts?: { width?: number }) {
     return this.node.screenshot(id, opts);
   }

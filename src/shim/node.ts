@@ -42,6 +42,7 @@ import type {
   ExecStream,
   FeatureReport,
   DisplayFacet,
+  DirWatch,
   FileEntry,
   ImageInfo,
   ImportProgress,
@@ -631,6 +632,15 @@ export class ShimNode {
 
   async listDir(id: string, path: string): Promise<FileEntry[]> {
     return (await this.filesOf(id)).listDir(path);
+  }
+
+  async watchDir(id: string, path: string, opts: { recursive: boolean }): Promise<DirWatch> {
+    const files = await this.filesOf(id);
+    if (files.watch === undefined) {
+      const backend = this.live(id).record.spec.backend;
+      throw new WarrenError('NOT_SUPPORTED', `the ${backend} backend cannot watch directories`, { backend, facet: 'files' });
+    }
+    return files.watch(path, opts.recursive);
   }
 
   /** The display of a sandbox that has a screen (vm backend); NOT_SUPPORTED otherwise. */

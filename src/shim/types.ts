@@ -349,6 +349,20 @@ export interface FilesFacet {
   mkdirs(path: string, mode: number): Promise<void>;
   /** What `path` is (FILE_NOT_FOUND / PATH_ESCAPE when it does not resolve inside the root). */
   kind(path: string): Promise<'file' | 'dir' | 'other'>;
+  /** Watch a directory (and, recursive, the ones below it); absent where the backend cannot. */
+  watch?(path: string, recursive: boolean): Promise<DirWatch>;
+}
+
+/** What happened to `name` (relative to the watched directory). */
+export interface DirEvent {
+  name: string;
+  type: 'create' | 'write' | 'remove';
+}
+
+/** A directory watch; events before the first listener wait for it (bounded). */
+export interface DirWatch {
+  onEvent(listener: (e: DirEvent) => void): void;
+  close(): void;
 }
 
 /** How a session holder (src/shim/sessions) reaches a shell in the sandbox. */
@@ -645,6 +659,8 @@ export interface Shim {
   readFile(id: string, path: string, maxBytes: number): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, mode?: number): Promise<void>;
   listDir(id: string, path: string): Promise<FileEntry[]>;
+  /** Watch a directory of the sandbox: NOT_SUPPORTED for backends whose files facet cannot. */
+  watchDir(id: string, path: string, opts: { recursive: boolean }): Promise<DirWatch>;
   // computer use (vm backend): NOT_SUPPORTED for sandboxes without a screen
   screenshot?(id: string, opts?: { width?: number }): Promise<{ png: Buffer; width: number; height: number }>;
   sendInput?(id: string, actions: unknown): Promise<{ actions: number; events: number }>;

@@ -19,7 +19,7 @@ import { RemoteShim } from '../../src/shim/remote/client';
 import { type ShimServer, serveShim } from '../../src/shim/remote/server';
 import type { Shim } from '../../src/shim/types';
 import { testUnless } from '../helpers/skip';
-import { waitFor, within } from '../helpers/wait';
+import { elapse, waitFor, within } from '../helpers/wait';
 import { type ShimFixture, closeTestShim, openTestShim, rootSkipReason, spec } from '../helpers/warren';
 
 const skip = rootSkipReason();
@@ -96,6 +96,47 @@ it('the same calls answer the same over both bindings, errors with the same code
   t.deepEqual(rf.features, lf.features);
   const images = (l: Awaited<ReturnType<Shim['listImages']>>) => l.map((i) => `${i.name}@${i.digest}`).sort();
   t.deepEqual(images(await remote.listImages()), images(await local.listImages()));
+});
+
+it('directory watches report creates, writes and removes over both bindings, and end with their connection', async (t) => {
+  for (const [name, s] of [
+    ['local', local],
+    ['remote', remote],
+  ] as const) {
+    const sb = await s.createSandbox(spec());
+    try {
+      await s.exec(sb.id, { cmd: 'mkdir -p /tmp/w/sub' });
+      const w = await s.watchDir(sb.id, '/tmp/w', { recursive: true });
+      const seen: string[] = [];
+      w.onEvent((e) => seen.push(`${e.type} ${e.name}`));
+      // the recursive watch of /tmp/w/sub is set up from a listing: wait until it reports
+      await waitFor(async () => {
+        await s.exec(sb.id, { cmd: 'touch /tmp/w/sub/probe' });
+        return seen.some((l) => l.endsWith(' sub/probe'));
+      }, 10_000, `${name}: the watch of /tmp/w/sub`);
+      // One step at a time: a create is told apart from a remove by looking at the directory
+      // after the event, so a file created and removed at once may be reported removed only.
+      for (const [cmd, event] of [
+        ['echo 1 > /tmp/w/a', 'create a'],
+        ['echo 2 >> /tmp/w/a', 'write a'],
+        ['rm /tmp/w/a', 'remove a'],
+        ['echo 3 > /tmp/w/sub/b', 'create sub/b'],
+      ] as const) {
+        await s.exec(sb.id, { cmd });
+        await waitFor(() => seen.includes(event), 10_000, `${name}: ${event} after ${cmd}, got ${seen.join(', ')}`);
+      }
+      t.true(seen.length >= 5, `${name}: ${seen.join(', ')}`);
+      w.close();
+      await s.exec(sb.id, { cmd: 'echo 4 > /tmp/w/c' });
+      // a write to /tmp/w/a before the close arrived within milliseconds; this one must not arrive at all
+      await elapse(500, 'events of /tmp/w/c, were the watch still open');
+      t.deepEqual(seen.filter((l) => l.endsWith(' c')), [], `${name}: nothing after close`);
+      t.is(await codeOf(s.watchDir(sb.id, '/no/such/dir', { recursive: false })), 'FILE_NOT_FOUND', name);
+      t.is(await codeOf(s.watchDir(sb.id, '/../../..', { recursive: false })), await codeOf(local.watchDir(sb.id, '/../../..', { recursive: false })), name);
+    } finally {
+      await s.deleteSandbox(sb.id);
+    }
+  }
 });
 
 it('a live exec streams as it runs; killing it from the gateway ends the process on the node', async (t) => {

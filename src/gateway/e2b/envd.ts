@@ -15,12 +15,9 @@
  */
 import { posix } from 'node:path';
 import { gunzip } from 'node:zlib';
-import { watch, type FSWatcher } from 'node:fs';
-import { closeSync, fchownSync } from 'node:fs';
-import { native } from '../../native';
 import type { Req as Request, Res as Response, Router as Server } from './http';
 import { WarrenError } from '../../errors';
-import type { ExecStream, SandboxInfo } from '../../shim/types';
+import type { DirWatch, ExecStream, SandboxInfo } from '../../shim/types';
 import type { GatewayContext } from '../context';
 import { publicError } from '../http';
 import { LIMITS, validateEnv, validateSandboxPath, validateUser } from '../../validation';
@@ -163,18 +160,9 @@ export async function ensureUser(plane: Plane, id: string): Promise<void> {
   if (next !== null) {
     await shim.writeFile(id, '/etc/group', Buffer.from(next.group), 0o644);
     await shim.writeFile(id, '/etc/passwd', Buffer.from(next.passwd), 0o644);
-    // The home directory through the native confined walk: no process to start.
-    const pid = (await shim.getSandbox(id)).pid;
-    if (pid !== undefined) {
-      const root = `/proc/${pid}/root`;
-      native.mkdirInRoot(root, '/home/user', 0o755, true);
-      const fd = native.openInRoot(root, '/home/user', 'dir', 0);
-      try {
-        fchownSync(fd, next.uid, next.uid);
-      } finally {
-        closeSync(fd);
-      }
-    }
+    // The home directory, owned by the new user (once per sandbox: its passwd entry is new).
+    const home = await shim.exec(id, { cmd: ['/bin/sh', '-c', 'mkdir -p /home/user && chown "$1:$1" /home/user', 'e2b-home', String(next.uid)], user: 'root', timeoutMs: 30_000 });
+    if (home.exitCode !== 0) throw new E2bError(502, `creating /home/user failed: ${home.stderr.trim().slice(0, 200)}`, 'unavailable');
   }
   plane.usersEnsured.add(id);
 }
@@ -622,9 +610,9 @@ function filesystemUnary(plane: Plane): Record<string, Unary> {
 }
 
 /**
- * WatchDir: inotify (fs.watch) on the directory opened by the native confined
- * walk and watched through /proc/self/fd, so a symlink cannot point the watch
- * outside the sandbox; recursive watches open each subdirectory the same way.
+ * WatchDir: the node's directory watch (Shim.watchDir; for containers inotify
+ * on directories opened by the confined walk, src/shim/backends/container-watch.ts),
+ * after checking that the user may list the directory.
  */
 async function watchDir(plane: Plane, info: SandboxInfo, msg: Record<string, unknown>, req: Request, stream: ConnectStream): Promise<void> {
   const user = requestUser(userFromBasicAuth(header(req, 'authorization')));
@@ -632,76 +620,16 @@ async function watchDir(plane: Plane, info: SandboxInfo, msg: Record<string, unk
   const recursive = boolField(msg.recursive, 'recursive');
   // The user must be able to list the directory (envd watches as that user).
   await fsRun(plane, info.id, user, `${FS_SCRIPTS.exists}\n[ -d "$1" ] || { echo "path is not a directory: $1" >&2; exit 20; }\n[ -r "$1" ] && [ -x "$1" ] || { echo "Permission denied: $1" >&2; exit 13; }`, [path]);
-  const pid = info.pid ?? (await plane.ctx.shim.getSandbox(info.id)).pid;
-  if (!pid) throw new E2bError(502, 'sandbox is not running', 'unavailable');
-  const root = `/proc/${pid}/root`;
-  const watchers = new Map<string, { w: FSWatcher; fd: number }>();
-  const MAX_WATCHES = 4096;
-  const add = (rel: string) => {
-    if (watchers.has(rel) || watchers.size >= MAX_WATCHES) return;
-    let fd: number;
-    try {
-      fd = native.openInRoot(root, rel === '' ? path : posix.join(path, rel), 'dir', 0);
-    } catch {
-      return;
-    }
-    let w: FSWatcher;
-    try {
-      w = watch(`/proc/self/fd/${fd}`, { persistent: false }, (kind, name) => onEvent(rel, kind, name === null ? '' : String(name)));
-    } catch {
-      closeSync(fd);
-      return;
-    }
-    w.on('error', () => undefined);
-    watchers.set(rel, { w, fd });
-    if (recursive) {
-      void plane.ctx.shim
-        .listDir(info.id, rel === '' ? path : posix.join(path, rel))
-        .then((entries) => entries.filter((e) => e.type === 'dir').forEach((e) => add(rel === '' ? e.name : `${rel}/${e.name}`)))
-        .catch(() => undefined);
-    }
-  };
-  const onEvent = (rel: string, kind: string, name: string) => {
-    if (name === '') return;
-    const relName = rel === '' ? name : `${rel}/${name}`;
-    const full = posix.join(path, relName);
-    if (kind === 'change') {
-      stream.send({ filesystem: { name: relName, type: 'EVENT_TYPE_WRITE' } });
-      return;
-    }
-    // 'rename' covers create, delete and both ends of a rename: look at what is there now.
-    void plane.ctx.shim
-      .listDir(info.id, posix.dirname(full))
-      .then((entries) => {
-        const e = entries.find((x) => x.name === posix.basename(full));
-        if (e) {
-          stream.send({ filesystem: { name: relName, type: 'EVENT_TYPE_CREATE' } });
-          if (recursive && e.type === 'dir') add(relName);
-        } else {
-          stream.send({ filesystem: { name: relName, type: 'EVENT_TYPE_REMOVE' } });
-          const gone = watchers.get(relName);
-          if (gone) {
-            gone.w.close();
-            closeSync(gone.fd);
-            watchers.delete(relName);
-          }
-        }
-      })
-      .catch(() => stream.send({ filesystem: { name: relName, type: 'EVENT_TYPE_REMOVE' } }));
-  };
-  add('');
-  if (watchers.size === 0) throw new E2bError(404, `cannot watch ${path}`, 'not_found');
-  stream.onClosed(() => {
-    for (const { w, fd } of watchers.values()) {
-      w.close();
-      try {
-        closeSync(fd);
-      } catch {
-        /* already closed */
-      }
-    }
-    watchers.clear();
-  });
+  let w: DirWatch;
+  try {
+    w = await plane.ctx.shim.watchDir(info.id, path, { recursive });
+  } catch (err) {
+    if (err instanceof WarrenError && err.code === 'FILE_NOT_FOUND') throw new E2bError(404, `cannot watch ${path}`, 'not_found');
+    throw err;
+  }
+  const TYPES = { create: 'EVENT_TYPE_CREATE', write: 'EVENT_TYPE_WRITE', remove: 'EVENT_TYPE_REMOVE' } as const;
+  w.onEvent((e) => stream.send({ filesystem: { name: e.name, type: TYPES[e.type] } }));
+  stream.onClosed(() => w.close());
   stream.send({ start: {} });
   stream.startKeepalive(header(req, 'keepalive-ping-interval'));
   stream.setDeadline(parseConnectTimeout(header(req, 'connect-timeout-ms')));

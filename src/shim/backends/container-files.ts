@@ -7,7 +7,8 @@ import { closeSync, fstatSync, lstatSync, readSync, readdirSync, writeSync } fro
 import { posix } from 'node:path';
 import { WarrenError } from '../../errors';
 import { native } from '../../native';
-import type { FileEntry, FilesFacet } from '../types';
+import type { DirWatch, FileEntry, FilesFacet } from '../types';
+import { watchInRoot } from './container-watch';
 
 const ENOTDIR = 20;
 
@@ -70,6 +71,10 @@ export class RootFiles implements FilesFacet {
 
   async mkdirs(path: string, mode: number): Promise<void> {
     native.mkdirInRoot(this.root(), path, mode, true, this.creds());
+  }
+
+  async watch(path: string, recursive: boolean): Promise<DirWatch> {
+    return watchInRoot(this.root(), this.creds(), path, recursive, (p) => this.listDir(p));
   }
 
   async kind(path: string): Promise<'file' | 'dir' | 'other'> {

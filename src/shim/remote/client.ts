@@ -16,6 +16,8 @@ import type {
   CapturedOutput,
   CommandResult,
   ContentRefs,
+  DirEvent,
+  DirWatch,
   ExecOutcome,
   ExecRequest,
   ExecStream,
@@ -360,6 +362,29 @@ export class RemoteShim implements Shim {
   }
   listDir(id: string, path: string) {
     return this.call<Awaited<ReturnType<Shim['listDir']>>>('listDir', [id, path]);
+  }
+  async watchDir(id: string, path: string, opts: { recursive: boolean }): Promise<DirWatch> {
+    const ch = this.openWs('watchDir', [id, path, opts]);
+    await this.firstFrame(ch, 'watchDir');
+    const listeners: Array<(e: DirEvent) => void> = [];
+    const queued: DirEvent[] = [];
+    ch.onMessage((data: Buffer, isBinary: boolean) => {
+      const f = isBinary ? null : parseFrame(data);
+      const e = f?.ev as Partial<DirEvent> | undefined;
+      if (!e || typeof e.name !== 'string' || (e.type !== 'create' && e.type !== 'write' && e.type !== 'remove')) return ch.ws.terminate();
+      const ev: DirEvent = { name: e.name, type: e.type };
+      if (listeners.length === 0) {
+        if (queued.length < 4096) queued.push(ev);
+      } else for (const l of listeners) l(ev);
+    });
+    ch.ws.on('error', () => undefined);
+    return {
+      onEvent(listener) {
+        listeners.push(listener);
+        for (const e of queued.splice(0)) listener(e);
+      },
+      close: () => ch.ws.close(1000),
+    };
   }
   screenshot(id: string, opts?: { width?: number }) {
     return this.call<{ png: Buffer; width: number; height: number }>('screenshot', [id, opts]);

@@ -13,7 +13,7 @@ import type { AddressInfo } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { WebSocketServer, type WebSocket, createWebSocketStream } from 'ws';
 import { WarrenError, asWarrenError } from '../../errors';
-import type { ExecStream, LiveExec, SessionAttachment, Shim } from '../types';
+import type { DirWatch, ExecStream, LiveExec, SessionAttachment, Shim } from '../types';
 import { type Hello, MAX_JSON_BYTES, METHODS, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, checkArgs, decode, encode, errorJson } from './wire';
 
 export interface ShimServerOptions {
@@ -220,6 +220,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
       };
       let started: Promise<void>;
       if (method === 'execStream') started = target(method)(...args).then((s) => wsExecStream(ws, s as ExecStream));
+      else if (method === 'watchDir') started = target(method)(...args).then((w) => wsWatch(ws, w as DirWatch));
       else if (method === 'openVnc') started = target(method)(...args).then((s) => wsVnc(ws, s as Duplex));
       else started = target(method)(...args).then((s) => wsSession(ws, s as SessionAttachment));
       started.catch(fail);
@@ -280,6 +281,18 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     ws.once('close', () => {
       if (!exited) s.kill();
     });
+  }
+
+  function wsWatch(ws: WebSocket, w: DirWatch): void {
+    if (ws.readyState !== ws.OPEN) return w.close();
+    sendWs(ws, { started: true });
+    w.onEvent((e) => {
+      // a watcher whose gateway cannot keep up loses its watch, not the node's memory
+      if (ws.bufferedAmount > WS_HIGH_WATER) return ws.terminate();
+      sendWs(ws, { ev: e });
+    });
+    ws.on('message', () => ws.close(1008, 'a watch takes no frames'));
+    ws.once('close', () => w.close());
   }
 
   function wsVnc(ws: WebSocket, sock: Duplex): void {

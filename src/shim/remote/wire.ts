@@ -50,6 +50,7 @@ export const METHODS: Record<string, { kind: MethodKind; args: number; optional?
   readFile: { kind: 'raw-out', args: 3 },
   writeFile: { kind: 'raw-in', args: 4, optional: 1 },
   listDir: { kind: 'call', args: 2 },
+  watchDir: { kind: 'ws', args: 3 },
   screenshot: { kind: 'call', args: 2, optional: 1 },
   sendInput: { kind: 'call', args: 2 },
   openVnc: { kind: 'ws', args: 1 },
