@@ -101,14 +101,19 @@ export async function cmdGateway(args: string[], io: Io): Promise<number> {
     'overflow-threshold': { type: 'string' },
     k: { type: 'string' },
     'quota-sandboxes': { type: 'string' },
+    node: { type: 'string' },
+    'shim-token-file': { type: 'string' },
+    'e2b-port': { type: 'string' },
   });
   if (values.help) {
     io.out('usage: warren gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold 0.8] [--k 2] [--quota-sandboxes N]\n');
+    io.out('       warren gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT] [--quota-sandboxes N]\n');
     return 0;
   }
   const listen = values.listen ?? '127.0.0.1:7070';
   const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(listen);
   if (!m || Number(m[2]) > 65535) throw new UsageError(`--listen expects HOST:PORT (got ${JSON.stringify(listen)})`);
+  if (values.node !== undefined) return remoteGateway(values, m[1]!.replace(/^\[|\]$/g, ''), Number(m[2]), io);
   if (!values['cluster-credential']) throw new UsageError('--cluster-credential FILE is required');
   if (!values['admin-token-file']) throw new UsageError('--admin-token-file FILE is required (read when it exists, else created)');
   const threshold = num(values, 'overflow-threshold');
@@ -139,6 +144,42 @@ export async function cmdGateway(args: string[], io: Io): Promise<number> {
   });
   io.out(`Warren gateway is listening on ${gw.url}\n`);
   if (gw.adminToken) io.out(`Admin token (shown once; saved in ${values['admin-token-file']}, mode 0600):\n${gw.adminToken}\n`);
+  await stopped;
+  setTimeout(() => process.exit(0), 1000).unref();
+  return 0;
+}
+
+/** `warren gateway --node URL`: the gateway API for one node over the shim protocol. */
+async function remoteGateway(values: Record<string, string | boolean | undefined>, host: string, port: number, io: Io): Promise<number> {
+  if (values.etcd !== undefined || values['cluster-credential'] !== undefined) throw new UsageError('--node is one node over the shim protocol; --etcd and --cluster-credential are for a cluster gateway');
+  const tokenFile = values['shim-token-file'];
+  if (typeof tokenFile !== 'string') throw new UsageError('--node needs --shim-token-file FILE (the file the node was started with)');
+  const dataDir = values['data-dir'];
+  if (typeof dataDir !== 'string') throw new UsageError('--node needs --data-dir DIR (the gateway keeps its accounts and idempotency keys there)');
+  const nodeUrl = String(values.node);
+  if (!/^https?:\/\/[^\s/]+\/?$/.test(nodeUrl)) throw new UsageError(`--node expects http://HOST:PORT (got ${JSON.stringify(nodeUrl)})`);
+  const { readShimToken } = await import('../shim/remote/token');
+  const { startRemoteGateway } = await import('../gateway/remote');
+  const opts: Parameters<typeof startRemoteGateway>[0] = { nodeUrl, token: readShimToken(tokenFile), dataDir, host, port, log: (l) => io.err(`${l}\n`) };
+  const e2b = num(values, 'e2b-port');
+  if (e2b !== undefined) {
+    if (!Number.isInteger(e2b) || e2b < 0 || e2b > 65535) throw new UsageError(`--e2b-port expects a port number (got ${String(values['e2b-port'])})`);
+    opts.e2bPort = e2b;
+  }
+  const qs = num(values, 'quota-sandboxes');
+  if (qs !== undefined) opts.defaultQuota = { maxSandboxes: qs, maxCpu: null, maxMemoryMb: null };
+  const gw = await startRemoteGateway(opts);
+  const stopped = new Promise<void>((resolve) => {
+    const stop = (sig: NodeJS.Signals) => {
+      io.err(`warren: ${sig}, gateway shutting down (the node and its sandboxes keep running)\n`);
+      void gw.close().finally(resolve);
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
+  io.out(`Warren gateway for node ${gw.nodeId} is listening on ${gw.url}\n`);
+  if (gw.e2bUrl) io.out(`E2B API on ${gw.e2bUrl} (E2B_API_URL=${gw.e2bUrl}/e2b E2B_SANDBOX_URL=${gw.e2bUrl})\n`);
+  if (gw.adminToken) io.out(`Admin token (shown once; saved in ${dataDir}/admin.token, mode 0600):\n${gw.adminToken}\n`);
   await stopped;
   setTimeout(() => process.exit(0), 1000).unref();
   return 0;

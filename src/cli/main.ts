@@ -45,10 +45,11 @@ commands:
      [--no-network] [--bridge NAME] [--subnet CIDR] [--nft-table NAME] [--dns-upstream IP[:PORT]]... [--netns-warm N]
      [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
      [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
-     [--pull-mode lazy|eager] [--lazy-cache-mib N]
+     [--pull-mode lazy|eager] [--lazy-cache-mib N] [--shim-listen HOST:PORT --shim-token-file FILE]   (docs/shim-protocol.md)
   node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
        [--lease-ttl S] [--create-window N] [--advertise URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
+  gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT]   one node over the shim protocol
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
@@ -210,6 +211,8 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
     'registry-config': { type: 'string' },
     'pull-mode': { type: 'string' },
     'lazy-cache-mib': { type: 'string' },
+    'shim-listen': { type: 'string' },
+    'shim-token-file': { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -287,6 +290,13 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
     if (values['dns-upstream']) net.upstreams = values['dns-upstream'].map(parseEndpoint);
     opts.network = net;
   }
+  if (values['shim-listen'] !== undefined) {
+    const sm = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(values['shim-listen']);
+    if (!sm || Number(sm[2]) > 65535) throw new UsageError(`--shim-listen expects HOST:PORT (got ${JSON.stringify(values['shim-listen'])})`);
+    if (!values['shim-token-file']) throw new UsageError('--shim-listen needs --shim-token-file FILE (read when it exists, else created; give the same file to the gateways)');
+    const { readOrCreateShimToken } = await import('../shim/remote/token');
+    opts.shimListen = { host: sm[1]!.replace(/^\[|\]$/g, ''), port: Number(sm[2]), token: readOrCreateShimToken(values['shim-token-file']) };
+  } else if (values['shim-token-file']) throw new UsageError('--shim-token-file goes with --shim-listen');
   const warren = await startWarren(opts);
   progress.finish();
   // The signal handlers are in place before the server says it is listening: a supervisor that
@@ -320,6 +330,7 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
     });
   });
   io.out(`Warren is listening on ${warren.url}\n`);
+  if (warren.shimUrl) io.out(`Shim protocol on ${warren.shimUrl}\n`);
   if (warren.e2bUrl) io.out(`E2B API on ${warren.e2bUrl} (E2B_API_URL=${warren.e2bUrl}/e2b E2B_SANDBOX_URL=${warren.e2bUrl})\n`);
   if (warren.adminToken) {
     io.out(`Admin token (shown once; saved in ${join(dataDir, 'admin.token')}, mode 0600):\n${warren.adminToken}\n`);

@@ -12,6 +12,7 @@ import { type NetworkConfig, type ShimNode, openShim } from '../shim/node';
 import { feature } from '../features';
 import { BUNDLED_POLICY_DIR, PolicyStore, usePolicyStore } from '../security/confinement';
 import { LocalShim } from '../shim/local';
+import { type ShimServer, serveShim } from '../shim/remote/server';
 import type { ImportProgress } from '../shim/types';
 import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
@@ -29,6 +30,8 @@ export interface StartOptions {
   dataDir: string;
   host: string;
   port: number;
+  /** Also serve the node over the shim protocol (docs/shim-protocol.md) for gateways elsewhere. */
+  shimListen?: { host: string; port: number; token: string };
   /** OTLP/HTTP collector base URL (traces and metrics). */
   otlpEndpoint?: string;
   /** Progress of first-start work (building the default image). */
@@ -81,6 +84,8 @@ export interface Warren {
   e2bUrl?: string;
   /** The admin token on the first start (print it once); null on later starts. */
   adminToken: string | null;
+  /** Base URL of the shim protocol, when served. */
+  shimUrl?: string;
   close(): Promise<void>;
 }
 
@@ -141,6 +146,15 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.shell !== undefined) gatewayOpts.shell = opts.shell;
     if (opts.idempotency !== undefined) gatewayOpts.idempotency = opts.idempotency;
     const gateway = await createGateway(gatewayOpts);
+    let shimServer: ShimServer | null = null;
+    if (opts.shimListen) {
+      try {
+        shimServer = await serveShim({ shim: served, token: opts.shimListen.token, host: opts.shimListen.host, port: opts.shimListen.port, ...(opts.log ? { log: opts.log } : {}) });
+      } catch (err) {
+        await gateway.close();
+        throw err;
+      }
+    }
     const openShimRef = shim;
     const etcd = opts.cluster && credential ? openEtcd(opts.cluster.etcd) : null;
     if (opts.cluster && credential && etcd) {
@@ -156,6 +170,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       } catch (err) {
         await agent.close().catch(() => undefined);
         etcd.close();
+        await shimServer?.close();
         await gateway.close();
         throw err;
       }
@@ -165,10 +180,12 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       url: gateway.url,
       ...(gateway.e2bUrl !== undefined ? { e2bUrl: gateway.e2bUrl } : {}),
       adminToken,
+      ...(shimServer ? { shimUrl: shimServer.url } : {}),
       close() {
         closing ??= (async () => {
           await agent?.close();
           etcd?.close();
+          await shimServer?.close();
           await gateway.close();
           await openShimRef.close();
           if (telemetry) await telemetry.shutdown().catch(() => undefined);

@@ -256,6 +256,12 @@ class ShellConnection {
   private closingSession = false;
   /** Command ids reported done lately (run() resolution and onCommandDone may both report one). */
   private readonly recentDone: string[] = [];
+  /**
+   * Commands this attachment's own run() is running: their answer is that run's result. A status
+   * line with the same id replayed from before (a client may reuse ids across attachments, and
+   * replay can arrive after the new run started) is an earlier command's and is not reported.
+   */
+  private readonly runningHere = new Set<string>();
   /** Next output offset the client has not been sent. */
   private nextOffset: number;
   /** The keyed command this attachment is running: its output is kept for retries. */
@@ -274,7 +280,9 @@ class ShellConnection {
     this.nextOffset = startOffset;
     this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, liveOffset: att.info.outputOffset, sandbox: sandboxId });
     att.onOutput((out) => this.onOutput(out));
-    att.onCommandDone((res) => this.reportDone(res.commandId, res));
+    att.onCommandDone((res) => {
+      if (!this.runningHere.has(res.commandId)) this.reportDone(res.commandId, res);
+    });
     att.onExit((status) => this.onExit(status));
     // pty mode sees gaps in the offsets of its binary frames; command mode's offsets also count status bytes, so it is told.
     if (mode === 'command') att.onLost?.((bytes, next) => this.onLost(bytes, next));
@@ -399,6 +407,11 @@ class ShellConnection {
     }
   }
 
+  private forgetDone(id: string): void {
+    const i = this.recentDone.indexOf(id);
+    if (i >= 0) this.recentDone.splice(i, 1);
+  }
+
   private reportDone(id: string, res: CommandResult): void {
     if (this.recentDone.includes(id)) return;
     this.recentDone.push(id);
@@ -462,13 +475,20 @@ class ShellConnection {
           const cmd = expectString(m.cmd, 'cmd', { maxBytes: LIMITS.cmdBytes });
           const timeoutMs = m.timeoutMs === undefined ? undefined : expectNumber(m.timeoutMs, 'timeoutMs', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max, true);
           const cmdId = id;
+          // From now on the id names this command: an earlier one's report must not hide its own.
+          this.forgetDone(cmdId);
           if (m.idempotencyKey !== undefined) {
             this.runKeyed(cmdId, cmd, timeoutMs, validateIdempotencyKey(m.idempotencyKey));
             return;
           }
+          this.runningHere.add(cmdId);
           this.att.run(cmdId, cmd, timeoutMs).then(
-            (res) => this.reportDone(cmdId, res),
+            (res) => {
+              this.runningHere.delete(cmdId);
+              this.reportDone(cmdId, res);
+            },
             (err) => {
+              this.runningHere.delete(cmdId);
               // After a detach the attachment fails pending runs; nobody is listening any more.
               if (!this.closed) this.sendError(err, cmdId);
             },
@@ -547,13 +567,16 @@ class ShellConnection {
     const cap = keys.store.maxStoredOutputBytes;
     const k: KeyedRun = { commandId: cmdId, from, stdout: new BoundedBytes(cap), stderr: new BoundedBytes(cap) };
     this.keyed = k;
+    this.runningHere.add(cmdId);
     this.att.run(cmdId, cmd, timeoutMs).then(
       (res) => {
+        this.runningHere.delete(cmdId);
         if (this.keyed === k) this.keyed = null;
         keys.store.finish(scope, { exitCode: res.exitCode, timedOut: res.timedOut, commandId: cmdId }, k.stdout.bytes(), k.stderr.bytes(), k.stdout.total, k.stderr.total);
         this.reportDone(cmdId, res);
       },
       (err) => {
+        this.runningHere.delete(cmdId);
         if (this.keyed === k) this.keyed = null;
         // Refused before it started (busy, ended session): a retry may run it. Otherwise the
         // holder has it (this attachment went away): a retry attaches to it there.

@@ -1,6 +1,7 @@
 /**
  * Client side of the shell WebSocket protocol (docs/shell-protocol.md).
  */
+import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type { IncomingMessage } from 'node:http';
 import WebSocket from 'ws';
@@ -99,6 +100,8 @@ export class ShellClient extends EventEmitter {
   private replayEnd = 0;
   private queue: Promise<unknown> = Promise.resolve();
   private nextId = 1;
+  /** Command ids are this client's own: an id of an earlier attachment's command, replayed, never answers a new run. */
+  private readonly idPrefix = `c${randomBytes(4).toString('hex')}-`;
   private readonly closedPromise: Promise<void>;
   private resolveClosed!: () => void;
 
@@ -319,7 +322,7 @@ export class ShellClient extends EventEmitter {
 
   private runNow(cmd: string, opts: RunOptions): Promise<CommandOutcome> {
     return new Promise<CommandOutcome>((resolve, reject) => {
-      const id = `c${this.nextId++}`;
+      const id = `${this.idPrefix}${this.nextId++}`;
       this.active = { id, stdout: [], stderr: [], lost: 0, resolve, reject };
       const msg: Record<string, unknown> = { type: 'run', id, cmd };
       if (opts.timeoutMs !== undefined) msg.timeoutMs = opts.timeoutMs;

@@ -240,6 +240,30 @@ test('detach and re-attach: missed output is replayed from the offset', async (t
   });
 });
 
+test('a client reusing a command id after re-attaching gets the new command\'s done, not the replayed one\'s', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const a = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+    const hello = (await a.next()) as Record<string, any>;
+    a.ws.send(JSON.stringify({ type: 'run', id: 'x', cmd: 'echo one' }));
+    await a.next((f) => !Buffer.isBuffer(f) && f.type === 'done' && f.id === 'x');
+    a.ws.close();
+    await a.closed;
+    // From offset 0 the replay holds command x's status line; the client runs a new "x" at once.
+    const b = must(t, await open(wsUrl(url, sb.id, `?session=${hello.session}&offset=0`), { token: adminToken }));
+    await b.next();
+    b.ws.send(JSON.stringify({ type: 'run', id: 'x', cmd: 'sleep 0.2; echo two' }));
+    await b.next((f) => !Buffer.isBuffer(f) && f.type === 'output' && String(f.data).includes('two'));
+    const done = (await b.next((f) => !Buffer.isBuffer(f) && f.type === 'done' && f.id === 'x')) as Record<string, any>;
+    t.is(done.exitCode, 0);
+    const twoAt = b.frames.findIndex((f) => !Buffer.isBuffer(f) && f.type === 'output' && String(f.data).includes('two'));
+    t.true(b.frames.indexOf(done) > twoAt, 'the done reported is the one after the new output');
+    b.ws.send(JSON.stringify({ type: 'close' }));
+    await b.closed;
+    await sb.delete();
+  });
+});
+
 async function ptyConn(t: ExecutionContext, url: string, token: string, id: string, query: string) {
   const c = must(t, await open(wsUrl(url, id, query), { token }));
   const text = () => Buffer.concat(c.frames.filter((f): f is Buffer => Buffer.isBuffer(f))).toString('utf8');
