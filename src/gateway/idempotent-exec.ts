@@ -19,7 +19,7 @@ import { randomBytes } from 'node:crypto';
 import type { Response } from 'hyper-express';
 import { WarrenError, asWarrenError } from '../errors';
 import type { CapturedExec, CapturedOutput, ExecOutcome, ExecRequest, LiveExec } from '../shim/types';
-import { OutputCapture, captureInto } from '../shim/exec-output';
+import { OutputCapture, bufferOutput, captureInto } from '../shim/exec-output';
 import type { Account } from './auth';
 import { type GatewayContext, raceSafe } from './context';
 import { type OutputEncoding, outputLine, sendCapturedJson, streamLiveNdjson } from './exec-stream';
@@ -56,18 +56,6 @@ function head(out: CapturedOutput, cap: number): Buffer {
     if (n >= cap) break;
   }
   return Buffer.concat(parts);
-}
-
-function bufferOutput(buf: Buffer, truncated: boolean): CapturedOutput {
-  return {
-    size: buf.length,
-    truncated,
-    *chunks(chunkBytes = 3 * 21_845) {
-      const step = Math.max(3, chunkBytes - (chunkBytes % 3));
-      for (let i = 0; i < buf.length; i += step) yield buf.subarray(i, i + step);
-    },
-    bytes: () => buf,
-  };
 }
 
 /** Errors that say the command did not start: the key is let go, so that a retry runs it. */

@@ -18,6 +18,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { WarrenError } from '../errors';
+import type { CapturedOutput } from './types';
 
 /** Bytes of each capture kept in memory before it spills to a file. */
 export const CAPTURE_MEMORY_BYTES = 256 * 1024;
@@ -263,6 +264,19 @@ export function captureInto(pipe: Readable & { truncated?: boolean }, capture: O
     pipe.once('close', done);
     pipe.once('error', done);
   });
+}
+
+/** Output already in memory, as a CapturedOutput (chunks a multiple of 3 bytes, but the last). */
+export function bufferOutput(buf: Buffer, truncated: boolean): CapturedOutput {
+  return {
+    size: buf.length,
+    truncated,
+    *chunks(chunkBytes = READBACK_CHUNK) {
+      const step = Math.max(3, chunkBytes - (chunkBytes % 3));
+      for (let i = 0; i < buf.length; i += step) yield buf.subarray(i, i + step);
+    },
+    bytes: () => buf,
+  };
 }
 
 export function invalidEncoding(value: unknown): WarrenError {

@@ -10,10 +10,10 @@ import { Duplex, PassThrough, type Readable, Writable } from 'node:stream';
 import { Agent, request } from 'undici';
 import WebSocket from 'ws';
 import { WarrenError } from '../../errors';
+import { bufferOutput } from '../exec-output';
 import type { Principal } from '../access';
 import type {
   CapturedExec,
-  CapturedOutput,
   CommandResult,
   ContentRefs,
   DirEvent,
@@ -275,7 +275,7 @@ export class RemoteShim implements Shim {
     if (failure) throw failure;
     if (done === null) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer ended without its outcome`);
     const { stdoutTruncated, stderrTruncated, ...outcome } = done as ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean };
-    return { ...outcome, stdout: captured(Buffer.concat(out), stdoutTruncated === true), stderr: captured(Buffer.concat(err), stderrTruncated === true), release: () => undefined };
+    return { ...outcome, stdout: bufferOutput(Buffer.concat(out), stdoutTruncated === true), stderr: bufferOutput(Buffer.concat(err), stderrTruncated === true), release: () => undefined };
   }
   async execLive(id: string, req: ExecRequest): Promise<LiveExec> {
     return (await this.liveExec('execLive', [id, req]))!;
@@ -715,19 +715,6 @@ function wsDuplex(ch: WsChannel): Duplex {
   ws.once('close', () => d.push(null));
   ws.on('error', (e) => d.destroy(e));
   return d;
-}
-
-/** Output held by this gateway after a remote exec (the node released its copy). */
-function captured(buf: Buffer, truncated: boolean): CapturedOutput {
-  return {
-    size: buf.length,
-    truncated,
-    *chunks(chunkBytes = 3 * 21_845) {
-      const n = Math.max(3, chunkBytes - (chunkBytes % 3));
-      for (let i = 0; i < buf.length; i += n) yield buf.subarray(i, i + n);
-    },
-    bytes: () => buf,
-  };
 }
 
 /** Trailing undefined arguments are left out: the wire has no undefined, and arities allow it. */
