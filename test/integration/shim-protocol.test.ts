@@ -17,6 +17,7 @@ import { WarrenError } from '../../src/errors';
 import { LocalShim } from '../../src/shim/local';
 import { RemoteShim } from '../../src/shim/remote/client';
 import { type ShimServer, serveShim } from '../../src/shim/remote/server';
+import { FRAME, frame } from '../../src/shim/remote/wire';
 import type { Shim } from '../../src/shim/types';
 import { testUnless } from '../helpers/skip';
 import { elapse, waitFor, within } from '../helpers/wait';
@@ -284,14 +285,22 @@ it('a hostile node: garbage, oversized and endless answers are UNAVAILABLE withi
       const t0 = setInterval(() => res.write('x'.repeat(1 << 20)), 1);
       res.on('close', () => clearInterval(t0));
     }, (s) => s.getSandbox('x')],
-    ['an NDJSON line that never ends', (_q, res) => {
-      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
-      const t0 = setInterval(() => res.write('y'.repeat(1 << 20)), 1);
-      res.on('close', () => clearInterval(t0));
+    ['a frame header past the bound', (_q, res) => {
+      res.writeHead(200);
+      res.end(Buffer.from([1, 0xff, 0xff, 0xff, 0xff]));
     }, (s) => s.execCaptured('x', { cmd: 'true' })],
+    ['more output than the exec may have', (_q, res) => {
+      res.writeHead(200);
+      const t0 = setInterval(() => res.write(frame(FRAME.stdout, Buffer.alloc(64 * 1024))), 1);
+      res.on('close', () => clearInterval(t0));
+    }, (s) => s.execCaptured('x', { cmd: 'true', maxOutputBytes: 1000 })],
+    ['a frame of an unknown type', (_q, res) => {
+      res.writeHead(200);
+      res.end(frame(9, 'x'));
+    }, async (s) => (await s.execLive('x', { cmd: 'true' })).done],
     ['a live exec that stops without its outcome', (_q, res) => {
-      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
-      res.end(`${JSON.stringify({ o: Buffer.from('hi').toString('base64') })}\n`);
+      res.writeHead(200);
+      res.end(frame(FRAME.stdout, 'hi'));
     }, async (s) => (await s.execLive('x', { cmd: 'true' })).done],
     ['a frame that is not an object', (_q, res) => {
       res.writeHead(200, { 'content-type': 'application/x-ndjson' });

@@ -1,6 +1,6 @@
 import test from 'ava';
 import { WarrenError } from '../../src/errors';
-import { METHODS, checkArgs, decode, encode, errorFrom, errorJson } from '../../src/shim/remote/wire';
+import { FRAME, FrameReader, MAX_FRAME_BYTES, METHODS, checkArgs, decode, encode, errorFrom, errorJson, frame } from '../../src/shim/remote/wire';
 
 test('values round-trip through JSON: buffers, sets, nesting; undefined fields are left out', (t) => {
   const v = { a: Buffer.from([0, 1, 255]), s: new Set(['x', 'y']), list: [Buffer.from('hi'), { deep: new Uint8Array([7]) }], skip: undefined, n: null };
@@ -44,4 +44,23 @@ test('errors keep their stable code and details across; anything else is UNAVAIL
   t.is(errorFrom({ error: errorJson(new Error('plain')) }, 'f').code, 'INTERNAL');
   for (const junk of [null, 'x', {}, { error: 'x' }, { error: { code: 1, message: 'm' } }, { error: { code: 'X' } }]) t.like(errorFrom(junk, 'fallback'), { code: 'UNAVAILABLE', message: 'fallback' });
   t.is(errorFrom({ error: { code: 'NO_SUCH_CODE', message: 'm' } }, 'f').code, 'INTERNAL');
+});
+
+test('frames come out whole whatever the chunking, and a bad header fails before its payload is kept', (t) => {
+  const stream = Buffer.concat([frame(FRAME.stdout, 'hello'), frame(FRAME.stderr, Buffer.alloc(100_000, 7)), frame(FRAME.json, '{"done":1}'), frame(FRAME.stdout, '')]);
+  for (const step of [1, 3, 5, 4096, stream.length]) {
+    const got: Array<[number, number]> = [];
+    const r = new FrameReader((type, p) => got.push([type, p.length]));
+    for (let i = 0; i < stream.length; i += step) r.push(stream.subarray(i, i + step));
+    t.deepEqual(got, [[FRAME.stdout, 5], [FRAME.stderr, 100_000], [FRAME.json, 10], [FRAME.stdout, 0]], `chunks of ${step}`);
+    t.is(r.pending, 0);
+  }
+  const cut = new FrameReader(() => undefined);
+  cut.push(frame(FRAME.stdout, 'abcdef').subarray(0, 8));
+  t.is(cut.pending, 8, 'a cut answer leaves bytes pending');
+  const head = Buffer.alloc(5);
+  head[0] = FRAME.stdout;
+  head.writeUInt32BE(MAX_FRAME_BYTES + 1, 1);
+  t.throws(() => new FrameReader(() => undefined).push(head), { instanceOf: WarrenError, message: /bound/ });
+  t.throws(() => new FrameReader(() => undefined).push(frame(9, 'x')), { instanceOf: WarrenError, message: /unknown type/ });
 });

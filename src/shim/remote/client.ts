@@ -32,7 +32,7 @@ import type {
   SessionOutput,
   Shim,
 } from '../types';
-import { type Hello, MAX_JSON_BYTES, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
+import { FRAME, FrameReader, type Hello, MAX_JSON_BYTES, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
 
 export interface RemoteShimOptions {
   url: string;
@@ -153,18 +153,17 @@ export class RemoteShim implements Shim {
       else if (err !== null) settle.err(err);
       else settle.ok(outcome!);
     };
-    const push = (to: PassThrough, b64: unknown) => {
-      if (typeof b64 !== 'string') throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: bad output frame`);
-      if (!to.write(Buffer.from(b64, 'base64'))) {
+    const push = (to: PassThrough, data: Buffer) => {
+      if (!to.write(data)) {
         res.body.pause();
         to.once('drain', () => res.body.resume());
       }
     };
-    const lines = new LineReader(MAX_JSON_BYTES, (line) => {
-      const f = frameOf(line, this.nodeId, method);
-      if ('o' in f) push(stdout, f.o);
-      else if ('e' in f) push(stderr, f.e);
-      else if ('done' in f) finish(null, f.done as ExecOutcome);
+    const lines = new FrameReader((type, payload) => {
+      if (type === FRAME.stdout) return push(stdout, Buffer.from(payload));
+      if (type === FRAME.stderr) return push(stderr, Buffer.from(payload));
+      const f = frameOf(payload.toString('utf8'), this.nodeId, method);
+      if ('done' in f) finish(null, f.done as ExecOutcome);
       else if ('error' in f) finish(errorFrom(f, `node ${this.nodeId}: ${method} failed`));
     });
     res.body.on('data', (c: Buffer) => {
@@ -264,14 +263,31 @@ export class RemoteShim implements Shim {
   async execCaptured(id: string, req: ExecRequest): Promise<CapturedExec> {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
+    // The node keeps at most maxOutputBytes per stream: more is not an answer to believe.
+    const bound = req.maxOutputBytes ?? 64 * 1024 * 1024;
+    const size = [0, 0];
     let done: (ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean }) | null = null;
     let failure: WarrenError | null = null;
-    await this.ndjson('execCaptured', [id, req], (f) => {
-      if ('o' in f && typeof f.o === 'string') out.push(Buffer.from(f.o, 'base64'));
-      else if ('e' in f && typeof f.e === 'string') err.push(Buffer.from(f.e, 'base64'));
-      else if ('done' in f) done = f.done as typeof done;
-      else if ('error' in f) failure = errorFrom(f, `node ${this.nodeId}: exec failed`);
+    const res = await this.post('execCaptured', JSON.stringify({ args: encode(trimUndefined([id, req])) }));
+    const frames = new FrameReader((type, payload) => {
+      if (type === FRAME.json) {
+        const f = frameOf(payload.toString('utf8'), this.nodeId, 'execCaptured');
+        if ('done' in f) done = f.done as typeof done;
+        else if ('error' in f) failure = errorFrom(f, `node ${this.nodeId}: exec failed`);
+        return;
+      }
+      const i = type === FRAME.stdout ? 0 : 1;
+      size[i]! += payload.length;
+      if (size[i]! > bound) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: more exec output than its bound of ${bound} bytes`);
+      (i === 0 ? out : err).push(Buffer.from(payload));
     });
+    try {
+      for await (const c of res.body) frames.push(c as Buffer);
+    } catch (e) {
+      res.body.destroy();
+      if (e instanceof WarrenError) throw e;
+      throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer broke: ${(e as Error).message}`);
+    }
     if (failure) throw failure;
     if (done === null) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer ended without its outcome`);
     const { stdoutTruncated, stderrTruncated, ...outcome } = done as ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean };

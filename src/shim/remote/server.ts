@@ -14,7 +14,7 @@ import type { Duplex, Readable } from 'node:stream';
 import { WebSocketServer, type WebSocket, createWebSocketStream } from 'ws';
 import { WarrenError, asWarrenError } from '../../errors';
 import type { DirWatch, ExecStream, LiveExec, SessionAttachment, Shim } from '../types';
-import { type Hello, MAX_JSON_BYTES, METHODS, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, checkArgs, decode, encode, errorJson } from './wire';
+import { FRAME, FRAMES_TYPE, type Hello, MAX_FRAME_BYTES, MAX_JSON_BYTES, frame, METHODS, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, checkArgs, decode, encode, errorJson } from './wire';
 
 export interface ShimServerOptions {
   shim: Shim;
@@ -123,18 +123,19 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
       case 'captured': {
         const c = (await fn(...args)) as import('../types').CapturedExec;
         try {
-          res.writeHead(200, { 'content-type': 'application/x-ndjson' });
-          for (const [key, out] of [
-            ['o', c.stdout],
-            ['e', c.stderr],
+          res.writeHead(200, { 'content-type': FRAMES_TYPE });
+          for (const [type, out] of [
+            [FRAME.stdout, c.stdout],
+            [FRAME.stderr, c.stderr],
           ] as const) {
             for (const chunk of out.chunks(3 * 64 * 1024)) {
-              if (!res.write(`${JSON.stringify({ [key]: chunk.toString('base64') })}\n`)) await drained(res);
+              if (res.destroyed) return;
+              if (!res.write(frame(type, chunk))) await drained(res);
             }
           }
           const { stdout, stderr, release, ...outcome } = c;
           void release;
-          res.end(`${JSON.stringify({ done: { ...outcome, stdoutTruncated: stdout.truncated, stderrTruncated: stderr.truncated } })}\n`);
+          res.end(frame(FRAME.json, JSON.stringify({ done: { ...outcome, stdoutTruncated: stdout.truncated, stderrTruncated: stderr.truncated } })));
         } finally {
           c.release();
         }
@@ -161,15 +162,15 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     }
     // The gateway went away while the node was starting it.
     if (res.destroyed) return live.kill();
-    res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+    res.writeHead(200, { 'content-type': FRAMES_TYPE });
     // The gateway learns the exec started from the headers: send them before any output.
     res.flushHeaders();
     let finished = false;
     res.on('close', () => {
       if (!finished) live.kill();
     });
-    const send = (frame: unknown) => {
-      if (!res.write(`${JSON.stringify(frame)}\n`)) {
+    const send = (f: Buffer) => {
+      if (!res.write(f)) {
         live.stdout.pause();
         live.stderr.pause();
         res.once('drain', () => {
@@ -178,17 +179,20 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
         });
       }
     };
-    live.stdout.on('data', (c: Buffer) => send({ o: c.toString('base64') }));
-    live.stderr.on('data', (c: Buffer) => send({ e: c.toString('base64') }));
+    const out = (type: number) => (c: Buffer) => {
+      for (let i = 0; i < c.length; i += MAX_FRAME_BYTES) send(frame(type, c.subarray(i, i + MAX_FRAME_BYTES)));
+    };
+    live.stdout.on('data', out(FRAME.stdout));
+    live.stderr.on('data', out(FRAME.stderr));
     const ended = (s: Readable) => new Promise<void>((r) => (s.readableEnded || s.destroyed ? r() : (s.once('end', r), s.once('close', r))));
     void Promise.all([ended(live.stdout), ended(live.stderr), live.done]).then(
       ([, , outcome]) => {
         finished = true;
-        res.end(`${JSON.stringify({ done: outcome })}\n`);
+        res.end(frame(FRAME.json, JSON.stringify({ done: outcome })));
       },
       (err) => {
         finished = true;
-        res.end(`${JSON.stringify({ error: errorJson(err) })}\n`);
+        res.end(frame(FRAME.json, JSON.stringify({ error: errorJson(err) })));
       },
     );
   }

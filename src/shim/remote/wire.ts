@@ -104,8 +104,61 @@ export interface Hello {
 
 export const OPTIONAL_METHODS = ['screenshot', 'sendInput', 'openVnc', 'sandboxStats', 'pushImage', 'stageImage', 'layerStates'] as const;
 
-/** Frames of a live exec's NDJSON answer. */
-export type LiveFrame = { o: string } | { e: string } | { done: unknown } | { error: unknown };
+/**
+ * Exec output answers (live and captured) are binary frames: a type byte, a
+ * 4-byte big-endian length, the payload. Output travels as it is, with no
+ * base64 or JSON around it; the outcome is one JSON frame at the end.
+ */
+export const FRAME = { stdout: 1, stderr: 2, json: 3 } as const;
+export const MAX_FRAME_BYTES = 4 * 1024 * 1024;
+export const FRAMES_TYPE = 'application/vnd.warren.frames';
+
+export function frame(type: number, payload: Buffer | string): Buffer {
+  const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
+  const head = Buffer.allocUnsafe(5);
+  head[0] = type;
+  head.writeUInt32BE(body.length, 1);
+  return Buffer.concat([head, body]);
+}
+
+/** Splits a byte stream into frames; a frame of an unknown type or past MAX_FRAME_BYTES is an error. */
+/** The payload length of the frame whose header starts `buf`, checked before any of it is kept. */
+function frameLength(buf: Buffer): number {
+  const type = buf[0]!;
+  const len = buf.readUInt32BE(1);
+  if (type !== FRAME.stdout && type !== FRAME.stderr && type !== FRAME.json) throw new WarrenError('UNAVAILABLE', `shim protocol: a frame of unknown type ${type}`);
+  if (len > MAX_FRAME_BYTES) throw new WarrenError('UNAVAILABLE', `shim protocol: a frame of ${len} bytes (the bound is ${MAX_FRAME_BYTES})`);
+  return len;
+}
+
+export class FrameReader {
+  private parts: Buffer[] = [];
+  private size = 0;
+  /** Bytes the frame being read needs in all (header included), once its header is in. */
+  private need = 5;
+  constructor(private readonly onFrame: (type: number, payload: Buffer) => void) {}
+  push(chunk: Buffer): void {
+    this.parts.push(chunk);
+    this.size += chunk.length;
+    // Joined only when a whole frame is in: a frame read in many chunks is copied once.
+    while (this.size >= this.need) {
+      let buf = this.parts.length === 1 ? this.parts[0]! : Buffer.concat(this.parts, this.size);
+      while (buf.length >= 5) {
+        const len = frameLength(buf);
+        if (buf.length < 5 + len) break;
+        this.onFrame(buf[0]!, buf.subarray(5, 5 + len));
+        buf = buf.subarray(5 + len);
+      }
+      this.parts = buf.length > 0 ? [buf] : [];
+      this.size = buf.length;
+      this.need = buf.length >= 5 ? 5 + frameLength(buf) : 5;
+    }
+  }
+  /** Bytes of an unfinished frame (non-zero at the end: the answer was cut). */
+  get pending(): number {
+    return this.size;
+  }
+}
 
 export function encode(value: unknown): unknown {
   if (Buffer.isBuffer(value)) return { $b: value.toString('base64') };
