@@ -260,8 +260,10 @@ class ShellConnection {
    * Commands this attachment's own run() is running: their answer is that run's result. A status
    * line with the same id replayed from before (a client may reuse ids across attachments, and
    * replay can arrive after the new run started) is an earlier command's and is not reported.
+   * What the holder reported for the id meanwhile is kept: it is the answer when run() fails
+   * because the command ended the shell (`exit 3`).
    */
-  private readonly runningHere = new Set<string>();
+  private readonly runningHere = new Map<string, CommandResult | null>();
   /** Next output offset the client has not been sent. */
   private nextOffset: number;
   /** The keyed command this attachment is running: its output is kept for retries. */
@@ -281,7 +283,8 @@ class ShellConnection {
     this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, liveOffset: att.info.outputOffset, sandbox: sandboxId });
     att.onOutput((out) => this.onOutput(out));
     att.onCommandDone((res) => {
-      if (!this.runningHere.has(res.commandId)) this.reportDone(res.commandId, res);
+      if (this.runningHere.has(res.commandId)) this.runningHere.set(res.commandId, res);
+      else this.reportDone(res.commandId, res);
     });
     att.onExit((status) => this.onExit(status));
     // pty mode sees gaps in the offsets of its binary frames; command mode's offsets also count status bytes, so it is told.
@@ -430,6 +433,9 @@ class ShellConnection {
 
   private onExit(status: { exitCode: number | null; signal: number | null }): void {
     if (this.exitSent) return;
+    // A command that ended the shell (`exit 3`): its status came before the exit; its run() only
+    // fails once the socket is gone, so its done goes now.
+    for (const [id, res] of this.runningHere) if (res !== null) this.reportDone(id, res);
     this.exitSent = true;
     this.ended = true;
     this.sendJson({ type: 'exit', exitCode: status.exitCode, signal: status.signal });
@@ -481,16 +487,18 @@ class ShellConnection {
             this.runKeyed(cmdId, cmd, timeoutMs, validateIdempotencyKey(m.idempotencyKey));
             return;
           }
-          this.runningHere.add(cmdId);
+          this.runningHere.set(cmdId, null);
           this.att.run(cmdId, cmd, timeoutMs).then(
             (res) => {
               this.runningHere.delete(cmdId);
               this.reportDone(cmdId, res);
             },
             (err) => {
+              const reported = this.runningHere.get(cmdId) ?? null;
               this.runningHere.delete(cmdId);
+              if (reported !== null) this.reportDone(cmdId, reported);
               // After a detach the attachment fails pending runs; nobody is listening any more.
-              if (!this.closed) this.sendError(err, cmdId);
+              else if (!this.closed) this.sendError(err, cmdId);
             },
           );
           return;
@@ -567,7 +575,7 @@ class ShellConnection {
     const cap = keys.store.maxStoredOutputBytes;
     const k: KeyedRun = { commandId: cmdId, from, stdout: new BoundedBytes(cap), stderr: new BoundedBytes(cap) };
     this.keyed = k;
-    this.runningHere.add(cmdId);
+    this.runningHere.set(cmdId, null);
     this.att.run(cmdId, cmd, timeoutMs).then(
       (res) => {
         this.runningHere.delete(cmdId);
@@ -576,12 +584,14 @@ class ShellConnection {
         this.reportDone(cmdId, res);
       },
       (err) => {
+        const reported = this.runningHere.get(cmdId) ?? null;
         this.runningHere.delete(cmdId);
         if (this.keyed === k) this.keyed = null;
         // Refused before it started (busy, ended session): a retry may run it. Otherwise the
         // holder has it (this attachment went away): a retry attaches to it there.
         if (err instanceof WarrenError && err.status < 500) keys.store.release(scope);
-        if (!this.closed) this.sendError(err, cmdId);
+        if (reported !== null) this.reportDone(cmdId, reported);
+        else if (!this.closed) this.sendError(err, cmdId);
       },
     );
   }

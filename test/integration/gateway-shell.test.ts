@@ -240,6 +240,20 @@ test('detach and re-attach: missed output is replayed from the offset', async (t
   });
 });
 
+test('a command that ends the shell (exit 3) gets its done with the exit code, then the exit', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const a = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+    await a.next();
+    a.ws.send(JSON.stringify({ type: 'run', id: 'bye', cmd: 'exit 3' }));
+    await a.closed;
+    const frames = a.frames.filter((f): f is Record<string, any> => !Buffer.isBuffer(f) && f.type !== 'hello' && f.type !== 'output');
+    t.like(frames.find((f) => f.type === 'done' || f.type === 'error'), { type: 'done', id: 'bye', exitCode: 3 }, JSON.stringify(frames));
+    t.like(frames.find((f) => f.type === 'exit'), { type: 'exit', exitCode: 3 });
+    await sb.delete();
+  });
+});
+
 test('a client reusing a command id after re-attaching gets the new command\'s done, not the replayed one\'s', async (t) => {
   await withGateway(t, async ({ url, adminToken, admin }) => {
     const sb = await admin.createSandbox({ image: 'busybox' });
