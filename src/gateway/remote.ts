@@ -41,6 +41,9 @@ export async function startRemoteGateway(opts: RemoteGatewayOptions): Promise<Re
     const adminToken = new Auth(db).ensureAdminToken(opts.dataDir);
     shim = await RemoteShim.connect({ url: opts.nodeUrl, token: opts.token });
     const gwOpts: Parameters<typeof createGateway>[0] = { shim, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
+    // Creates are checked against the node's machine, not this one.
+    const nodeHost = (await shim.features()).host;
+    if (nodeHost !== undefined) gwOpts.nodeHost = nodeHost;
     if (opts.e2bPort !== undefined) gwOpts.e2bPort = opts.e2bPort;
     if (opts.defaultQuota !== undefined) gwOpts.defaultQuota = opts.defaultQuota;
     if (opts.log !== undefined) gwOpts.log = opts.log;

@@ -62,6 +62,8 @@ export interface GatewayOptions {
   idempotency?: IdempotencyOptions;
   /** Who may call (default: the tokens in `db`); a cluster node also accepts gateway-signed assertions. */
   auth?: Auth;
+  /** The node's machine, when it is not this one: creates are checked against its cpus and memory. */
+  nodeHost?: { cpus: number; memoryMb: number };
 }
 
 export interface Gateway {
@@ -94,7 +96,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     shim: opts.shim,
     auth: opts.auth ?? new Auth(opts.db),
     log,
-    host: { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
+    host: opts.nodeHost ?? { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
     uploadLimit: opts.uploadLimitBytes ?? DEFAULT_UPLOAD_LIMIT,
     version: warrenVersion(),
     startedAt: Date.now(),

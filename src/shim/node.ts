@@ -5,7 +5,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync, existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
-import { hostname } from 'node:os';
+import os, { hostname } from 'node:os';
 import { join, posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
@@ -295,7 +295,12 @@ export class ShimNode {
   }
 
   features(): FeatureReport {
-    return { ...featureReport(this.nodeId), backends: this.backends.status(), capacity: { ...this.capacity.report(), tunables: hostTunables() } };
+    return {
+      ...featureReport(this.nodeId),
+      backends: this.backends.status(),
+      capacity: { ...this.capacity.report(), tunables: hostTunables() },
+      host: { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
+    };
   }
 
   private info(live: LiveSandbox): SandboxInfo {

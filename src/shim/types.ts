@@ -610,6 +610,8 @@ export interface FeatureReport {
   enforcer: string;
   /** The host's ceilings as the node's admission sees them, and the tunables `warren up` raised or could not (docs/density.md). */
   capacity?: Record<string, unknown>;
+  /** The node's machine: what a create's cpu and memory are checked against. */
+  host?: { cpus: number; memoryMb: number };
 }
 
 /**

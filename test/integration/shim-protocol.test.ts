@@ -95,6 +95,8 @@ it('the same calls answer the same over both bindings, errors with the same code
   t.is(rf.node, lf.node);
   t.deepEqual(rf.backends, lf.backends);
   t.deepEqual(rf.features, lf.features);
+  t.deepEqual(rf.host, lf.host);
+  t.true((rf.host?.cpus ?? 0) >= 1 && (rf.host?.memoryMb ?? 0) > 0);
   const images = (l: Awaited<ReturnType<Shim['listImages']>>) => l.map((i) => `${i.name}@${i.digest}`).sort();
   t.deepEqual(images(await remote.listImages()), images(await local.listImages()));
 });
