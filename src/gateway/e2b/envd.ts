@@ -742,7 +742,8 @@ async function download(plane: Plane, req: Request, res: Response): Promise<void
     }
   });
   proc.stdout.resume();
-  await new Promise<void>((resolve) => proc.stdout.once('close', () => resolve()));
+  // The whole file may have come with the first chunk: then stdout has already ended and closed.
+  await new Promise<void>((resolve) => (proc.stdout.closed || proc.stdout.destroyed ? resolve() : proc.stdout.once('close', () => resolve())));
   const st = await proc.exited;
   if (res.completed) return;
   // A read that failed half-way must not look like a whole file.
