@@ -309,21 +309,27 @@ export class ClusterFixture {
     }
   }
 
-  /** Wait until the nodes' records show no sandboxes (what earlier tests deleted has reached the load the gateways place by). */
+  /**
+   * Wait until every gateway places on these nodes as on empty ones: their records show no
+   * sandboxes, and were written after what earlier tests created through the gateway (a record
+   * older than a create does not count it, and the gateway keeps counting it as pending).
+   */
   async waitIdle(ids: string[], timeoutMs = 60_000): Promise<void> {
-    const c = this.client();
-    try {
-      await waitFor(
-        async () => {
-          const r = await c.requestJson<{ nodes: { id: string; used: { sandboxes: number; creating: number } }[] }>('GET', '/v1/cluster/nodes').catch(() => ({ nodes: [] }));
-          return ids.every((id) => r.nodes.some((n) => n.id === id && n.used.sandboxes === 0 && n.used.creating === 0));
-        },
-        timeoutMs,
-        `nodes ${ids.join(', ')} idle`,
-        100,
-      );
-    } finally {
-      await c.close();
+    for (const gw of this.gateways) {
+      const c = this.client(gw);
+      try {
+        await waitFor(
+          async () => {
+            const r = await c.requestJson<{ nodes: { id: string; used: { sandboxes: number; creating: number }; pending: number }[] }>('GET', '/v1/cluster/nodes').catch(() => ({ nodes: [] }));
+            return ids.every((id) => r.nodes.some((n) => n.id === id && n.used.sandboxes === 0 && n.used.creating === 0 && n.pending === 0));
+          },
+          timeoutMs,
+          `nodes ${ids.join(', ')} idle as ${gw.url} sees them`,
+          100,
+        );
+      } finally {
+        await c.close();
+      }
     }
   }
 

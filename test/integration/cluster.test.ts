@@ -111,15 +111,19 @@ test.serial('creates faster than the node records show them still balance: the g
     try {
       // n2 has one sandbox, and its record says so
       ids.push((await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n2'] } } })).id);
-      type Nodes = { nodes: { id: string; used: { sandboxes: number } }[] };
+      type Nodes = { nodes: { id: string; used: { sandboxes: number }; pending: number; recordAgeMs: number }[] };
       await waitForValue(() => a.requestJson<Nodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.find((n) => n.id === 'n2')?.used.sandboxes === 1, 20_000, 'n2 reports its sandbox', 50);
       // Six back to back: with two nodes both are compared each time, so knowing every create
       // keeps the counts within one of each other (two when a record written just before a
       // create completed arrives after it). Going by the records alone sends them all to the
       // emptier node until its record catches up.
-      // What each node held as the creates began (another test's sandboxes may still be going).
+      // What each node held as the creates began, as this gateway counts it: its record, and the
+      // creates the record does not show yet.
       const before = await a.requestJson<Nodes>('GET', '/v1/cluster/nodes');
-      const held = (id: string) => before.nodes.find((n) => n.id === id)?.used.sandboxes ?? 0;
+      const held = (id: string) => {
+        const n = before.nodes.find((x) => x.id === id);
+        return n === undefined ? 0 : n.used.sandboxes + n.pending;
+      };
       const placed: string[] = [];
       const why: string[] = [];
       for (let i = 0; i < 6; i++) {
@@ -132,7 +136,8 @@ test.serial('creates faster than the node records show them still balance: the g
       const onN2 = placed.filter((n) => n === 'n2').length;
       t.is(onN1 + onN2, 6, `placed on ${placed.join(',')}`);
       // Balanced by the end: within two (one record's lag) of each other, counting what each held.
-      t.true(Math.abs(held('n1') + onN1 - (held('n2') + onN2)) <= 2, `held n1 ${held('n1')}, n2 ${held('n2')}; placed on ${placed.join(',')}\n${why.join('\n')}`);
+      const seen = before.nodes.map((n) => `${n.id}: ${n.used.sandboxes} in a record ${n.recordAgeMs} ms old, ${n.pending} pending`).join('; ');
+      t.true(Math.abs(held('n1') + onN1 - (held('n2') + onN2)) <= 2, `held n1 ${held('n1')}, n2 ${held('n2')} (${seen}); placed on ${placed.join(',')}\n${why.join('\n')}`);
     } finally {
       for (const id of ids) await a.deleteSandbox(id).catch(() => undefined);
     }
