@@ -223,6 +223,25 @@ it('without the token nothing is answered: HTTP 401, WebSocket refused, connect 
   await t.throwsAsync(serveShim({ shim: local, token: 'short', host: '127.0.0.1', port: 0 }), { message: /at least 16 bytes/ });
 });
 
+it('methods a node does not offer are absent on its remote shim too, and refused if called anyway', async (t) => {
+  // the same node's contract without its layer report and screenshots
+  const partial = Object.create(local, { layerStates: { value: undefined }, screenshot: { value: undefined } }) as Shim;
+  const s2 = await serveShim({ shim: partial, token, host: '127.0.0.1', port: 0 });
+  const g = await RemoteShim.connect({ url: s2.url, token });
+  try {
+    t.is(typeof remote.layerStates, 'function', 'the full node offers it');
+    t.is(g.layerStates, undefined);
+    t.is(g.screenshot, undefined);
+    t.is(typeof g.sandboxStats, 'function', 'what the node offers stays');
+    const res = await request(`${s2.url}/shim/v1/call/layerStates`, { method: 'POST', headers: { authorization: `Bearer ${token}` }, body: '{"args":[]}' });
+    t.is(res.statusCode, 501);
+    t.is(((await res.body.json()) as { error: { code: string } }).error.code, 'NOT_SUPPORTED');
+  } finally {
+    await g.close();
+    await s2.close();
+  }
+});
+
 it('malformed requests get stable codes before they reach the node', async (t) => {
   const call = async (path: string, body: string | Buffer, headers: Record<string, string> = {}) => {
     const res = await request(`${server.url}${path}`, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json', ...headers }, body });

@@ -1,6 +1,6 @@
 import test from 'ava';
 import { WarrenError } from '../../src/errors';
-import { FRAME, FrameReader, MAX_FRAME_BYTES, METHODS, checkArgs, decode, encode, errorFrom, errorJson, frame } from '../../src/shim/remote/wire';
+import { FRAME, FrameReader, MAX_FRAME_BYTES, METHODS, OPTIONAL_METHODS, checkArgs, decode, encode, errorFrom, errorJson, frame } from '../../src/shim/remote/wire';
 
 test('values round-trip through JSON: buffers, sets, nesting; undefined fields are left out', (t) => {
   const v = { a: Buffer.from([0, 1, 255]), s: new Set(['x', 'y']), list: [Buffer.from('hi'), { deep: new Uint8Array([7]) }], skip: undefined, n: null };
@@ -36,6 +36,14 @@ test('checkArgs holds every method to its arity', (t) => {
   }
   t.throws(() => checkArgs('nope', []), { instanceOf: WarrenError, message: /no method/ });
   t.throws(() => checkArgs('getSandbox', 'x'), { instanceOf: WarrenError, message: /must be an array/ });
+});
+
+test('raw-in methods name the argument their body fills, among their required ones; optional methods are methods', (t) => {
+  const raw = Object.entries(METHODS).filter(([, m]) => m.kind === 'raw-in');
+  t.deepEqual(raw.map(([n]) => n).sort(), ['uploadTar', 'writeFile']);
+  for (const [name, m] of raw) t.true(Number.isInteger(m.raw) && m.raw! >= 0 && m.raw! < m.args - (m.optional ?? 0), name);
+  for (const [name, m] of Object.entries(METHODS)) if (m.kind !== 'raw-in') t.is(m.raw, undefined, name);
+  for (const name of OPTIONAL_METHODS) t.not(METHODS[name], undefined, name);
 });
 
 test('errors keep their stable code and details across; anything else is UNAVAILABLE', (t) => {

@@ -32,7 +32,7 @@ import type {
   SessionOutput,
   Shim,
 } from '../types';
-import { FRAME, FrameReader, type Hello, MAX_JSON_BYTES, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
+import { FRAME, FrameReader, type Hello, MAX_JSON_BYTES, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
 
 export interface RemoteShimOptions {
   url: string;
@@ -61,6 +61,10 @@ export class RemoteShim implements Shim {
     this.agent = agent;
     this.nodeId = hello.nodeId;
     if (hello.functions) this.functions = new RemoteFnCall(this);
+    // What the node does not offer is absent here too, as on the node's own contract: callers
+    // test for the method (`shim.layerStates?`) and answer NOT_SUPPORTED without a round trip.
+    const offered = new Set(hello.optional);
+    for (const m of OPTIONAL_METHODS) if (!offered.has(m)) Object.defineProperty(this, m, { value: undefined });
   }
 
   /** Connect to the node at `url` and learn who it is (GET /shim/v1/hello). */
@@ -114,17 +118,25 @@ export class RemoteShim implements Shim {
     return decode(((await readJson(res.body, MAX_JSON_BYTES, this.nodeId)) as { result?: unknown }).result) as T;
   }
 
-  /** NDJSON frames of `method`'s answer, until its end (or the node's error). */
-  private async ndjson(method: string, args: Args, onFrame: (f: Record<string, unknown>) => void): Promise<void> {
+  /**
+   * Call `method` and feed its streamed answer to `push` chunk by chunk, until its end. What
+   * `push` throws (a bound, a bad frame) ends the answer; a broken connection is UNAVAILABLE.
+   */
+  private async streamed(method: string, args: Args, push: (chunk: Buffer) => void): Promise<void> {
     const res = await this.post(method, JSON.stringify({ args: encode(trimUndefined(args)) }));
-    const lines = new LineReader(MAX_JSON_BYTES, (line) => onFrame(frameOf(line, this.nodeId, method)));
     try {
-      for await (const c of res.body) lines.push(c as Buffer);
+      for await (const c of res.body) push(c as Buffer);
     } catch (err) {
       res.body.destroy();
       if (err instanceof WarrenError) throw err;
       throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the ${method} answer broke: ${(err as Error).message}`);
     }
+  }
+
+  /** NDJSON frames of `method`'s answer, until its end (or the node's error). */
+  private ndjson(method: string, args: Args, onFrame: (f: Record<string, unknown>) => void): Promise<void> {
+    const lines = new LineReader(MAX_JSON_BYTES, (line) => onFrame(frameOf(line, this.nodeId, method)));
+    return this.streamed(method, args, (c) => lines.push(c));
   }
 
   private async liveExec(method: string, args: Args): Promise<LiveExec | null> {
@@ -268,7 +280,6 @@ export class RemoteShim implements Shim {
     const size = [0, 0];
     let done: (ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean }) | null = null;
     let failure: WarrenError | null = null;
-    const res = await this.post('execCaptured', JSON.stringify({ args: encode(trimUndefined([id, req])) }));
     const frames = new FrameReader((type, payload) => {
       if (type === FRAME.json) {
         const f = frameOf(payload.toString('utf8'), this.nodeId, 'execCaptured');
@@ -281,13 +292,7 @@ export class RemoteShim implements Shim {
       if (size[i]! > bound) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: more exec output than its bound of ${bound} bytes`);
       (i === 0 ? out : err).push(Buffer.from(payload));
     });
-    try {
-      for await (const c of res.body) frames.push(c as Buffer);
-    } catch (e) {
-      res.body.destroy();
-      if (e instanceof WarrenError) throw e;
-      throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer broke: ${(e as Error).message}`);
-    }
+    await this.streamed('execCaptured', [id, req], (c) => frames.push(c));
     if (failure) throw failure;
     if (done === null) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the exec answer ended without its outcome`);
     const { stdoutTruncated, stderrTruncated, ...outcome } = done as ExecOutcome & { stdoutTruncated?: boolean; stderrTruncated?: boolean };
@@ -402,13 +407,13 @@ export class RemoteShim implements Shim {
       close: () => ch.ws.close(1000),
     };
   }
-  screenshot(id: string, opts?: { width?: number }) {
+  screenshot?(id: string, opts?: { width?: number }) {
     return this.call<{ png: Buffer; width: number; height: number }>('screenshot', [id, opts]);
   }
-  sendInput(id: string, actions: unknown) {
+  sendInput?(id: string, actions: unknown) {
     return this.call<{ actions: number; events: number }>('sendInput', [id, actions]);
   }
-  async openVnc(id: string): Promise<Duplex> {
+  async openVnc?(id: string): Promise<Duplex> {
     const ch = this.openWs('openVnc', [id]);
     await this.firstFrame(ch, 'openVnc');
     return wsDuplex(ch);
@@ -473,7 +478,7 @@ export class RemoteShim implements Shim {
   networkInfo(id: string) {
     return this.call<Awaited<ReturnType<Shim['networkInfo']>>>('networkInfo', [id]);
   }
-  sandboxStats(id: string) {
+  sandboxStats?(id: string) {
     return this.call<Awaited<ReturnType<NonNullable<Shim['sandboxStats']>>>>('sandboxStats', [id]);
   }
   listImages(principal?: Principal) {
@@ -497,13 +502,13 @@ export class RemoteShim implements Shim {
   importImage(req: ImportImageRequest, onProgress?: (p: ImportProgress) => void) {
     return this.progress<Awaited<ReturnType<Shim['importImage']>>>('importImage', [req], onProgress);
   }
-  pushImage(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void) {
+  pushImage?(req: { image: string; ref: string }, onProgress?: (p: ImportProgress) => void) {
     return this.progress<Awaited<ReturnType<NonNullable<Shim['pushImage']>>>>('pushImage', [req], onProgress);
   }
-  stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void) {
+  stageImage?(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void) {
     return this.progress<Awaited<ReturnType<NonNullable<Shim['stageImage']>>>>('stageImage', [req], onProgress);
   }
-  layerStates(digests?: string[]) {
+  layerStates?(digests?: string[]) {
     return this.call<Awaited<ReturnType<NonNullable<Shim['layerStates']>>>>('layerStates', [digests]);
   }
   /**

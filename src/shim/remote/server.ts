@@ -98,8 +98,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
       const header = req.headers['x-shim-args'];
       if (typeof header !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'shim protocol: raw calls carry their arguments in x-shim-args');
       args = checkArgs(method, parseJson(Buffer.from(header, 'base64url')));
-      const slot = method === 'writeFile' || method === 'uploadTar' ? 2 : -1;
-      args[slot] = await readBody(req, maxRaw);
+      args[spec.raw!] = await readBody(req, maxRaw);
     } else {
       args = checkArgs(method, (parseJson(await readBody(req, MAX_JSON_BYTES)) as { args?: unknown } | null)?.args);
     }
@@ -184,7 +183,6 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     };
     live.stdout.on('data', out(FRAME.stdout));
     live.stderr.on('data', out(FRAME.stderr));
-    const ended = (s: Readable) => new Promise<void>((r) => (s.readableEnded || s.destroyed ? r() : (s.once('end', r), s.once('close', r))));
     void Promise.all([ended(live.stdout), ended(live.stderr), live.done]).then(
       ([, , outcome]) => {
         finished = true;
@@ -269,7 +267,6 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
       else if (msg.kill === true) s.kill();
     });
     s.stdin.on('error', () => undefined);
-    const ended = (r: Readable) => new Promise<void>((ok) => (r.readableEnded || r.destroyed ? ok() : (r.once('end', ok), r.once('close', ok))));
     void Promise.all([ended(s.stdout), ended(s.stderr), s.exited]).then(
       ([, , st]) => {
         exited = true;
@@ -462,4 +459,9 @@ function parseFrame(data: Buffer): (Record<string, unknown> & { op?: unknown; ri
   } catch {
     return null;
   }
+}
+
+/** Resolves once `r` has ended or been destroyed (at once if it already has). */
+function ended(r: Readable): Promise<void> {
+  return new Promise<void>((ok) => (r.readableEnded || r.destroyed ? ok() : (r.once('end', ok), r.once('close', ok))));
 }

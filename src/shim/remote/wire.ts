@@ -20,17 +20,20 @@ export const MAX_JSON_BYTES = 16 * 1024 * 1024;
 /**
  * How each method travels:
  * - call:   one JSON request, one JSON answer
- * - raw-in: the last argument (a Buffer) is the request body; the others are in the x-shim-args header
+ * - raw-in: one argument (a Buffer, at METHODS[m].raw) is the request body; the others are in the x-shim-args header
  * - raw-out: the answer (a Buffer or a byte stream) is the response body
- * - live:   the answer is an exec whose output streams as NDJSON frames
+ * - live:   the answer is an exec whose output streams as binary frames (FRAME)
  * - captured: as live, the node keeps nothing once the frames are sent
  * - progress: NDJSON progress frames, then the answer
  * - ws:     a WebSocket (execStream, sessions, VNC)
  */
 export type MethodKind = 'call' | 'raw-in' | 'raw-out' | 'live' | 'captured' | 'progress' | 'ws';
 
-/** Shim methods by name, with their argument count (optional trailing arguments included). */
-export const METHODS: Record<string, { kind: MethodKind; args: number; optional?: number }> = {
+/**
+ * Shim methods by name, with their argument count (optional trailing arguments included) and,
+ * for raw-in methods, the argument the request body fills.
+ */
+export const METHODS: Record<string, { kind: MethodKind; args: number; optional?: number; raw?: number }> = {
   features: { kind: 'call', args: 0 },
   createSandbox: { kind: 'call', args: 2, optional: 1 },
   getSandbox: { kind: 'call', args: 1 },
@@ -48,13 +51,13 @@ export const METHODS: Record<string, { kind: MethodKind; args: number; optional?
   dropSupervised: { kind: 'call', args: 2 },
   sweepSupervised: { kind: 'call', args: 2 },
   readFile: { kind: 'raw-out', args: 3 },
-  writeFile: { kind: 'raw-in', args: 4, optional: 1 },
+  writeFile: { kind: 'raw-in', args: 4, optional: 1, raw: 2 },
   listDir: { kind: 'call', args: 2 },
   watchDir: { kind: 'ws', args: 3 },
   screenshot: { kind: 'call', args: 2, optional: 1 },
   sendInput: { kind: 'call', args: 2 },
   openVnc: { kind: 'ws', args: 1 },
-  uploadTar: { kind: 'raw-in', args: 3 },
+  uploadTar: { kind: 'raw-in', args: 3, raw: 2 },
   downloadTar: { kind: 'raw-out', args: 2 },
   openSession: { kind: 'ws', args: 2 },
   attachSession: { kind: 'ws', args: 3 },
