@@ -13,7 +13,7 @@ import { mkfsArgs, type ErofsCompression } from './erofs';
 export const DEFAULT_CACHE_DIR = '/var/cache/warren';
 export const DEFAULT_MIRROR = 'http://deb.debian.org/debian';
 /** Bump when the build recipe changes in a way that changes the image. */
-const RECIPE_VERSION = 2;
+const RECIPE_VERSION = 3;
 
 export interface DebianOptions {
   suite?: string;
@@ -145,7 +145,7 @@ export function scrubDebianRoot(root: string): void {
 }
 
 /** Bump when the layer recipe (runAptLayer, scrubLayerUpper) changes in a way that changes layers. */
-const LAYER_RECIPE_VERSION = 1;
+const LAYER_RECIPE_VERSION = 2;
 
 export interface DebianLayerOptions {
   /** Debian packages installed (with their dependencies, without recommends) into the layer. */

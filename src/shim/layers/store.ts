@@ -42,7 +42,8 @@ import { pipeline } from 'node:stream/promises';
 import { WarrenError, asWarrenError } from '../../errors';
 import type { ImageInfo, ImportProgress, ResolvedLayer } from '../types';
 import { debianCachePath, debianLayerCachePath, normalizeDebianOptions, runAptLayer, runDebootstrap, scrubDebianRoot, scrubLayerUpper, DEFAULT_CACHE_DIR, type DebianOptions } from './debian';
-import { assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from './erofs';
+import { LAYER_EPOCH, assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from './erofs';
+import { alignPycTimestamps } from './pyc';
 import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveImage, type ArchiveImage } from './oci';
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
 import { RootfsBuilder } from './rootfs';
@@ -925,6 +926,12 @@ export class LayerStore {
     return this.toInfo(this.imageRow(args.name)!);
   }
 
+  /** Keep the tree's valid Python caches valid in the layer (pyc.ts); only for trees built here. */
+  private alignPyc(tree: string): void {
+    const r = alignPycTimestamps(tree, LAYER_EPOCH);
+    if (r.aligned > 0) this.log(`layers: ${r.aligned} Python caches kept valid for the layer's timestamp (${r.skipped} left as they were)`);
+  }
+
   private async packTree(
     tree: string,
     scratch: string,
@@ -1079,6 +1086,7 @@ export class LayerStore {
         this.log(`layers: applied ${layer.member}: ${stats.entries} entries, ${stats.whiteouts} whiteouts`);
       }
       progress({ phase: 'extract', message: 'layers applied', fraction: 1 }, true);
+      this.alignPyc(tree);
 
       const blob = await this.packTree(tree, scratch, progress, opts.compression);
       progress({ phase: 'register', message: `registering ${name}` }, true);
@@ -1174,6 +1182,7 @@ export class LayerStore {
       progress({ phase: 'fetch', message: `debootstrap ${o.suite} from ${o.mirror}`, fraction: 0 }, true);
       await runDebootstrap(tree, o, (p) => progress(p));
       scrubDebianRoot(tree);
+      this.alignPyc(tree);
       progress({ phase: 'fetch', message: `debootstrap done in ${((Date.now() - started) / 1000).toFixed(1)} s`, fraction: 1 }, true);
       // Into the node cache (atomically), then into the store from there.
       let cacheOk = true;
@@ -1238,6 +1247,7 @@ export class LayerStore {
           await runAptLayer(dirs, opts.packages, { ...(opts.mirror ? { mirror: opts.mirror } : {}), update: !fresh, onLine: (l) => progress({ phase: 'fetch', message: l.slice(0, 200) }) });
           this.aptListsAt = fresh ? this.aptListsAt : Date.now();
           scrubLayerUpper(dirs.upper);
+          this.alignPyc(dirs.upper);
           progress({ phase: 'mkfs', message: 'packing the layer with mkfs.erofs', fraction: 0 }, true);
           const tmp = join(this.cacheDir, `.tmp-${process.pid}-${randomBytes(6).toString('hex')}.erofs`);
           try {
