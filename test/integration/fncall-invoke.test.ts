@@ -182,6 +182,15 @@ maybe('non-UTF-8 output is returned faithfully in stdoutBase64', async (t) => {
   t.is(utf.stdoutBase64, undefined);
 });
 
+maybe("python3 loads the image's byte-code caches: none is stale in the layer", async (t) => {
+  // -B: nothing is written; -v: each import says which cache it took, or why it did not
+  const r = await run({ cmd: ['python3', '-B', '-v', '-c', 'import json, collections, email.parser'] });
+  t.is(r.status, 'ok', r.stderr.slice(-2000));
+  t.regex(r.stderr, /code object from '\/usr\/lib\/python3\.\d+\/json\/__pycache__\/__init__\.cpython-\d+\.pyc'/);
+  t.regex(r.stderr, /code object from '\/usr\/lib\/python3\.\d+\/collections\/__pycache__/);
+  t.notRegex(r.stderr, /bytecode is stale/, 'a stale cache makes Python compile the module at every start');
+});
+
 maybe('command not found is a runtime_error with exit code 127', async (t) => {
   const r = await run({ cmd: ['no-such-program'] });
   t.is(r.status, 'runtime_error');
