@@ -54,6 +54,20 @@ maybe('a fork behaves exactly like python3 -B main.py: argv, __main__, sys.path,
     ['import sys\nsys.stdout.write("no newline, unflushed")\n'],
     ['import os, sys\nprint(sys.last_type if hasattr(sys, "last_type") else None)\nos._exit(7)\n'],
     ['import sys\nprint(sys.excepthook is sys.__excepthook__, sys.getrecursionlimit(), sys.flags.dont_write_bytecode)\n'],
+    // the exit: finalizers, exit values, what atexit handlers see, and output written by them
+    ['class A:\n    def __del__(self):\n        print("del", NAME)\nNAME = "n"\na = A()\n_b = A()\nprint("main")\n'],
+    ['import sys\nsys.exit(300)\n'],
+    ['import sys\nsys.exit(-1)\n'],
+    ['import sys\nsys.exit(2**40)\n'],
+    ['import sys\nsys.exit(None)\n'],
+    ['import sys\nsys.exit(True)\n'],
+    ['import sys\nsys.exit(["a", 1])\n'],
+    ['import atexit, sys\natexit.register(lambda: print("handler sees", sys.exc_info()[0], flush=True))\nraise ValueError("boom")\n'],
+    ['import atexit, sys\nclass H:\n    def __repr__(self):\n        return "H"\n    def __call__(self):\n        raise RuntimeError("in handler")\natexit.register(H())\nprint("x")\nsys.exit(4)\n'],
+    ['import atexit, sys\natexit.register(lambda: sys.stdout.write("late unflushed"))\n'],
+    ['import sys\nsys.stdout.close()\n'],
+    ['import sys, io\nsys.stdout = io.StringIO()\nprint("lost")\nsys.__stdout__.write("kept")\n'],
+    ['import threading, time\ndef w():\n    time.sleep(0.05)\n    print("daemon", flush=True)\nthreading.Thread(target=w, daemon=True).start()\nprint("main")\n'],
   ];
   for (const [code, stdin] of programs) {
     const extra = stdin !== undefined ? { stdin } : {};
@@ -61,6 +75,23 @@ maybe('a fork behaves exactly like python3 -B main.py: argv, __main__, sys.path,
     const b = await forked(code, extra);
     t.deepEqual(same(b), same(a), code);
   }
+});
+
+maybe('at exit a fork finalizes what the program made: files left open are written, modules it imported are cleared', async (t) => {
+  const files = {
+    'helper.py': 'class D:\n    def __del__(self):\n        print("helper del", flush=True)\nd = D()\nlog = open("/work/helper.log", "w")\nlog.write("from helper")\n',
+  };
+  const code = 'import helper, os\nf = open("/work/out.txt", "w")\nf.write("unclosed " * 1000)\nos.f2 = open("/work/os.txt", "w")\nos.f2.write("on a preloaded module")\nprint("main")\n';
+  const fetchFiles = ['out.txt', 'helper.log', 'os.txt'];
+  const a = await run({ cmd: ['python3', '-B', 'main.py'], files: { ...files, 'main.py': code }, fetchFiles });
+  const b = await forked(code, { files, fetchFiles });
+  t.deepEqual(same(b), same(a));
+  t.is(a.stdout, 'main\nhelper del\n');
+  t.deepEqual(b.files, a.files);
+  const text = (name: string) => Buffer.from(b.files?.[name] ?? '', 'base64').toString();
+  t.is(text('out.txt'), 'unclosed '.repeat(1000));
+  t.is(text('helper.log'), 'from helper');
+  t.is(text('os.txt'), 'on a preloaded module');
 });
 
 const INTROSPECT = `import sys, os, json, gc

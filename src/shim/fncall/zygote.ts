@@ -85,7 +85,6 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
     gc.freeze()
     if not had_gc:
         del sys.modules['gc']
-    del gc
     env = z.serve(3)
     del z, spec, had_gc
     if env is None:
@@ -110,28 +109,118 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
         if user in sys.path:
             sys.path.remove(user)
             sys.path.insert(at, user)
-    main = sys.modules['__main__']
+    # The program's __main__ is a module of its own, not the one this bootstrap runs in: at the
+    # exit nothing here holds it, so it is finalized as the interpreter finalizes a program's.
+    old = sys.modules['__main__'].__dict__
+    main = type(sys)('__main__')
     g = main.__dict__
-    keep = {k: g[k] for k in ('__name__', '__doc__', '__package__', '__loader__', '__spec__', '__annotations__', '__builtins__', '__file__', '__cached__') if k in g}
+    keep = {k: old[k] for k in ('__name__', '__doc__', '__package__', '__loader__', '__spec__', '__annotations__', '__builtins__', '__file__', '__cached__') if k in old}
     keep['__file__'] = path
     keep['__loader__'] = type(keep['__loader__'])('__main__', path)
-    g.clear()
     g.update(keep)
-    del d, env, cache, keep, main, kv, k, v
+    sys.modules['__main__'] = main
+    del d, env, cache, keep, old, kv, k, v
+    def modules_get(name):
+        if name in sys.modules:
+            return sys.modules[name]
+        m = __import__(name)
+        del sys.modules[name]
+        return m
+
+    preloaded = set(sys.modules)
+    preloaded.discard('__main__')
+    # built-in modules the exit needs, imported without leaving them in sys.modules when a fresh
+    # interpreter would not have them there
+    atexit, _io, _weakref = [modules_get(n) for n in ('atexit', '_io', '_weakref')]
+
+    # what the exit uses is bound now: the program may rebind any of these names
+    def _exit(status, isinstance=isinstance, int=int, type=type, str=str, dict=dict, getattr=getattr, setattr=setattr, BaseException=BaseException, TypeError=TypeError,
+              run_atexit=atexit._run_exitfuncs, collect=gc.collect, objects=gc.get_objects, IOBase=_io._IOBase, weak=_weakref.ref, end=os._exit, modules=sys.modules):
+        # What the interpreter's exit does that a program can see, in its order: wait for
+        # threads, run atexit, flush stdio, finalize the program's objects (its __main__ and the
+        # modules it imported), then end. The zygote's own modules are not torn down: freeing
+        # them is most of a fork's exit (every object touched is a copy-on-write fault) and runs
+        # no code of the program. Anything unusual (an exit value that is not an int, a flush
+        # that fails) returns, and the interpreter's own exit handles it as it always does.
+        if status is None:
+            status = 0
+        if not isinstance(status, int) or not -2**31 <= status < 2**31:
+            return
+        t = modules.get('threading')
+        if t is not None:
+            t._shutdown()
+        run_atexit()
+        for s in (sys.stdout, sys.stderr):
+            try:
+                if s is not None and not s.closed:
+                    s.flush()
+            except BaseException:
+                return
+        def flush_files():
+            for o in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *objects()):
+                if isinstance(o, IOBase):
+                    try:
+                        if not o.closed:
+                            o.flush()
+                    except BaseException:
+                        pass
+        def clear(d):
+            # as the interpreter clears a module that outlives its finalization: names with one
+            # leading underscore to None first, then every other name but __builtins__
+            for k in [k for k in d if type(k) is str and k[:1] == '_' and k[1:2] != '_']:
+                d[k] = None
+            for k in [k for k in d if type(k) is str and k != '__builtins__']:
+                d[k] = None
+        # As the interpreter finalizes: the program's modules and its __main__ leave sys.modules,
+        # sys drops its paths and last exception and gets its original stdio back, and what they
+        # alone held is collected with their globals intact (finalizers run then); a module that
+        # something else still holds is cleared after that, in reverse import order.
+        refs = []
+        m = None
+        for n in ['__main__', *[n for n in modules if n not in preloaded and n != '__main__']]:
+            m = modules.pop(n, None)
+            try:
+                refs.append(weak(m))
+            except TypeError:
+                pass
+        m = None
+        for n in ('path', 'argv', 'ps1', 'ps2', 'last_type', 'last_value', 'last_traceback', 'path_hooks', 'path_importer_cache', 'meta_path', '__interactivehook__'):
+            setattr(sys, n, None)
+        for n in ('stdin', 'stdout', 'stderr'):
+            setattr(sys, n, getattr(sys, '__' + n + '__', None))
+        # Files the program left open are flushed while every part of them is still there: a
+        # collection finalizes the parts of a file in no set order, and a text file whose raw
+        # file went first would lose what it held.
+        flush_files()
+        collect()
+        for r in refs[::-1]:
+            md = getattr(r(), '__dict__', None)
+            if type(md) is dict:
+                clear(md)
+        md = None
+        collect()
+        # and what finalizers wrote since
+        flush_files()
+        end(status)
+
+    status = 0
     try:
         with open(path, 'rb') as f:
             code = compile(f.read(), path, 'exec', dont_inherit=True)
         del f
         exec(code, g)
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        # the interpreter drops the exception (and the frames it holds) before it exits
+        status = e.code
+        del e
     except BaseException as e:
         tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
         e = e.with_traceback(tb)
         sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
         sys.excepthook(type(e), e, tb)
-        if isinstance(e, KeyboardInterrupt):
-            del e, tb
+        interrupted = isinstance(e, KeyboardInterrupt)
+        del e, tb
+        if interrupted:
             if 'threading' in sys.modules:
                 sys.modules['threading']._shutdown()
             import atexit, signal
@@ -143,7 +232,11 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
                     pass
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        raise SystemExit(1) from None
+        status = 1
+    # nothing of the program is left in this frame when it exits
+    del g, main
+    _exit(status)
+    raise SystemExit(status)
 _warren_zygote()
 `;
 
