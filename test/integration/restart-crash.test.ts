@@ -18,7 +18,13 @@ import { elapse, waitFor, waitForValue } from '../helpers/wait';
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
 const it = testUnless(skip);
 
-const startUp = (dataDir: string, nodeId: string) => startWarrenProcess(dataDir, nodeId);
+/** Each process's output, shown when the test fails (a gateway that dies answers its clients 1006). */
+const logs: string[][] = [];
+const startUp = (dataDir: string, nodeId: string) => {
+  const log: string[] = [];
+  logs.push(log);
+  return startWarrenProcess(dataDir, nodeId, [], log);
+};
 
 it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-crash-'));
@@ -70,6 +76,9 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
     const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
     t.is(left.processes, 0);
     t.is(left.cgroups, 0);
+  } catch (err) {
+    t.log(`gateway ${child ? `alive: ${child.exitCode === null && child.signalCode === null}` : 'not started'}; its output:\n${(logs.at(-1) ?? []).join('').split('\n').slice(-40).join('\n')}`);
+    throw err;
   } finally {
     if (child) await kill9(child);
     await client?.close();
