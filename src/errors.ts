@@ -104,7 +104,7 @@ export class WarrenError extends Error {
 
   constructor(code: ErrorCode, message: string, details?: Record<string, unknown>, errno?: number) {
     super(message);
-    if (typeof code !== 'string' || !(code in ErrorCodes)) {
+    if (typeof code !== 'string' || !Object.hasOwn(ErrorCodes, code)) {
       // A bad code is a programming error; keep the message, mark it internal.
       code = 'INTERNAL';
     }

@@ -503,7 +503,7 @@ export class Sandbox {
         const { type: _type, ...outcome } = m;
         end = outcome as unknown as Omit<ExecResult, 'stdout' | 'stderr'>;
       } else if (m.type === 'error' && m.error) {
-        throw new WarrenError((m.error.code in ErrorCodes ? m.error.code : 'INTERNAL') as ErrorCode, m.error.message);
+        throw new WarrenError((Object.hasOwn(ErrorCodes, m.error.code) ? m.error.code : 'INTERNAL') as ErrorCode, m.error.message);
       }
     };
     try {

@@ -395,7 +395,7 @@ export function errorFromBody(status: number, text: string): WarrenError {
   try {
     const parsed = JSON.parse(text) as { error?: { code?: string; message?: string; details?: Record<string, unknown> } };
     const e = parsed.error;
-    if (e && typeof e.code === 'string' && e.code in ErrorCodes) {
+    if (e && typeof e.code === 'string' && Object.hasOwn(ErrorCodes, e.code)) {
       return new WarrenError(e.code as ErrorCode, String(e.message ?? ''), e.details);
     }
   } catch {

@@ -96,3 +96,11 @@ test('the SDK rebuilds WarrenErrors from error bodies', (t) => {
     t.is(codeForStatus(status), code);
   }
 });
+
+test('a code that is not one of ours (a prototype name, a typo) is INTERNAL with a numeric status', (t) => {
+  for (const code of ['constructor', 'toString', '__proto__', 'hasOwnProperty', 'NOPE', '']) {
+    const e = new WarrenError(code as never, 'm');
+    t.is(e.code, 'INTERNAL', code);
+    t.is(e.status, 500, code);
+  }
+});

@@ -51,7 +51,8 @@ test('errors keep their stable code and details across; anything else is UNAVAIL
   t.like(e, { code: 'SANDBOX_NOT_FOUND', message: 'gone', status: 404, details: { id: 'x' } });
   t.is(errorFrom({ error: errorJson(new Error('plain')) }, 'f').code, 'INTERNAL');
   for (const junk of [null, 'x', {}, { error: 'x' }, { error: { code: 1, message: 'm' } }, { error: { code: 'X' } }]) t.like(errorFrom(junk, 'fallback'), { code: 'UNAVAILABLE', message: 'fallback' });
-  t.is(errorFrom({ error: { code: 'NO_SUCH_CODE', message: 'm' } }, 'f').code, 'INTERNAL');
+  t.like(errorFrom({ error: { code: 'NO_SUCH_CODE', message: 'm', details: { a: 1 } } }, 'f'), { code: 'INTERNAL', status: 500, message: 'the node answered NO_SUCH_CODE: m', details: { a: 1, nodeCode: 'NO_SUCH_CODE' } });
+  t.is(errorFrom({ error: { code: 'toString', message: 'm' } }, 'f').code, 'INTERNAL', 'prototype names are not codes');
 });
 
 test('frames come out whole whatever the chunking, and a bad header fails before its payload is kept', (t) => {

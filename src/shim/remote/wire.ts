@@ -9,7 +9,7 @@
  * - Errors travel as Warren's own error body ({error: {code, message,
  *   details}}) and are rebuilt as WarrenError with the same stable code.
  */
-import { WarrenError, asWarrenError } from '../../errors';
+import { ErrorCodes, WarrenError, asWarrenError } from '../../errors';
 
 export const SHIM_PROTOCOL_VERSION = 1;
 export const SHIM_BASE = '/shim/v1';
@@ -213,6 +213,8 @@ export function errorFrom(body: unknown, fallback: string): WarrenError {
   const e = (body as { error?: unknown } | null)?.error as { code?: unknown; message?: unknown; details?: unknown } | undefined;
   if (e && typeof e.code === 'string' && typeof e.message === 'string') {
     const details = e.details !== null && typeof e.details === 'object' && !Array.isArray(e.details) ? (e.details as Record<string, unknown>) : undefined;
+    // A code this side does not know (a newer node) stays visible to whoever reads the error.
+    if (!Object.hasOwn(ErrorCodes, e.code)) return new WarrenError('INTERNAL', `the node answered ${e.code.slice(0, 64)}: ${e.message}`, { ...details, nodeCode: e.code.slice(0, 64) });
     return new WarrenError(e.code as WarrenError['code'], e.message, details);
   }
   return new WarrenError('UNAVAILABLE', fallback);
