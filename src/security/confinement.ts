@@ -119,7 +119,8 @@ export function usePolicyStore(s: PolicyStore): void {
 }
 
 export function profile(name: string): Profile {
-  const p = policyStore().current.profiles[name];
+  const profiles = policyStore().current.profiles;
+  const p = Object.hasOwn(profiles, name) ? profiles[name] : undefined;
   if (p === undefined) throw new WarrenError('INVALID_ARGUMENT', `no confinement profile "${name}" in the policy`);
   return p;
 }
@@ -127,7 +128,7 @@ export function profile(name: string): Profile {
 /** Profile for a sandbox owned by `owner` (an account id), from accounts.yaml. */
 export function profileForOwner(owner: string | undefined): string {
   const a = policyStore().current.accounts;
-  return (owner !== undefined ? a.accounts[owner]?.profile : undefined) ?? a.defaultProfile;
+  return (owner !== undefined && Object.hasOwn(a.accounts, owner) ? a.accounts[owner]!.profile : undefined) ?? a.defaultProfile;
 }
 
 export function unconfinedAllowed(): boolean {
@@ -147,7 +148,7 @@ export function assertConfinable(): void {
 }
 
 function seccompMask(p: Policy, filter: string): number {
-  const a = p.seccomp[filter]?.allow;
+  const a = Object.hasOwn(p.seccomp, filter) ? p.seccomp[filter]!.allow : undefined;
   if (a === undefined) return 0;
   return (a.ptrace ? 1 : 0) | (a.ioUring ? 2 : 0) | (a.userfaultfd ? 4 : 0) | (a.perfEvents ? 8 : 0);
 }
@@ -155,7 +156,7 @@ function seccompMask(p: Policy, filter: string): number {
 /** The native confinement of a profile on this node (what the kernel supports). */
 export function confineFor(profileName: string): ConfineSpec {
   const pol = policyStore().current;
-  const p = pol.profiles[profileName] ?? pol.profiles[DEFAULT_PROFILE]!;
+  const p = (Object.hasOwn(pol.profiles, profileName) ? pol.profiles[profileName] : undefined) ?? pol.profiles[DEFAULT_PROFILE]!;
   const e = activeEnforcer();
   const c: ConfineSpec = { nofile: p.limits.openFiles };
   if (p.limits.fileSizeMb !== null) c.fsizeBytes = p.limits.fileSizeMb * MIB;

@@ -344,7 +344,7 @@ export function loadPolicy(dir: string): Policy {
         if (!p) continue;
         const apparmor = c.name(p.apparmor, [...base, 'apparmor']);
         const sc = typeof p.seccomp === 'string' ? p.seccomp : '';
-        if (!(sc in seccomp)) c.src.at([...base, 'seccomp'], `${fmt([...base, 'seccomp'])}: no filter "${String(p.seccomp)}" in seccomp.yaml`);
+        if (!Object.hasOwn(seccomp, sc)) c.src.at([...base, 'seccomp'], `${fmt([...base, 'seccomp'])}: no filter "${String(p.seccomp)}" in seccomp.yaml`);
         const ll = c.obj(p.landlock, [...base, 'landlock'], { required: ['readOnly', 'writable', 'scope'], optional: ['protected'] });
         const readOnly = c.paths(ll?.readOnly, [...base, 'landlock', 'readOnly']);
         const writableRaw = Array.isArray(ll?.writable) ? (ll!.writable as unknown[]) : [];
@@ -445,12 +445,12 @@ export function loadPolicy(dir: string): Policy {
       const d = c.obj(top.defaults, ['defaults'], { required: ['profile'], optional: ['network'] });
       accounts.defaultProfile = typeof d?.profile === 'string' ? d.profile : '';
       accounts.defaultNetwork = d?.network === undefined ? noNetwork : accountNetwork(c, d.network, ['defaults', 'network'], services);
-      if (!(accounts.defaultProfile in profiles)) c.src.at(['defaults', 'profile'], `defaults.profile: no profile "${String(d?.profile)}" in profiles.yaml`);
+      if (!Object.hasOwn(profiles, accounts.defaultProfile)) c.src.at(['defaults', 'profile'], `defaults.profile: no profile "${String(d?.profile)}" in profiles.yaml`);
       const as = top.accounts === undefined || top.accounts === null ? {} : c.obj(top.accounts, ['accounts'], { required: [], optional: Object.keys((top.accounts as Obj) ?? {}) });
       for (const [name, v] of Object.entries(as ?? {})) {
         const a = c.obj(v, ['accounts', name], { required: ['profile'], optional: ['network'] });
         const prof = typeof a?.profile === 'string' ? a.profile : '';
-        if (!(prof in profiles)) c.src.at(['accounts', name, 'profile'], `accounts.${name}.profile: no profile "${String(a?.profile)}" in profiles.yaml`);
+        if (!Object.hasOwn(profiles, prof)) c.src.at(['accounts', name, 'profile'], `accounts.${name}.profile: no profile "${String(a?.profile)}" in profiles.yaml`);
         accounts.accounts[name] = { profile: prof, network: a?.network === undefined ? accounts.defaultNetwork : accountNetwork(c, a.network, ['accounts', name, 'network'], services) };
       }
     }
@@ -483,13 +483,13 @@ function accountNetwork(c: Checker, v: unknown, base: (string | number)[], servi
   if (o.allow !== undefined) {
     out.allow = c.strings(o.allow, [...base, 'allow'], NAME_RE, 'a service name');
     out.allow.forEach((s, i) => {
-      if (!(s in services)) c.src.at([...base, 'allow', i], `no service "${s}" in services.yaml`);
+      if (!Object.hasOwn(services, s)) c.src.at([...base, 'allow', i], `no service "${s}" in services.yaml`);
     });
   }
   if (o.default !== undefined) {
     const d = c.obj(o.default, [...base, 'default'], { required: [], optional: Object.keys((o.default as Obj) ?? {}) });
     for (const [name, on] of Object.entries(d ?? {})) {
-      if (!(name in services)) c.src.at([...base, 'default', name], `no service "${name}" in services.yaml`);
+      if (!Object.hasOwn(services, name)) c.src.at([...base, 'default', name], `no service "${name}" in services.yaml`);
       else if (on === true && out.allow !== null && !out.allow.includes(name)) c.src.at([...base, 'default', name], `"${name}" is enabled by default but not in allow (contradiction)`);
       out.default[name] = c.bool(on, [...base, 'default', name]);
     }

@@ -115,6 +115,21 @@ test('policy: contradictions are rejected (path both read-only and writable, /pr
   t.regex(msgs, /services\.yaml:\d+: 0\.0\.0\.0\/0 is too broad/);
 });
 
+test('policy: names of Object.prototype members (constructor, toString, __proto__) never resolve to a profile, filter or service', (t) => {
+  for (const name of ['constructor', 'toString', 'valueOf', '__proto__', 'hasOwnProperty']) {
+    const d = copy();
+    edit(d, 'accounts.yaml', 'profile: warren-default', `profile: ${name}`);
+    edit(d, 'profiles.yaml', 'seccomp: default                # a', `seccomp: ${name}                # a`);
+    const msgs = issuesOf(() => loadPolicy(d)).map((i) => i.message).join('\n');
+    t.true(msgs.includes(`no profile "${name}"`), `${name}: ${msgs}`);
+    t.true(msgs.includes(`no filter "${name}"`), `${name}: ${msgs}`);
+  }
+  // service names are lower-case words: `constructor` is one
+  const d = copy();
+  edit(d, 'accounts.yaml', '    default: {}\n', '    default: {}\n    allow: [constructor]\n');
+  t.regex(issuesOf(() => loadPolicy(d)).map((i) => i.message).join('\n'), /no service "constructor"/);
+});
+
 test('policy: duplicate keys and unknown files are rejected', (t) => {
   const d = copy();
   const sp = join(d, 'seccomp.yaml');

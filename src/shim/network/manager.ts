@@ -385,7 +385,7 @@ export class NetworkManager {
 
   private accountNetwork(owner: string): AccountNetwork {
     const accounts = this.opts.policy().accounts;
-    return accounts.accounts[owner]?.network ?? accounts.defaultNetwork;
+    return (Object.hasOwn(accounts.accounts, owner) ? accounts.accounts[owner]!.network : undefined) ?? accounts.defaultNetwork;
   }
 
   private check(services: Record<string, boolean>, owner: string): void {
