@@ -640,3 +640,12 @@ export function parseSignal(value: unknown): number {
   }
   return n;
 }
+
+/**
+ * A constant lookup table without a prototype. A key that names an Object.prototype member
+ * ("constructor", "toString", "__proto__") is then absent, so looking up untrusted input finds
+ * nothing instead of a built-in function.
+ */
+export function lookupTable<T extends object>(entries: T): T {
+  return Object.assign(Object.create(null) as T, entries);
+}

@@ -12,6 +12,7 @@ import { ProgressPrinter, formatTable } from './output';
 import { runShell } from './shell';
 import type { NodeClusterOptions } from '../gateway/up';
 import { cmdGateway, cmdJob, cmdNode } from './cluster';
+import { lookupTable } from '../validation';
 
 export const DEFAULT_URL = 'http://127.0.0.1:7070';
 export const DEFAULT_DATA_DIR = '/var/lib/warren';
@@ -739,7 +740,7 @@ export function describeError(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
-const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
+const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = lookupTable({
   up: cmdUp,
   node: cmdNode,
   gateway: cmdGateway,
@@ -770,7 +771,7 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = {
   screenshot: async (args, io) => (await import('./screen')).cmdScreenshot(args, io),
   input: async (args, io) => (await import('./screen')).cmdInput(args, io),
   vnc: async (args, io) => (await import('./screen')).cmdVnc(args, io),
-};
+});
 
 /** Run the CLI; resolves with the exit code. */
 export async function main(argv: string[], io: Io = defaultIo): Promise<number> {

@@ -165,3 +165,10 @@ test('toolkits: a pool stacks what it names, what that is built on, and the pyth
   t.is(debianLayerCacheKey({ packages: ['b', 'a'], below: ['sha256:a'] }), debianLayerCacheKey({ packages: ['a', 'b', 'a'], below: ['sha256:a'] }));
   t.deepEqual(expandArgv(['java', '-XX:MaxRAM={memoryMb}m', '{class}', '{nope}'], { memoryMb: '256', class: 'Main' }), ['java', '-XX:MaxRAM=256m', 'Main', '{nope}']);
 });
+
+test('names of Object.prototype members are no language and no toolkit', (t) => {
+  for (const name of ['constructor', 'toString', '__proto__', 'hasOwnProperty']) {
+    t.throws(() => validateLanguage(name), { instanceOf: WarrenError, code: 'INVALID_ARGUMENT' } as never, name);
+    t.deepEqual(poolLayerStack({ image: 'judge', layers: [name] }), [name, 'python'], `${name} is a layer of the caller's, looked up as such`);
+  }
+});

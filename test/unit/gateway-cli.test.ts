@@ -28,7 +28,7 @@ test('connection: flags beat environment beat the token file', (t) => {
 });
 
 test('usage errors exit 2 with a clear message', async (t) => {
-  for (const argv of [['bogus'], ['exec'], ['exec', 'id'], ['create', '--cpu', 'lots'], ['create', '--nope'], ['rm'], ['up', '--listen', 'nohostport'], ['create', '--label', 'novalue']]) {
+  for (const argv of [['bogus'], ['constructor'], ['toString'], ['__proto__'], ['exec'], ['exec', 'id'], ['create', '--cpu', 'lots'], ['create', '--nope'], ['rm'], ['up', '--listen', 'nohostport'], ['create', '--label', 'novalue']]) {
     const r = io({ WARREN_URL: 'http://127.0.0.1:9' });
     t.is(await main(argv, r.io), 2, argv.join(' '));
     t.regex(r.err.join(''), /^warren: /);

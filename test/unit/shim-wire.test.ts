@@ -35,6 +35,7 @@ test('checkArgs holds every method to its arity', (t) => {
     t.throws(() => checkArgs(name, new Array(m.args + 1).fill(null)), { instanceOf: WarrenError }, name);
   }
   t.throws(() => checkArgs('nope', []), { instanceOf: WarrenError, message: /no method/ });
+  for (const name of ['constructor', 'toString', '__proto__']) t.throws(() => checkArgs(name, []), { instanceOf: WarrenError, message: /no method/ }, name);
   t.throws(() => checkArgs('getSandbox', 'x'), { instanceOf: WarrenError, message: /must be an array/ });
 });
 

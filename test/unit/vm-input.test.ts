@@ -83,3 +83,11 @@ test('PPM to PNG round trip, scaled by averaging', (t) => {
   t.throws(() => parsePpm(Buffer.from('P6\n100000 100000\n255\n')), { code: 'INTERNAL' } as never);
   t.throws(() => parsePpm(Buffer.concat([header, px.subarray(0, 10)])), { code: 'INTERNAL' } as never);
 });
+
+test('names of Object.prototype members are no keys and no action types', (t) => {
+  for (const name of ['constructor', 'toString', '__proto__', 'valueOf']) {
+    t.throws(() => keyCode(name), { instanceOf: WarrenError, code: 'UNKNOWN_KEY' } as never, name);
+    t.throws(() => compileActions([{ type: name } as never], W, H), { instanceOf: WarrenError, code: 'INVALID_ARGUMENT' } as never, name);
+    t.throws(() => compileActions([{ type: 'key', keys: name }], W, H), { instanceOf: WarrenError, code: 'UNKNOWN_KEY' } as never, name);
+  }
+});

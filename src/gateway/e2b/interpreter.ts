@@ -14,6 +14,7 @@ import { publicError } from '../http';
 import { validateEnv } from '../../validation';
 import { DEFAULT_USER, type Plane, ensureUser, homeOf, planeSandbox, resolvePath } from './envd';
 import { E2bError, bodyPending, readBodyAnyEncoding, sendJsonBody, toE2bError } from './wire';
+import { lookupTable } from '../../validation';
 
 const MAX_CONTEXTS = 16;
 const CODE_LIMIT = 4 * 1024 * 1024;
@@ -36,7 +37,7 @@ async function startKernel(plane: Plane, sandboxId: string, cwd: string): Promis
 }
 
 /** Jupyter MIME bundle keys as the SDK's Result fields (others are kept under their MIME name: `extra`). */
-const MIME_FIELDS: Record<string, string> = {
+const MIME_FIELDS: Record<string, string> = lookupTable({
   'text/plain': 'text',
   'text/html': 'html',
   'text/markdown': 'markdown',
@@ -47,7 +48,7 @@ const MIME_FIELDS: Record<string, string> = {
   'text/latex': 'latex',
   'application/json': 'json',
   'application/javascript': 'javascript',
-};
+});
 
 /** One kernel event as the SDK's NDJSON messages. */
 export function e2bMessage(ev: KernelEvent): Record<string, unknown> {

@@ -12,6 +12,7 @@
  * `{memoryMb}` the invocation's memory limit (JVM heap sizing).
  */
 import type { Language } from './types';
+import { lookupTable } from '../../validation';
 
 export interface LanguageDef {
   name: Language;
@@ -73,7 +74,7 @@ const KOTLIN_CP = `${KOTLIN_DIR}/out:/usr/share/java/kotlin-stdlib.jar:/usr/shar
 
 const GO_ENV = { GOCACHE: '/tmp/go-cache', GOPATH: '/tmp/go', GO111MODULE: 'off', GOFLAGS: '-buildvcs=false', CGO_ENABLED: '0' };
 
-export const LANGUAGES: Record<Language, LanguageDef> = {
+export const LANGUAGES: Record<Language, LanguageDef> = lookupTable({
   python3: { name: 'python3', toolkit: null, source: 'main.py', run: ['python3', '-B', 'main.py'] },
   pytest: { name: 'pytest', toolkit: 'python', source: 'test_main.py', run: ['python3', '-B', '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'test_main.py'], testRunner: true },
   bash: { name: 'bash', toolkit: null, source: 'main.sh', run: ['bash', 'main.sh'] },
@@ -124,10 +125,10 @@ export const LANGUAGES: Record<Language, LanguageDef> = {
   D_ut: { name: 'D_ut', toolkit: 'd', source: 'main.d', compile: ['ldc2', '-unittest', '-main', '-of=main', 'main.d'], run: ['./main'], testRunner: true },
   racket: { name: 'racket', toolkit: 'racket', source: 'main.rkt', run: ['racket', 'main.rkt'] },
   verilog: { name: 'verilog', toolkit: 'verilog', source: 'main.v', compile: ['iverilog', '-g2012', '-o', 'main', 'main.v'], run: ['vvp', '-n', 'main'] },
-};
+});
 
 /** Accepted spellings: Warren's names and SandboxFusion's. */
-const ALIASES: Record<string, Language> = {
+const ALIASES: Record<string, Language> = lookupTable({
   python: 'python3',
   py: 'python3',
   sh: 'bash',
@@ -144,7 +145,7 @@ const ALIASES: Record<string, Language> = {
   cs: 'csharp',
   kotlin: 'kotlin_script',
   dlang: 'd',
-};
+});
 
 /**
  * SandboxFusion languages that cannot run here, and why. The languages endpoint lists them and a

@@ -9,6 +9,7 @@
  */
 import { LANGUAGES } from './languages';
 import type { Language, PoolSpec } from './types';
+import { lookupTable } from '../../validation';
 
 export interface ToolkitDef {
   name: string;
@@ -18,7 +19,7 @@ export interface ToolkitDef {
   lazy?: boolean;
 }
 
-export const TOOLKITS: Record<string, ToolkitDef> = {
+export const TOOLKITS: Record<string, ToolkitDef> = lookupTable({
   python: {
     name: 'python',
     packages: ['python3-numpy', 'python3-pandas', 'python3-scipy', 'python3-sympy', 'python3-requests', 'python3-pytest', 'python3-sortedcontainers', 'python3-networkx', 'python3-dateutil', 'python3-regex', 'python3-yaml', 'python3-matplotlib', 'python3-ipykernel', 'python3-jupyter-client'],
@@ -39,7 +40,7 @@ export const TOOLKITS: Record<string, ToolkitDef> = {
   d: { name: 'd', packages: ['ldc'], below: [] },
   racket: { name: 'racket', packages: ['racket'], below: [], lazy: true },
   verilog: { name: 'verilog', packages: ['iverilog'], below: [] },
-};
+});
 
 /** The layer name a toolkit is registered under in the layer store. */
 export function toolkitLayerName(name: string): string {

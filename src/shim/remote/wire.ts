@@ -10,6 +10,7 @@
  *   details}}) and are rebuilt as WarrenError with the same stable code.
  */
 import { ErrorCodes, WarrenError, asWarrenError } from '../../errors';
+import { lookupTable } from '../../validation';
 
 export const SHIM_PROTOCOL_VERSION = 1;
 export const SHIM_BASE = '/shim/v1';
@@ -33,7 +34,7 @@ export type MethodKind = 'call' | 'raw-in' | 'raw-out' | 'live' | 'captured' | '
  * Shim methods by name, with their argument count (optional trailing arguments included) and,
  * for raw-in methods, the argument the request body fills.
  */
-export const METHODS: Record<string, { kind: MethodKind; args: number; optional?: number; raw?: number }> = {
+export const METHODS: Record<string, { kind: MethodKind; args: number; optional?: number; raw?: number }> = lookupTable({
   features: { kind: 'call', args: 0 },
   createSandbox: { kind: 'call', args: 2, optional: 1 },
   getSandbox: { kind: 'call', args: 1 },
@@ -94,7 +95,7 @@ export const METHODS: Record<string, { kind: MethodKind; args: number; optional?
   'functions.runJupyter': { kind: 'call', args: 2 },
   'functions.languages': { kind: 'call', args: 0 },
   'functions.ensureToolkit': { kind: 'call', args: 1 },
-};
+});
 
 /** What GET /shim/v1/hello answers: who the node is and what it offers. */
 export interface Hello {

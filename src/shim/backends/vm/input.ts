@@ -11,6 +11,7 @@
  */
 import { WarrenError } from '../../../errors';
 import type { InputAction, MouseButton } from '../../types';
+import { lookupTable } from '../../../validation';
 
 export const INPUT_LIMITS = {
   actions: 256,
@@ -53,7 +54,7 @@ const QCODES = new Set<string>([
 ]);
 
 /** Other names for keys (xdotool / X keysym / browser styles), lower case without '_' '-' ' '. */
-const ALIASES: Record<string, string> = {
+const ALIASES: Record<string, string> = lookupTable({
   enter: 'ret', return: 'ret', space: 'spc', escape: 'esc', control: 'ctrl', ctl: 'ctrl', controll: 'ctrl', controlleft: 'ctrl', controlright: 'ctrl_r', ctrlleft: 'ctrl', ctrlright: 'ctrl_r', ctrlr: 'ctrl_r', ctrll: 'ctrl',
   shiftleft: 'shift', shiftright: 'shift_r', shiftl: 'shift', shiftr: 'shift_r', altleft: 'alt', altright: 'alt_r', altl: 'alt', altr: 'alt_r', option: 'alt', altgr: 'alt_r',
   super: 'meta_l', superl: 'meta_l', superr: 'meta_r', meta: 'meta_l', metal: 'meta_l', metar: 'meta_r', win: 'meta_l', windows: 'meta_l', cmd: 'meta_l', command: 'meta_l',
@@ -61,11 +62,11 @@ const ALIASES: Record<string, string> = {
   arrowup: 'up', arrowdown: 'down', arrowleft: 'left', arrowright: 'right', capslock: 'caps_lock', numlock: 'num_lock', scrolllock: 'scroll_lock', printscreen: 'print', prtsc: 'print',
   minus: 'minus', equal: 'equal', equals: 'equal', comma: 'comma', period: 'dot', dot: 'dot', slash: 'slash', backslash: 'backslash', semicolon: 'semicolon', apostrophe: 'apostrophe', quote: 'apostrophe',
   grave: 'grave_accent', graveaccent: 'grave_accent', backquote: 'grave_accent', bracketleft: 'bracket_left', bracketright: 'bracket_right', kpenter: 'kp_enter', contextmenu: 'menu',
-};
+});
 
 /** Characters of a US keyboard: the key, and whether shift is held. */
 const CHARS: Record<string, [string, boolean]> = (() => {
-  const m: Record<string, [string, boolean]> = {};
+  const m: Record<string, [string, boolean]> = Object.create(null);
   for (const c of LETTERS) {
     m[c] = [c, false];
     m[c.toUpperCase()] = [c, true];
@@ -113,7 +114,7 @@ function int(a: Record<string, unknown>, field: string, min: number, max: number
   return v;
 }
 
-const ACTION_FIELDS: Record<InputAction['type'], string[]> = {
+const ACTION_FIELDS: Record<InputAction['type'], string[]> = lookupTable({
   key: ['keys', 'repeat'],
   type: ['text'],
   move: ['x', 'y'],
@@ -123,7 +124,7 @@ const ACTION_FIELDS: Record<InputAction['type'], string[]> = {
   drag: ['from', 'to', 'button'],
   scroll: ['x', 'y', 'dx', 'dy'],
   wait: ['ms'],
-};
+});
 
 /**
  * Check `actions` against a `width` x `height` screen and compile them to
