@@ -243,6 +243,8 @@ t('without network a sandbox has loopback only; bad services are refused', async
     await shim.deleteSandbox(sb.id);
   }
   tt.is((await create({ nosuch: true }).catch((e) => e)).code, 'INVALID_ARGUMENT');
+  // names of Object.prototype members are no services either
+  for (const name of ['constructor', 'toString', '__proto__']) tt.is((await create(JSON.parse(`{"${name}": true}`)).catch((e) => e)).code, 'INVALID_ARGUMENT', name);
 });
 
 t('deleting sandboxes leaves no netns, veth, BPF link or policy entry behind', async (tt) => {
@@ -335,7 +337,7 @@ t('REST, SDK and CLI: GET/PATCH /v1/sandboxes/:id/network', async (tt) => {
     tt.deepEqual((await sb.network()).services, { pypi: true });
     const changed = await sb.setNetwork({ npm: true });
     tt.deepEqual(changed.services, { pypi: true, npm: true });
-    for (const [body, code] of [[{ npm: 'yes' }, 'INVALID_ARGUMENT'], [{ nosuch: true }, 'INVALID_ARGUMENT'], [[1], 'INVALID_ARGUMENT']] as const) {
+    for (const [body, code] of [[{ npm: 'yes' }, 'INVALID_ARGUMENT'], [{ nosuch: true }, 'INVALID_ARGUMENT'], [JSON.parse('{"constructor": true}'), 'INVALID_ARGUMENT'], [[1], 'INVALID_ARGUMENT']] as const) {
       const err = await sb.setNetwork(body as never).catch((e) => e);
       tt.is(err.code, code, JSON.stringify(body));
     }

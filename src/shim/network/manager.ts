@@ -383,6 +383,12 @@ export class NetworkManager {
     return this.opts.policy().services;
   }
 
+  /** The catalog's service `name`, if it has one (a name such as "constructor" is not one). */
+  private service(name: string): Service | undefined {
+    const catalog = this.catalog();
+    return Object.hasOwn(catalog, name) ? catalog[name] : undefined;
+  }
+
   private accountNetwork(owner: string): AccountNetwork {
     const accounts = this.opts.policy().accounts;
     return (Object.hasOwn(accounts.accounts, owner) ? accounts.accounts[owner]!.network : undefined) ?? accounts.defaultNetwork;
@@ -393,7 +399,7 @@ export class NetworkManager {
     const allow = this.accountNetwork(owner).allow;
     for (const [name, on] of Object.entries(services)) {
       if (typeof on !== 'boolean') throw new WarrenError('INVALID_ARGUMENT', `network.${name} must be true or false`, { field: `network.${name}` });
-      if (catalog[name] === undefined) {
+      if (this.service(name) === undefined) {
         throw new WarrenError('INVALID_ARGUMENT', `network.${name}: no service "${name}" in the services catalog (known: ${Object.keys(catalog).sort().join(', ')})`, { field: `network.${name}` });
       }
       if (on && allow !== null && !allow.includes(name)) {
@@ -403,27 +409,25 @@ export class NetworkManager {
   }
 
   private compile(a: Attached): SandboxEgressPolicy {
-    const catalog = this.catalog();
     const ranges: EgressRange[] = [];
     for (const [name, on] of Object.entries(a.services)) {
-      const s = catalog[name];
+      const s = this.service(name);
       if (!on || s === undefined) continue;
       for (const cidr of s.cidrs) ranges.push({ cidr, ports: s.ports, proto: s.protocol, serviceId: serviceId(name) });
     }
     for (const r of this.accountNetwork(a.owner).rules) ranges.push({ cidr: r.cidr, ports: r.ports, proto: r.protocol, serviceId: EGRESS_SERVICE_RULE });
     const bindings: EgressBinding[] = [];
     for (const b of a.bindings.values()) {
-      const s = catalog[b.service];
+      const s = this.service(b.service);
       if (s) bindings.push({ address: b.address, ports: s.ports, proto: s.protocol, serviceId: serviceId(b.service), expiresNs: b.expiresNs });
     }
     return { resolverV4: this.host.gatewayAddress, ranges, bindings };
   }
 
   private serviceFor(a: Attached, name: string): string | undefined {
-    const catalog = this.catalog();
     for (const [svc, on] of Object.entries(a.services)) {
       if (!on) continue;
-      const s = catalog[svc];
+      const s = this.service(svc);
       if (s && s.hosts.some((h) => hostMatches(h, name))) return svc;
     }
     return undefined;
