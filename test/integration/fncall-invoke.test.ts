@@ -170,6 +170,11 @@ maybe('files in, fetchFiles out; nested paths and /work/ absolute paths', async 
   t.is(r.status, 'ok', JSON.stringify(r));
   t.is(r.stdout, 'abc');
   t.deepEqual(r.files, { 'out.txt': Buffer.from('ABC').toString('base64'), 'copy.dat': Buffer.from([0, 255, 1]).toString('base64') });
+  // file names that are Object.prototype members are names like any other
+  const odd = await run({ cmd: ['/bin/sh', '-c', 'echo p > __proto__; echo c > constructor'], fetchFiles: ['__proto__', 'constructor', 'toString'] });
+  t.deepEqual(Object.keys(odd.files ?? {}).sort(), ['__proto__', 'constructor']);
+  t.is(Object.getOwnPropertyDescriptor(odd.files, '__proto__')?.value, Buffer.from('p\n').toString('base64'));
+  t.is(Object.getOwnPropertyDescriptor(odd.files, 'constructor')?.value, Buffer.from('c\n').toString('base64'));
 });
 
 maybe('non-UTF-8 output is returned faithfully in stdoutBase64', async (t) => {

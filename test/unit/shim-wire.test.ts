@@ -13,10 +13,17 @@ test('values round-trip through JSON: buffers, sets, nesting; undefined fields a
   t.is(back.n, null);
 });
 
-test('decode drops prototype keys and refuses bad tags and deep nesting', (t) => {
+test('decode keeps prototype-named keys as plain data, never as a prototype, and refuses bad tags and deep nesting', (t) => {
   const o = decode(JSON.parse('{"__proto__":{"polluted":1},"constructor":2,"ok":3}')) as Record<string, unknown>;
-  t.deepEqual(Object.keys(o), ['ok']);
+  t.deepEqual(Object.keys(o), ['__proto__', 'constructor', 'ok']);
   t.is(Object.getPrototypeOf(o), Object.prototype);
+  t.deepEqual(Object.getOwnPropertyDescriptor(o, '__proto__')?.value, { polluted: 1 });
+  t.is(Object.getOwnPropertyDescriptor(o, 'constructor')?.value, 2);
+  t.is((o as { polluted?: unknown }).polluted, undefined);
+  // and they survive the round trip both ways
+  const files = JSON.parse('{"__proto__":"cA==","constructor":"Yw=="}') as Record<string, string>;
+  const back = decode(JSON.parse(JSON.stringify(encode({ files })))) as { files: Record<string, string> };
+  t.deepEqual(Object.entries(back.files), [['__proto__', 'cA=='], ['constructor', 'Yw==']]);
   t.is(({} as Record<string, unknown>).polluted, undefined);
   t.throws(() => decode({ $b: 5 }), { instanceOf: WarrenError, message: /\$b/ });
   t.throws(() => decode({ $set: 'x' }), { instanceOf: WarrenError, message: /\$set/ });

@@ -474,7 +474,8 @@ export class PoolContainer {
           if (r === 0) break;
           n += r;
         }
-        out[p] = buf.subarray(0, n).toString('base64');
+        // defined, not assigned: a file named __proto__ is a key like any other
+        Object.defineProperty(out, p, { value: buf.subarray(0, n).toString('base64'), enumerable: true, writable: true, configurable: true });
       } finally {
         closeSync(fd);
       }

@@ -287,7 +287,7 @@ export class NetworkManager {
     if (this.started) this.syncDenyRanges();
     for (const a of this.byId.values()) {
       try {
-        for (const [addr, b] of a.bindings) if (this.catalog()[b.service] === undefined) a.bindings.delete(addr);
+        for (const [addr, b] of a.bindings) if (this.service(b.service) === undefined) a.bindings.delete(addr);
         const policy = this.compile(a);
         this.egress.update(a.cgroupId, policy);
         void this.abortRevoked(a, policy);
