@@ -120,7 +120,8 @@ export function bodyHash(value: unknown): string {
       const out: Record<string, unknown> = {};
       for (const k of Object.keys(v).sort()) {
         const x = (v as Record<string, unknown>)[k];
-        if (x !== undefined) out[k] = canon(x);
+        // defined, not assigned: a field named __proto__ is part of the body like any other
+        if (x !== undefined) Object.defineProperty(out, k, { value: canon(x), enumerable: true, writable: true, configurable: true });
       }
       return out;
     }

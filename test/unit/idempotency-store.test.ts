@@ -208,3 +208,13 @@ test('after a restart, supervised execs are followed (not interrupted); the othe
   t.deepEqual(second.runningElsewhere(), []);
   t.is(new IdempotencyStore(db).runningElsewhere().length, 0);
 });
+
+test('body hashes: key order does not matter; a field named __proto__ or constructor does', (t) => {
+  t.is(bodyHash({ a: 1, b: { c: 2, d: 3 } }), bodyHash({ b: { d: 3, c: 2 }, a: 1 }));
+  const base = bodyHash({ cmd: 'true', env: {} });
+  for (const name of ['__proto__', 'constructor']) {
+    const body = JSON.parse(`{"cmd":"true","env":{"${name}":"x"}}`) as unknown;
+    t.not(bodyHash(body), base, name);
+    t.not(bodyHash(body), bodyHash(JSON.parse(`{"cmd":"true","env":{"${name}":"y"}}`)), `${name}: its value counts`);
+  }
+});
