@@ -28,6 +28,15 @@ export interface PycAlignment {
   skipped: number;
 }
 
+/** The names in `dir`, none if it cannot be read. */
+function names(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
+}
+
 /** Rewrite the valid timestamp-based caches under `root` to record `epoch` (seconds). */
 export function alignPycTimestamps(root: string, epoch: number): PycAlignment {
   const out: PycAlignment = { aligned: 0, skipped: 0 };
@@ -35,13 +44,7 @@ export function alignPycTimestamps(root: string, epoch: number): PycAlignment {
   const stamp = Buffer.alloc(4);
   stamp.writeUInt32LE(epoch >>> 0);
   const visit = (dir: string): void => {
-    let names: string[];
-    try {
-      names = readdirSync(dir);
-    } catch {
-      return;
-    }
-    for (const name of names) {
+    for (const name of names(dir)) {
       const p = join(dir, name);
       let st;
       try {
@@ -55,13 +58,7 @@ export function alignPycTimestamps(root: string, epoch: number): PycAlignment {
     }
   };
   const alignDir = (srcDir: string, cacheDir: string): void => {
-    let names: string[];
-    try {
-      names = readdirSync(cacheDir);
-    } catch {
-      return;
-    }
-    for (const name of names) {
+    for (const name of names(cacheDir)) {
       const m = CACHE_NAME.exec(name);
       if (m === null) continue;
       const pyc = join(cacheDir, name);
