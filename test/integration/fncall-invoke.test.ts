@@ -177,6 +177,15 @@ maybe('files in, fetchFiles out; nested paths and /work/ absolute paths', async 
   t.is(Object.getOwnPropertyDescriptor(odd.files, 'constructor')?.value, Buffer.from('c\n').toString('base64'));
 });
 
+maybe('environment variables named like Object.prototype members reach the program', async (t) => {
+  const env = JSON.parse('{"__proto__":"p","constructor":"c","toString":"t"}') as Record<string, string>;
+  for (const req of [{ cmd: ['/bin/sh', '-c', 'env | grep -E "^(__proto__|constructor|toString)=" | sort'] }, { code: 'import os\nfor k in ("__proto__", "constructor", "toString"): print(f"{k}={os.environ.get(k)}")', language: 'python3' }]) {
+    const r = await run({ ...req, env } as never);
+    t.is(r.status, 'ok', r.stderr);
+    t.deepEqual(r.stdout.trim().split('\n').sort(), ['__proto__=p', 'constructor=c', 'toString=t']);
+  }
+});
+
 maybe('non-UTF-8 output is returned faithfully in stdoutBase64', async (t) => {
   const r = await run({ cmd: ['printf', '\\377\\376ok'] });
   t.is(r.status, 'ok');
