@@ -90,6 +90,40 @@ export function warrenVersion(): string {
   return (cachedVersion = '0.0.0');
 }
 
+interface Listening {
+  port: number;
+  close(): void;
+}
+
+/** uWS's option for a listen socket without SO_REUSEPORT. */
+const LIBUS_LISTEN_EXCLUSIVE_PORT = 1;
+
+/**
+ * Listen on host:port, alone. uWS sets SO_REUSEPORT by default, so a second gateway started on
+ * a port already in use (or any uWS server of the same user) would share it, and the kernel
+ * would hand each new connection to one or the other: clients would see another node's
+ * sandboxes, or lose their shells to it. Exclusive, the second listen fails as "in use".
+ */
+function listenExclusive(app: HyperExpress.Server, host: string, port: number): Promise<Listening> {
+  const uws = HyperExpress.compressors as unknown as { us_socket_local_port(s: unknown): number; us_listen_socket_close(s: unknown): void };
+  // what Server.listen does first: the routes (and the not-found catch-all) are fixed here
+  (app as unknown as { _compile(): void })._compile();
+  const listen = app.uws_instance.listen as unknown as (host: string, port: number, options: number, cb: (socket: unknown) => void) => void;
+  return new Promise((resolve, reject) => {
+    listen.call(app.uws_instance, host, port, LIBUS_LISTEN_EXCLUSIVE_PORT, (socket) => {
+      if (!socket) return reject(new Error('the port is in use, or the host is not an address of this machine'));
+      let open = true;
+      resolve({
+        port: uws.us_socket_local_port(socket),
+        close() {
+          if (open) uws.us_listen_socket_close(socket);
+          open = false;
+        },
+      });
+    });
+  });
+}
+
 export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log: Log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
   const ctx: GatewayContext = {
@@ -163,16 +197,17 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     sendError(res, new WarrenError('NOT_FOUND', `no route for ${req.method} ${req.path}`), log, !req.received);
   });
 
+  let listening: Listening;
   try {
-    await app.listen(opts.port, opts.host);
+    listening = await listenExclusive(app, opts.host, opts.port);
   } catch (err) {
     throw new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.port}: ${typeof err === 'string' ? err : (err as Error).message}`);
   }
   const e2b = opts.e2bPort === undefined ? null : await startE2bSurface(ctx, { db: opts.db, host: opts.host, port: opts.e2bPort }).catch((err) => {
-    app.close();
+    listening.close();
     throw new WarrenError('UNAVAILABLE', `cannot listen on ${opts.host}:${opts.e2bPort} (E2B surface): ${(err as Error).message}`);
   });
-  const port = app.port;
+  const port = listening.port;
   const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host === '0.0.0.0' ? '127.0.0.1' : opts.host;
   const url = `http://${hostForUrl}:${port}`;
 
@@ -188,7 +223,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
       shells.closeAll();
       screens.closeAll();
       reclaimer.close();
-      app.close();
+      listening.close();
       await e2b?.close();
     },
   };

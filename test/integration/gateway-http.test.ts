@@ -2,12 +2,55 @@
  * REST API against a real gateway and a REAL shim (busybox sandboxes).
  * Needs root and the container backend; skips with the reason otherwise.
  */
+import { join } from 'node:path';
+import HyperExpress from 'hyper-express';
 import { vmBackendStatus } from '../../src/features';
+import type { WarrenError } from '../../src/errors';
+import { createGateway } from '../../src/gateway/server';
+import { WarrenClient } from '../../src/sdk';
+import { LocalShim } from '../../src/shim/local';
+import { openDatabase } from '../../src/state/db';
 import { integrationSkipReason, rawRequest, withGateway } from './gateway-fixture';
 import { testUnless } from '../helpers/skip';
 
 const skip = integrationSkipReason();
 const test = testUnless(skip);
+
+test('a second gateway on a port in use is refused, and every connection stays with the first (no SO_REUSEPORT sharing)', async (t) => {
+  await withGateway(t, async ({ gateway, shim, dataDir, admin }) => {
+    const db = openDatabase(join(dataDir, 'warren.db'));
+    try {
+      const err = await createGateway({ shim: new LocalShim(shim), db, dataDir, host: '127.0.0.1', port: gateway.port, log: () => undefined }).then(
+        async (g) => {
+          await g.close();
+          return null;
+        },
+        (e: WarrenError) => e,
+      );
+      t.is(err?.code, 'UNAVAILABLE');
+      t.regex(err?.message ?? '', new RegExp(`cannot listen on 127\\.0\\.0\\.1:${gateway.port}: the port is in use`));
+      // nor can a plain uWS server of the same user (it would ask for SO_REUSEPORT)
+      const other = new HyperExpress.Server();
+      other.get('/v1/health', (_req, res) => void res.status(418).send('not the gateway'));
+      const joined = await other.listen(gateway.port, '127.0.0.1').then(
+        () => true,
+        () => false,
+      );
+      if (joined) other.close();
+      t.false(joined, 'another uWS server shared the port');
+      // and every fresh connection reaches the gateway
+      const health = { node: shim.nodeId };
+      for (let i = 0; i < 20; i++) {
+        const c = new WarrenClient({ url: gateway.url, token: 'x' });
+        t.like(await c.health(), health);
+        await c.close();
+      }
+      t.is((await admin.health()).status, 'ok');
+    } finally {
+      db.close();
+    }
+  });
+});
 
 test('health needs no token; everything else does', async (t) => {
   await withGateway(t, async ({ url, adminToken }) => {

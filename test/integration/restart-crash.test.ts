@@ -18,6 +18,9 @@ import { elapse, waitFor, waitForValue } from '../helpers/wait';
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
 const it = testUnless(skip);
 
+/** `p`, its failure named after the step. */
+const step = <T>(what: string, p: Promise<T>): Promise<T> => p.catch((e: Error) => Promise.reject(new Error(`${what}: ${e.message}`)));
+
 /** Each process's output, shown when the test fails (a gateway that dies answers its clients 1006). */
 const logs: string[][] = [];
 const startUp = (dataDir: string, nodeId: string) => {
@@ -41,7 +44,7 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
     const sb = await client.createSandbox({ image: 'busybox', labels: { test: 'crash' } });
     await sb.exec('echo persisted > /tmp/state; (while :; do date +%s >> /tmp/ticks; sleep 0.2; done &) ; true');
     const shell = await sb.shell({ mode: 'command' });
-    await shell.run('cd /tmp && export CRASH=yes');
+    await step('the first command', shell.run('cd /tmp && export CRASH=yes'));
     const sessionId = shell.session;
     const offset = shell.offset;
     // output produced while no gateway is listening must be replayed after the restart
@@ -66,8 +69,8 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
     t.true(later > ticks, 'the background loop kept running');
 
     const seen: string[] = [];
-    const reattached = await again.shell({ mode: 'command', session: sessionId, offset, onOutput: (o) => void seen.push(o.data.toString()) });
-    const r = await reattached.run('pwd; echo $CRASH');
+    const reattached = await step('the re-attach', again.shell({ mode: 'command', session: sessionId, offset, onOutput: (o) => void seen.push(o.data.toString()) }));
+    const r = await step('the command after the re-attach', reattached.run('pwd; echo $CRASH'));
     t.is(r.stdout, '/tmp\nyes\n');
     t.true(seen.join('').includes('produced-while-down'), `replayed: ${JSON.stringify(seen.join(''))}`);
     await reattached.close();
