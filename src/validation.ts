@@ -649,3 +649,16 @@ export function parseSignal(value: unknown): number {
 export function lookupTable<T extends object>(entries: T): T {
   return Object.assign(Object.create(null) as T, entries);
 }
+
+/** `table[key]` if it is the table's own entry (not an Object.prototype member); else undefined. */
+export function ownValue<T>(table: Readonly<Record<string, T>>, key: string): T | undefined {
+  return Object.hasOwn(table, key) ? table[key] : undefined;
+}
+
+/**
+ * Set `o[k] = v` as an own data property: defined, never assigned, so a key named __proto__
+ * (a file, a variable, a peer's JSON) stays a key and never becomes a prototype.
+ */
+export function defineKey(o: object, k: string, v: unknown): void {
+  Object.defineProperty(o, k, { value: v, enumerable: true, writable: true, configurable: true });
+}

@@ -725,14 +725,12 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
 
     if (path === '/v1/cluster/nodes' && method === 'GET') {
       requirePermission(account, 'allSandboxes');
+      // `pending`: the creates this gateway counts on top of the record (in flight, or done
+      // since the record was written); `recordAgeMs`: how old the record is by this clock
+      const pending = reservedNow();
+      const now = Date.now();
       return send(res, 200, {
-        // `pending`: the creates this gateway counts on top of the record (in flight, or done
-        // since the record was written); `recordAgeMs`: how old the record is by this clock
-        nodes: (() => {
-          const pending = reservedNow();
-          const now = Date.now();
-          return members.live().map((n) => ({ ...n, images: n.images.map((i) => i.name), pending: pending.get(n.id) ?? 0, recordAgeMs: now - n.at }));
-        })(),
+        nodes: members.live().map((n) => ({ ...n, images: n.images.map((i) => i.name), pending: pending.get(n.id) ?? 0, recordAgeMs: now - n.at })),
         lost: [...members.lost].map(([node, epochs]) => ({ node, epochs: [...epochs] })),
         staged: [...members.staged],
       });

@@ -18,6 +18,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import type { Database } from 'better-sqlite3';
 import { WarrenError } from '../errors';
+import { defineKey } from '../validation';
 
 export type IdempotentKind = 'exec' | 'shell';
 
@@ -120,8 +121,8 @@ export function bodyHash(value: unknown): string {
       const out: Record<string, unknown> = {};
       for (const k of Object.keys(v).sort()) {
         const x = (v as Record<string, unknown>)[k];
-        // defined, not assigned: a field named __proto__ is part of the body like any other
-        if (x !== undefined) Object.defineProperty(out, k, { value: canon(x), enumerable: true, writable: true, configurable: true });
+        // a field named __proto__ is part of the body like any other
+        if (x !== undefined) defineKey(out, k, canon(x));
       }
       return out;
     }

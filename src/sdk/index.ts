@@ -14,7 +14,7 @@
  */
 import type { Readable } from 'node:stream';
 import { Pool } from 'undici';
-import { type ErrorCode, ErrorCodes, WarrenError } from '../errors';
+import { type ErrorCode, WarrenError } from '../errors';
 import type {
   BackendName,
   EnvironmentInfo,
@@ -503,7 +503,8 @@ export class Sandbox {
         const { type: _type, ...outcome } = m;
         end = outcome as unknown as Omit<ExecResult, 'stdout' | 'stderr'>;
       } else if (m.type === 'error' && m.error) {
-        throw new WarrenError((Object.hasOwn(ErrorCodes, m.error.code) ? m.error.code : 'INTERNAL') as ErrorCode, m.error.message);
+        // a code that is not one of ours becomes INTERNAL in the constructor
+        throw new WarrenError(m.error.code as ErrorCode, m.error.message);
       }
     };
     try {

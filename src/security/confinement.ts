@@ -22,6 +22,7 @@ import { WarrenError } from '../errors';
 import { native, setConfinementProvider } from '../native';
 import type { ConfineSpec } from '../native/types';
 import { type Policy, PolicyError, type Profile, diffPolicy, loadPolicy } from './policy';
+import { ownValue } from '../validation';
 
 const MIB = 1024 * 1024;
 export const DEFAULT_PROFILE = 'warren-default';
@@ -119,8 +120,7 @@ export function usePolicyStore(s: PolicyStore): void {
 }
 
 export function profile(name: string): Profile {
-  const profiles = policyStore().current.profiles;
-  const p = Object.hasOwn(profiles, name) ? profiles[name] : undefined;
+  const p = ownValue(policyStore().current.profiles, name);
   if (p === undefined) throw new WarrenError('INVALID_ARGUMENT', `no confinement profile "${name}" in the policy`);
   return p;
 }
@@ -128,7 +128,7 @@ export function profile(name: string): Profile {
 /** Profile for a sandbox owned by `owner` (an account id), from accounts.yaml. */
 export function profileForOwner(owner: string | undefined): string {
   const a = policyStore().current.accounts;
-  return (owner !== undefined && Object.hasOwn(a.accounts, owner) ? a.accounts[owner]!.profile : undefined) ?? a.defaultProfile;
+  return (owner !== undefined ? ownValue(a.accounts, owner)?.profile : undefined) ?? a.defaultProfile;
 }
 
 export function unconfinedAllowed(): boolean {
@@ -148,7 +148,7 @@ export function assertConfinable(): void {
 }
 
 function seccompMask(p: Policy, filter: string): number {
-  const a = Object.hasOwn(p.seccomp, filter) ? p.seccomp[filter]!.allow : undefined;
+  const a = ownValue(p.seccomp, filter)?.allow;
   if (a === undefined) return 0;
   return (a.ptrace ? 1 : 0) | (a.ioUring ? 2 : 0) | (a.userfaultfd ? 4 : 0) | (a.perfEvents ? 8 : 0);
 }
@@ -156,7 +156,7 @@ function seccompMask(p: Policy, filter: string): number {
 /** The native confinement of a profile on this node (what the kernel supports). */
 export function confineFor(profileName: string): ConfineSpec {
   const pol = policyStore().current;
-  const p = (Object.hasOwn(pol.profiles, profileName) ? pol.profiles[profileName] : undefined) ?? pol.profiles[DEFAULT_PROFILE]!;
+  const p = ownValue(pol.profiles, profileName) ?? pol.profiles[DEFAULT_PROFILE]!;
   const e = activeEnforcer();
   const c: ConfineSpec = { nofile: p.limits.openFiles };
   if (p.limits.fileSizeMb !== null) c.fsizeBytes = p.limits.fileSizeMb * MIB;

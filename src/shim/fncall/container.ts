@@ -30,6 +30,7 @@ import { DEFAULT_PATH } from '../backends/registry';
 import type { HostProcessBackend, HostProcessSandbox, ResolvedLayer, SandboxSpec } from '../types';
 import type { InputFile, LimitHit, StepResult, InvokeStatus } from './types';
 import { PYTHON_ZYGOTE_BOOTSTRAP, PythonZygote, ZYGOTE_DIR, ZYGOTE_MODULE, zygoteCanRun } from './zygote';
+import { defineKey } from '../../validation';
 
 export const WORK_DIR = '/work';
 /**
@@ -474,8 +475,8 @@ export class PoolContainer {
           if (r === 0) break;
           n += r;
         }
-        // defined, not assigned: a file named __proto__ is a key like any other
-        Object.defineProperty(out, p, { value: buf.subarray(0, n).toString('base64'), enumerable: true, writable: true, configurable: true });
+        // a file named __proto__ is a key like any other
+        defineKey(out, p, buf.subarray(0, n).toString('base64'));
       } finally {
         closeSync(fd);
       }

@@ -161,7 +161,7 @@ export const UNAVAILABLE: Record<string, string> = {
 
 export function languageOf(name: string): Language | null {
   if (Object.prototype.hasOwnProperty.call(LANGUAGES, name)) return name;
-  return Object.prototype.hasOwnProperty.call(ALIASES, name) ? ALIASES[name]! : null;
+  return ALIASES[name] ?? null;
 }
 
 export const LANGUAGE_NAMES = Object.keys(LANGUAGES);

@@ -80,13 +80,17 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
     # The compiler's first use in a process touches a lot of memory; done here once, it is shared
     # by every fork. The code is compiled only, never run.
     compile(${JSON.stringify(WARM_SOURCE)}, '<warren-zygote>', 'exec', dont_inherit=True)
-    had_gc = 'gc' in sys.modules
-    import gc
+    def modules_get(name):
+        # a module, without leaving it in sys.modules when a fresh interpreter would not have it
+        if name in sys.modules:
+            return sys.modules[name]
+        m = __import__(name)
+        del sys.modules[name]
+        return m
+    gc = modules_get('gc')
     gc.freeze()
-    if not had_gc:
-        del sys.modules['gc']
     env = z.serve(3)
-    del z, spec, had_gc
+    del z, spec
     if env is None:
         return
     import os, site
@@ -120,17 +124,9 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
     g.update(keep)
     sys.modules['__main__'] = main
     del d, env, cache, keep, old, kv, k, v
-    def modules_get(name):
-        if name in sys.modules:
-            return sys.modules[name]
-        m = __import__(name)
-        del sys.modules[name]
-        return m
-
     preloaded = set(sys.modules)
     preloaded.discard('__main__')
-    # built-in modules the exit needs, imported without leaving them in sys.modules when a fresh
-    # interpreter would not have them there
+    # built-in modules the exit needs
     atexit, _io, _weakref = [modules_get(n) for n in ('atexit', '_io', '_weakref')]
 
     # what the exit uses is bound now: the program may rebind any of these names
@@ -176,7 +172,6 @@ export const PYTHON_ZYGOTE_BOOTSTRAP = `def _warren_zygote():
         # alone held is collected with their globals intact (finalizers run then); a module that
         # something else still holds is cleared after that, in reverse import order.
         refs = []
-        m = None
         for n in ['__main__', *[n for n in modules if n not in preloaded and n != '__main__']]:
             m = modules.pop(n, None)
             try:

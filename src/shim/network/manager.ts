@@ -28,6 +28,7 @@ import { parseCidr } from './addr';
 import { SpecialAddresses, specialReason, type RefusalReason } from './special-addr';
 import type { SandboxNetworkInfo } from '../types';
 import { instruments } from '../../telemetry';
+import { ownValue } from '../../validation';
 
 export interface NetworkOptions {
   native: NativeAddon;
@@ -385,13 +386,12 @@ export class NetworkManager {
 
   /** The catalog's service `name`, if it has one (a name such as "constructor" is not one). */
   private service(name: string): Service | undefined {
-    const catalog = this.catalog();
-    return Object.hasOwn(catalog, name) ? catalog[name] : undefined;
+    return ownValue(this.catalog(), name);
   }
 
   private accountNetwork(owner: string): AccountNetwork {
     const accounts = this.opts.policy().accounts;
-    return (Object.hasOwn(accounts.accounts, owner) ? accounts.accounts[owner]!.network : undefined) ?? accounts.defaultNetwork;
+    return ownValue(accounts.accounts, owner)?.network ?? accounts.defaultNetwork;
   }
 
   private check(services: Record<string, boolean>, owner: string): void {

@@ -10,7 +10,7 @@
  *   details}}) and are rebuilt as WarrenError with the same stable code.
  */
 import { ErrorCodes, WarrenError, asWarrenError } from '../../errors';
-import { lookupTable } from '../../validation';
+import { defineKey, lookupTable } from '../../validation';
 
 export const SHIM_PROTOCOL_VERSION = 1;
 export const SHIM_BASE = '/shim/v1';
@@ -164,14 +164,6 @@ export class FrameReader {
   }
 }
 
-/**
- * Keys are defined, never assigned: a key named __proto__ (a file, a variable) stays a key,
- * and a peer's JSON never becomes a prototype.
- */
-function put(o: Record<string, unknown>, k: string, v: unknown): void {
-  Object.defineProperty(o, k, { value: v, enumerable: true, writable: true, configurable: true });
-}
-
 export function encode(value: unknown): unknown {
   if (Buffer.isBuffer(value)) return { $b: value.toString('base64') };
   if (value instanceof Uint8Array) return { $b: Buffer.from(value.buffer, value.byteOffset, value.byteLength).toString('base64') };
@@ -179,7 +171,7 @@ export function encode(value: unknown): unknown {
   if (Array.isArray(value)) return value.map(encode);
   if (value !== null && typeof value === 'object') {
     const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(value)) if (v !== undefined) put(out, k, encode(v));
+    for (const [k, v] of Object.entries(value)) if (v !== undefined) defineKey(out, k, encode(v));
     return out;
   }
   return value;
@@ -202,7 +194,7 @@ export function decode(value: unknown, depth = 0): unknown {
       return new Set(o.$set.map((v) => decode(v, depth + 1)));
     }
     const out: Record<string, unknown> = {};
-    for (const k of keys) put(out, k, decode(o[k], depth + 1));
+    for (const k of keys) defineKey(out, k, decode(o[k], depth + 1));
     return out;
   }
   return value;
