@@ -99,6 +99,9 @@ interface UpgradeContext {
 /** After a 4429 close, how long a client that reads nothing keeps its socket (and queue) before it is cut. */
 const CLOSE_GRACE_MS = 5000;
 
+/** How far past the high-water mark a client's queue may go while a paused holder's last output lands. */
+const QUEUE_SLACK_BYTES = 4 * 1024 * 1024;
+
 export const SHELL_DEFAULTS = {
   highWaterBytes: 256 * 1024,
   stallTimeoutMs: 10_000,
@@ -107,6 +110,12 @@ export const SHELL_DEFAULTS = {
 
 interface Limits {
   highWater: number;
+  /**
+   * The most bytes one client's socket may queue. Output keeps arriving for a moment after the
+   * holder is paused (a remote node's frames already in flight); past this the client is dropped
+   * with 4429 rather than queueing more.
+   */
+  queueCap: number;
   lowWater: number;
   stallTimeoutMs: number;
   budget: number;
@@ -311,7 +320,7 @@ class ShellConnection {
     this.pending = [];
     this.pendingBytes = 0;
     ws.atomic(() => {
-      for (const m of queued) ws.send(m.data, m.binary);
+      for (const m of queued) this.send(m.data, m.binary);
     });
     if (this.ended) this.finish();
     else if (ws.buffered <= this.registry.limits.highWater) this.unthrottle();
@@ -331,6 +340,12 @@ class ShellConnection {
       this.pending.push({ data, binary });
       this.pendingBytes += data.length;
       if (this.pendingBytes > this.registry.limits.highWater) this.throttle();
+      return;
+    }
+    if (ws.buffered + data.length > this.registry.limits.queueCap) {
+      // The frame is not sent: the client re-attaches from the last offset it saw, and the
+      // holder replays from there.
+      this.dropSlow('output queue full');
       return;
     }
     ws.atomic(() => ws.send(data, binary));
@@ -690,6 +705,7 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
     {
       highWater,
       lowWater: Math.floor(highWater / 4),
+      queueCap: highWater + QUEUE_SLACK_BYTES,
       stallTimeoutMs: opts.stallTimeoutMs ?? SHELL_DEFAULTS.stallTimeoutMs,
       budget: opts.bufferBudgetBytes ?? SHELL_DEFAULTS.bufferBudgetBytes,
     },
@@ -750,8 +766,9 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
     {
       message_type: 'ArrayBuffer',
       idle_timeout: opts.idleTimeoutS ?? 120,
-      // uWS drops messages past this; reading stops at highWater, and what is in flight then (a socket read's worth of frames) fits.
-      max_backpressure: highWater + 4 * 1024 * 1024,
+      // No uWS limit: past its own, uWS drops frames without a word, the close frame too (the
+      // client then sees its socket end with 1006). The queue is bounded by queueCap instead.
+      max_backpressure: 0,
       max_payload_length: opts.maxMessageBytes ?? 1024 * 1024,
     },
     (ws: Websocket<unknown>) => {

@@ -16,6 +16,7 @@ import { Auth, type Role } from '../../src/gateway/auth';
 import { type Gateway, createGateway } from '../../src/gateway/server';
 import { WarrenClient } from '../../src/sdk';
 import type { ShimNode } from '../../src/shim/node';
+import type { Shim } from '../../src/shim/types';
 import { type BoundShim, bindShim } from '../helpers/shim-binding';
 import { openDatabase } from '../../src/state/db';
 import { openTestShim, rootSkipReason } from '../helpers/warren';
@@ -37,6 +38,8 @@ export interface FixtureOptions {
   shell?: Parameters<typeof createGateway>[0]['shell'];
   /** Also receives every line the gateway logs (to check that user errors make no noise). */
   onLog?: (line: string) => void;
+  /** What the gateway is given in place of the bound shim (to model a node's timing). */
+  wrapShim?: (shim: Shim) => Shim;
 }
 
 let cachedSkip: string | null | undefined;
@@ -71,7 +74,7 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
       t.log(`[gateway] ${l}`);
       opts.onLog?.(l);
     };
-    const gwOpts: Parameters<typeof createGateway>[0] = { shim: bound.shim, db, dataDir, host: '127.0.0.1', port: 0, log };
+    const gwOpts: Parameters<typeof createGateway>[0] = { shim: opts.wrapShim ? opts.wrapShim(bound.shim) : bound.shim, db, dataDir, host: '127.0.0.1', port: 0, log };
     if (opts.uploadLimitBytes !== undefined) gwOpts.uploadLimitBytes = opts.uploadLimitBytes;
     if (opts.allowedOrigins !== undefined) gwOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.shell !== undefined) gwOpts.shell = opts.shell;

@@ -6,6 +6,7 @@
 import { type ExecutionContext } from 'ava';
 import WebSocket from 'ws';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
+import type { SessionAttachment, Shim } from '../../src/shim/types';
 import { testUnless } from '../helpers/skip';
 import { elapse, waitFor as waitUntil } from '../helpers/wait';
 
@@ -402,4 +403,78 @@ test.serial('back-pressure: a client that stops reading is dropped with 4429 and
     await again.closed;
     await sb.delete();
   }, { shell: { stallTimeoutMs: 1000 } });
+});
+
+/**
+ * A session whose pause lands only after `lag` more bytes of output: what a node's frames still in
+ * flight on the network do to the gateway after it asked the node to pause.
+ */
+function lagPause(shim: Shim, lag: number): Shim {
+  const wrap = (att: SessionAttachment): SessionAttachment => {
+    let owed = -1;
+    let paused = false;
+    const overrides: Partial<SessionAttachment> = {
+      onOutput(listener) {
+        att.onOutput((o) => {
+          listener(o);
+          if (owed < 0) return;
+          owed -= o.data.length;
+          if (owed <= 0 && !paused) {
+            paused = true;
+            att.pauseOutput?.();
+          }
+        });
+      },
+      pauseOutput() {
+        if (owed < 0) owed = lag;
+      },
+      resumeOutput() {
+        owed = -1;
+        if (paused) att.resumeOutput?.();
+        paused = false;
+      },
+    };
+    return new Proxy(att, {
+      get: (target, key) => (Object.hasOwn(overrides, key) ? (overrides as Record<PropertyKey, unknown>)[key] : Reflect.get(target, key, target)),
+    });
+  };
+  return new Proxy(shim, {
+    get(target, key) {
+      const v = Reflect.get(target, key, target) as unknown;
+      if (key !== 'openSession' && key !== 'attachSession') return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      return async (...args: unknown[]) => wrap(await (v as (...a: unknown[]) => Promise<SessionAttachment>).apply(target, args));
+    },
+  });
+}
+
+test.serial('back-pressure: output that lands after the pause overflows into a 4429 close, with no frame skipped before it', async (t) => {
+  await withGateway(
+    t,
+    async ({ url, adminToken, admin }) => {
+      const sb = await admin.createSandbox({ image: 'busybox' });
+      const c = must(t, await open(wsUrl(url, sb.id), { token: adminToken }));
+      await c.next();
+      const socket = (c.ws as unknown as { _socket: import('node:net').Socket })._socket;
+      socket.pause();
+      c.ws.send(JSON.stringify({ type: 'run', id: 'flood', cmd: 'head -c 200000000 /dev/zero | tr "\\0" x' }));
+      await elapse(3000, 'the flood outruns the pause while the client does not read');
+      socket.resume();
+      const closed = await c.closed;
+      t.is(closed.code, 4429, `closed with ${closed.code} ${closed.reason}`);
+      const out = c.frames.filter((f): f is Record<string, any> => !Buffer.isBuffer(f) && f.type === 'output');
+      t.true(out.length > 0, 'some output came before the close');
+      let received = 0;
+      for (let i = 1; i < out.length; i++) {
+        const prev = out[i - 1]!;
+        if (out[i]!.offset !== prev.offset + Buffer.byteLength(prev.data)) {
+          t.fail(`frame ${i} starts at ${out[i]!.offset}, the one before it ended at ${prev.offset + Buffer.byteLength(prev.data)}`);
+          break;
+        }
+      }
+      for (const f of out) received += Buffer.byteLength(f.data);
+      t.true(received > 256 * 1024, `the client got ${received} bytes, more than the high-water mark, before the close`);
+      await sb.delete();
+    },
+    { shell: { stallTimeoutMs: 1000, highWaterBytes: 64 * 1024 }, wrapShim: (shim) => lagPause(shim, 8 * 1024 * 1024) },
+  );
 });

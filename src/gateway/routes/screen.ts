@@ -21,6 +21,12 @@ import { sameOrigin } from '../ws-shell';
 export const INPUT_BODY_LIMIT = 256 * 1024;
 /** Bytes from the VNC server waiting for a slow viewer before the VNC connection pauses. */
 const VNC_HIGH_WATER = 4 * 1024 * 1024;
+/**
+ * The most a viewer's socket may queue. uWS gets no limit of its own: past it, uWS drops frames
+ * without a word (a VNC stream with a hole in it is garbage) and the close frame too. Reading the
+ * VNC server stops at the high-water mark, so only what one read brought can go past it.
+ */
+const VNC_QUEUE_CAP = 2 * VNC_HIGH_WATER;
 
 function need<K extends 'screenshot' | 'sendInput' | 'openVnc'>(ctx: GatewayContext, k: K): NonNullable<GatewayContext['shim'][K]> {
   const fn = ctx.shim[k];
@@ -96,7 +102,7 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
       sendError(res, err, ctx.log);
     }
   });
-  app.ws('/v1/sandboxes/:id/vnc', { message_type: 'ArrayBuffer', idle_timeout: 300, max_backpressure: VNC_HIGH_WATER * 2, max_payload_length: 1024 * 1024 }, (ws: Websocket<unknown>) => {
+  app.ws('/v1/sandboxes/:id/vnc', { message_type: 'ArrayBuffer', idle_timeout: 300, max_backpressure: 0, max_payload_length: 1024 * 1024 }, (ws: Websocket<unknown>) => {
     const sock = (ws.context as unknown as VncContext | undefined)?.sock;
     if (sock === undefined) {
       ws.close(4500, 'no VNC connection');
@@ -104,27 +110,28 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
     }
     open.add(ws);
     let closed = false;
-    const end = () => {
+    const end = (code = 1000, reason = 'live view ended') => {
       if (closed) return;
       closed = true;
       open.delete(ws);
       sock.destroy();
       try {
-        ws.close(1000, 'live view ended');
+        ws.close(code, reason);
       } catch {
         /* already closed */
       }
     };
     sock.on('data', (d: Buffer) => {
       if (closed) return;
+      if (ws.buffered + d.length > VNC_QUEUE_CAP) return end(4429, 'the viewer does not keep up with the screen');
       ws.send(d, true);
       if (ws.buffered > VNC_HIGH_WATER) sock.pause();
     });
     ws.on('drain', () => {
       if (ws.buffered <= VNC_HIGH_WATER / 4) sock.resume();
     });
-    sock.on('close', end);
-    sock.on('error', end);
+    sock.on('close', () => end());
+    sock.on('error', () => end());
     ws.on('message', (msg: ArrayBuffer) => {
       if (!closed) sock.write(Buffer.from(msg));
     });
