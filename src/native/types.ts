@@ -181,6 +181,8 @@ export interface ZygoteReply {
   errno?: number;
   exitCode?: number | null;
   signal?: number | null;
+  /** With an exit: host pid of the child the zygote forked ahead for the next request (-1: none). */
+  spare?: number;
 }
 
 export interface ExitStatus {

@@ -9,6 +9,7 @@ import test from 'ava';
 import type { InvokeOptions, InvokeResult } from '../../src/sdk/functions';
 import { type FnFixture, integrationSkipReason, openFnFixture } from './fncall-fixture';
 import { testUnless } from '../helpers/skip';
+import { elapse } from '../helpers/wait';
 
 const skip = integrationSkipReason();
 let f: FnFixture;
@@ -236,4 +237,53 @@ print(sorted(res.items()))
   t.is(r.stdout, "[('0', 1), ('19', 1), ('9', 1), ('environ', 13), ('maps', 13), ('mem', 13), ('ptrace', [-1, 1]), ('unshare', [-1, 1])]\n");
   const again = await forked('print("zygote still serving")\n');
   t.is(again.stdout, 'zygote still serving\n');
+});
+
+/** Seconds since this process started (its start time in /proc against the uptime). */
+const AGE = `import os
+ticks = int(open('/proc/self/stat').read().rsplit(')', 1)[1].split()[19])
+age = float(open('/proc/uptime').read().split()[0]) - ticks / os.sysconf('SC_CLK_TCK')
+print(round(age, 2))
+`;
+
+maybe('the next fork is made ahead, while the last one is reported, and is the zygote\'s until its request', async (t) => {
+  await forked('print("first")\n');
+  // the spare forked when that invocation ended is older than the request that it serves
+  await elapse(500, 'the spare waits for its request');
+  const r = await forked(AGE);
+  t.is(r.status, 'ok', r.stderr);
+  t.true(Number(r.stdout) >= 0.3, `the process that ran the request is ${r.stdout.trim()} s old`);
+  // A program leaves a process behind that tries for a second to kill, stop and read every other
+  // process it can see. It is killed when the program ends; the spare waiting meanwhile is root
+  // and out of its reach. The next fork runs as usual.
+  const attack = `import os, signal, time
+if os.fork() == 0:
+    os.setsid()
+    me = os.getpid()
+    end = time.time() + 1
+    while time.time() < end:
+        for p in os.listdir('/proc'):
+            if p.isdigit() and int(p) != me:
+                for sig in (signal.SIGSTOP, signal.SIGKILL):
+                    try: os.kill(int(p), sig)
+                    except OSError: pass
+                try: open(f'/proc/{p}/mem', 'rb').read(1)
+                except OSError: pass
+    os._exit(0)
+print("left a process behind")
+`;
+  const a = await forked(attack);
+  t.is(a.stdout, 'left a process behind\n', a.stderr);
+  const after = await forked('import os\nprint(sorted(os.listdir("/work")), os.getuid())\n');
+  t.is(after.status, 'ok', after.stderr);
+  t.is(after.stdout, "['main.py'] 65534\n");
+});
+
+maybe('a run that is not forked sees no spare: the zygote reaps it first', async (t) => {
+  await forked('print("make a spare")\n');
+  const r = await fresh('import os\nprint(sorted(open(f"/proc/{p}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()))\n');
+  t.is(r.status, 'ok', r.stderr);
+  // pid 1, the zygote, and this program: no waiting fork, and no zombie of one
+  t.is(JSON.parse(r.stdout.replace(/'/g, '"')).length, 3, r.stdout);
+  t.is((await forked('print("forks again")\n')).stdout, 'forks again\n');
 });

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -222,17 +223,25 @@ static int read_full(int fd, void *p, size_t n) {
   return 0;
 }
 
-/* The child's setup, in the order of nsexec.c's exec_child. Returns only when it is complete. */
-static void child_setup(const struct request *r, int ctl, int sync) {
+/*
+ * The first half of a child's setup, in the order of nsexec.c's exec_child: a session, stdio (when
+ * the request's descriptors are there: a spare gets them later), no other descriptor but the sync
+ * socket (moved to 3), its user namespace (mapped by the zygote), then its IPC and network
+ * namespaces and rlimits. The child is still root with the zygote's capabilities here. Returns the
+ * sync socket's descriptor.
+ */
+static int child_isolate(const wn_isolate *iso, const int *fds, int ctl, int sync) {
   close(ctl);
   if (setsid() < 0) child_fail(sync, Z_SETSID, 0, errno);
-  int tmp[3];
-  for (int i = 0; i < 3; i++) {
-    tmp[i] = fcntl(r->fds[i], F_DUPFD_CLOEXEC, 10);
-    if (tmp[i] < 0) child_fail(sync, Z_STDIO, i, errno);
+  if (fds != NULL) {
+    int tmp[3];
+    for (int i = 0; i < 3; i++) {
+      tmp[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 10);
+      if (tmp[i] < 0) child_fail(sync, Z_STDIO, i, errno);
+    }
+    for (int i = 0; i < 3; i++)
+      if (dup2(tmp[i], i) < 0) child_fail(sync, Z_STDIO, i, errno);
   }
-  for (int i = 0; i < 3; i++)
-    if (dup2(tmp[i], i) < 0) child_fail(sync, Z_STDIO, i, errno);
   /* Everything else goes (no exec will close the close-on-exec ones); the sync socket moves to 3. */
   if (sync != 3) {
     if (dup2(sync, 3) < 0) child_fail(sync, Z_CLOSE_FDS, 0, errno);
@@ -246,8 +255,13 @@ static void child_setup(const struct request *r, int ctl, int sync) {
   char ack;
   if (read(sync, &ack, 1) != 1 || ack != 'K') _exit(127);
   int iso_step = 0;
-  int irc = wn_isolate_apply(&r->iso, &iso_step);
+  int irc = wn_isolate_apply(iso, &iso_step);
   if (irc < 0) child_fail(sync, Z_ISOLATE, iso_step, -irc);
+  return sync;
+}
+
+/* The second half: the request's identity, directory and confinement. Returns when it is complete. */
+static void child_drop(const struct request *r, int sync) {
   int rc = wn_caps_drop(wn_default_caps);
   if (rc < 0) child_fail(sync, Z_CAPS, 0, -rc);
   gid_t gid = r->gid;
@@ -264,6 +278,235 @@ static void child_setup(const struct request *r, int ctl, int sync) {
   struct sync_msg ok = {0, 0, 0};
   if (write(sync, &ok, sizeof ok) != (ssize_t)sizeof ok) _exit(127);
   close(sync);
+}
+
+/*
+ * What the namespaces and rlimits of a request depend on (its I, N and R records, in order): a
+ * spare made for one request serves the next only when these are the same.
+ */
+#define KEY_MAX 256
+static size_t isolation_key(const char *buf, size_t len, char *out) {
+  size_t k = 0;
+  for (size_t off = 0; off < len;) {
+    const char *rec = buf + off;
+    size_t n = strnlen(rec, len - off);
+    off += n + 1;
+    if (n == 0 || (rec[0] != 'I' && rec[0] != 'N' && rec[0] != 'R')) continue;
+    if (k + n + 1 > KEY_MAX) return (size_t)-1;
+    memcpy(out + k, rec, n);
+    out[k + n] = '\0';
+    k += n + 1;
+  }
+  return k;
+}
+
+/* The environment of the child, as a Python list of "K=V"; it also becomes the process's environ. */
+static PyObject *child_env(struct request *r) {
+  extern char **environ;
+  environ = r->env;
+  PyObject *list = PyList_New(0);
+  if (list == NULL) _exit(127);
+  for (int i = 0; i < r->n_env; i++) {
+    PyObject *s = PyUnicode_DecodeFSDefault(r->env[i]);
+    if (s == NULL || PyList_Append(list, s) < 0) _exit(127);
+    Py_DECREF(s);
+  }
+  return list;
+}
+
+/*
+ * A spare: the next invocation's child, forked when the last one exited and isolated like it
+ * while the gateway is busy with that one's results, so that only the cheap second half of the
+ * setup is left for the next request. It waits as root (no leftover of the last program, which
+ * runs as the run user, can signal or inspect it; the gateway kills those before the next request
+ * anyway). Its request comes over the sync socket: a length and the three stdio descriptors, then
+ * the request itself, which must ask for the same isolation it was made with.
+ */
+static struct {
+  pid_t pid;
+  int sync;
+  int mapped; /* its user namespace is mapped */
+  int ready;  /* it has said that its isolation is complete */
+  char key[KEY_MAX];
+  size_t keylen;
+} g_spare = {-1, -1, 0, 0, {0}, 0};
+
+static PyObject *spare_child(int ctl, int sync, const struct request *made) {
+  sync = child_isolate(&made->iso, NULL, ctl, sync);
+  struct sync_msg ready = {0, 0, 0};
+  if (write(sync, &ready, sizeof ready) != (ssize_t)sizeof ready) _exit(127);
+  uint32_t len = 0;
+  struct iovec iov = {&len, sizeof len};
+  union {
+    char buf[CMSG_SPACE(3 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  ssize_t n;
+  do n = recvmsg(sync, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  while (n < 0 && errno == EINTR);
+  if (n != (ssize_t)sizeof len) _exit(0); /* the zygote dropped this spare, or is gone */
+  static struct request r;
+  int got = 0;
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  if (cm != NULL && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(3 * sizeof(int))) {
+    memcpy(r.fds, CMSG_DATA(cm), 3 * sizeof(int));
+    got = 3;
+  }
+  if (got != 3 || (mh.msg_flags & MSG_CTRUNC) || len == 0 || len > REQ_MAX || read_full(sync, g_buf, len) < 0) child_fail(sync, Z_REQUEST, 1, EINVAL);
+  char key[KEY_MAX];
+  size_t keylen = isolation_key(g_buf, len, key);
+  if (parse(g_buf, len, &r) < 0 || keylen != g_spare.keylen || memcmp(key, g_spare.key, keylen) != 0) child_fail(sync, Z_REQUEST, 2, EINVAL);
+  for (int i = 0; i < 3; i++)
+    if (dup2(r.fds[i], i) < 0) child_fail(sync, Z_STDIO, i, errno);
+  for (int i = 0; i < 3; i++)
+    if (r.fds[i] > 3) close(r.fds[i]);
+  child_drop(&r, sync);
+  return child_env(&r);
+}
+
+static pid_t wait_child(pid_t pid, int *status);
+
+static void spare_drop(void) {
+  if (g_spare.pid > 0) {
+    int st;
+    kill(g_spare.pid, SIGKILL);
+    wait_child(g_spare.pid, &st);
+  }
+  if (g_spare.sync >= 0) close(g_spare.sync);
+  g_spare.pid = -1;
+  g_spare.sync = -1;
+  g_spare.mapped = 0;
+  g_spare.ready = 0;
+}
+
+/* Fork a spare for requests like `r` (whose raw form is buf[0..len)). In the spare, *child is set. */
+static pid_t spare_fork(int ctl, const struct request *r, const char *buf, size_t len, PyObject **child) {
+  size_t keylen = isolation_key(buf, len, g_spare.key);
+  if (keylen == (size_t)-1) return -1;
+  g_spare.keylen = keylen;
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) return -1;
+  PyOS_BeforeFork();
+  pid_t pid = fork();
+  if (pid == 0) {
+    PyOS_AfterFork_Child();
+    close(sp[0]);
+    *child = spare_child(ctl, sp[1], r);
+    return 0;
+  }
+  PyOS_AfterFork_Parent();
+  close(sp[1]);
+  if (pid < 0) {
+    close(sp[0]);
+    return -1;
+  }
+  g_spare.pid = pid;
+  g_spare.sync = sp[0];
+  g_spare.mapped = 0;
+  g_spare.ready = 0;
+  return pid;
+}
+
+static int write_idmaps(pid_t pid);
+
+/* The spare's user namespace is there: map it (off the next request's path). */
+static void spare_map(void) {
+  if (g_spare.pid < 0 || g_spare.mapped) return;
+  struct sync_msg m;
+  if (read_full(g_spare.sync, &m, sizeof m) < 0 || m.step != 0 || write_idmaps(g_spare.pid) < 0 || write(g_spare.sync, "K", 1) != 1) {
+    spare_drop();
+    return;
+  }
+  g_spare.mapped = 1;
+}
+
+/*
+ * Hand the request (raw buf[0..len), descriptors fds) to the spare if it was made for the same
+ * isolation and is ready. Returns its pid and sync socket, or -1 (the spare, if any, is gone: the
+ * request is forked afresh, and a failure is reported from there).
+ */
+static pid_t spare_take(const char *buf, size_t len, const int *fds, int *sync) {
+  if (g_spare.pid < 0) return -1;
+  char key[KEY_MAX];
+  size_t keylen = isolation_key(buf, len, key);
+  struct sync_msg m;
+  if (!g_spare.mapped || keylen != g_spare.keylen || memcmp(key, g_spare.key, keylen) != 0) {
+    spare_drop();
+    return -1;
+  }
+  if (!g_spare.ready && (read_full(g_spare.sync, &m, sizeof m) < 0 || m.step != 0)) {
+    spare_drop();
+    return -1;
+  }
+  uint32_t n32 = (uint32_t)len;
+  struct iovec iov = {&n32, sizeof n32};
+  union {
+    char buf[CMSG_SPACE(3 * sizeof(int))];
+    struct cmsghdr align;
+  } u;
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(3 * sizeof(int));
+  memcpy(CMSG_DATA(cm), fds, 3 * sizeof(int));
+  ssize_t w;
+  do w = sendmsg(g_spare.sync, &mh, MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  for (size_t off = 0; w == (ssize_t)sizeof n32 && off < len;) {
+    ssize_t k = write(g_spare.sync, buf + off, len - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      w = -1;
+      break;
+    }
+    off += (size_t)k;
+  }
+  if (w != (ssize_t)sizeof n32) {
+    spare_drop();
+    return -1;
+  }
+  pid_t pid = g_spare.pid;
+  *sync = g_spare.sync;
+  g_spare.pid = -1;
+  g_spare.sync = -1;
+  g_spare.mapped = 0;
+  g_spare.ready = 0;
+  return pid;
+}
+
+/*
+ * Wait for the next request. Meanwhile the spare says that it is ready, or it ends (killed by the
+ * gateway before an invocation that does not fork, or by anything else): it is reaped at once, so
+ * that no exited spare is left in the container's process table.
+ */
+static int wait_request(int ctl) {
+  for (;;) {
+    struct pollfd p[2] = {{ctl, POLLIN, 0}, {g_spare.sync, POLLIN, 0}};
+    int np = g_spare.sync >= 0 && g_spare.mapped ? 2 : 1;
+    int rc = poll(p, (nfds_t)np, -1);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (np == 2 && p[1].revents != 0) {
+      struct sync_msg m;
+      if (g_spare.ready || (p[1].revents & POLLIN) == 0 || read_full(g_spare.sync, &m, sizeof m) < 0 || m.step != 0) spare_drop();
+      else g_spare.ready = 1;
+    }
+    if (p[0].revents != 0) return 0;
+  }
 }
 
 /* The identity map of the initial user namespace, written by the zygote (the namespace's owner). */
@@ -296,71 +539,75 @@ static PyObject *serve(PyObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "i", &ctl)) return NULL;
   static struct request r;
   for (;;) {
+    if (wait_request(ctl) < 0) break;
     ssize_t n = recv_request(ctl, &r);
-    if (n == 0 || n == -2) Py_RETURN_NONE;
+    if (n == 0 || n == -2) break;
     if (n < 0) {
-      if (send_reply(ctl, R_FAILED, Z_REQUEST, 0, EINVAL, -1) < 0) Py_RETURN_NONE;
+      if (send_reply(ctl, R_FAILED, Z_REQUEST, 0, EINVAL, -1) < 0) break;
       continue;
     }
-    int sp[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
-      int err = errno;
-      for (int i = 0; i < 3; i++) close(r.fds[i]);
-      send_reply(ctl, R_FAILED, Z_FORK, 0, err, -1);
-      continue;
-    }
-    PyOS_BeforeFork();
-    pid_t pid = fork();
-    if (pid == 0) {
-      PyOS_AfterFork_Child();
-      close(sp[0]);
-      child_setup(&r, ctl, sp[1]);
-      extern char **environ;
-      environ = r.env;
-      PyObject *list = PyList_New(0);
-      if (list == NULL) _exit(127);
-      for (int i = 0; i < r.n_env; i++) {
-        PyObject *s = PyUnicode_DecodeFSDefault(r.env[i]);
-        if (s == NULL || PyList_Append(list, s) < 0) _exit(127);
-        Py_DECREF(s);
-      }
-      return list;
-    }
-    int fork_err = errno;
-    PyOS_AfterFork_Parent();
-    close(sp[1]);
-    for (int i = 0; i < 3; i++) close(r.fds[i]);
-    if (pid < 0) {
-      close(sp[0]);
-      send_reply(ctl, R_FAILED, Z_FORK, 0, fork_err, -1);
-      continue;
-    }
-    struct sync_msg m;
+    struct sync_msg m = {0, 0, 0};
     int failed = 0;
-    if (read_full(sp[0], &m, sizeof m) < 0) {
-      m = (struct sync_msg){Z_USERNS, 1, EIO};
-      failed = 1;
-    } else if (m.step != 0) {
-      failed = 1;
-    } else {
-      int mrc = write_idmaps(pid);
-      if (mrc < 0) {
-        m = (struct sync_msg){Z_IDMAP, 0, -mrc};
+    int sync = -1;
+    pid_t pid = spare_take(g_buf, (size_t)n, r.fds, &sync);
+    if (pid < 0) {
+      int sp[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
+        int err = errno;
+        for (int i = 0; i < 3; i++) close(r.fds[i]);
+        send_reply(ctl, R_FAILED, Z_FORK, 0, err, -1);
+        continue;
+      }
+      PyOS_BeforeFork();
+      pid = fork();
+      if (pid == 0) {
+        PyOS_AfterFork_Child();
+        close(sp[0]);
+        child_drop(&r, child_isolate(&r.iso, r.fds, ctl, sp[1]));
+        return child_env(&r);
+      }
+      int fork_err = errno;
+      PyOS_AfterFork_Parent();
+      close(sp[1]);
+      if (pid < 0) {
+        close(sp[0]);
+        for (int i = 0; i < 3; i++) close(r.fds[i]);
+        send_reply(ctl, R_FAILED, Z_FORK, 0, fork_err, -1);
+        continue;
+      }
+      sync = sp[0];
+      if (read_full(sync, &m, sizeof m) < 0) {
+        m = (struct sync_msg){Z_USERNS, 1, EIO};
         failed = 1;
-        kill(pid, SIGKILL);
-      } else if (write(sp[0], "K", 1) != 1 || read_full(sp[0], &m, sizeof m) < 0) {
+      } else if (m.step != 0) {
+        failed = 1;
+      } else {
+        int mrc = write_idmaps(pid);
+        if (mrc < 0) {
+          m = (struct sync_msg){Z_IDMAP, 0, -mrc};
+          failed = 1;
+        } else if (write(sync, "K", 1) != 1) {
+          m = (struct sync_msg){Z_ISOLATE, 0, EIO};
+          failed = 1;
+        }
+      }
+    }
+    for (int i = 0; i < 3; i++) close(r.fds[i]);
+    /* The end of the setup, by a spare or by a child forked just now. */
+    if (!failed) {
+      if (read_full(sync, &m, sizeof m) < 0) {
         m = (struct sync_msg){Z_ISOLATE, 0, EIO};
         failed = 1;
       } else if (m.step != 0) {
         failed = 1;
       }
     }
-    close(sp[0]);
+    close(sync);
     int status = 0;
     if (failed) {
       kill(pid, SIGKILL);
       wait_child(pid, &status);
-      if (send_reply(ctl, R_FAILED, m.step, m.index, m.err, -1) < 0) Py_RETURN_NONE;
+      if (send_reply(ctl, R_FAILED, m.step, m.index, m.err, -1) < 0) break;
       continue;
     }
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -368,8 +615,20 @@ static PyObject *serve(PyObject *self, PyObject *args) {
     if (pidfd >= 0) close(pidfd);
     if (sent < 0) kill(pid, SIGKILL);
     wait_child(pid, &status);
-    if (sent < 0 || send_reply(ctl, R_EXITED, status, 0, 0, -1) < 0) Py_RETURN_NONE;
+    if (sent < 0) break;
+    /* The next request's child, isolated while the gateway takes this one's results. The gateway
+     * is told which process it is (a pidfd with the exit), so that it spares it when it kills what
+     * the program left behind. */
+    PyObject *child = NULL;
+    if (spare_fork(ctl, &r, g_buf, (size_t)n, &child) == 0 && child != NULL) return child;
+    int spare_fd = g_spare.pid > 0 ? (int)syscall(SYS_pidfd_open, g_spare.pid, 0) : -1;
+    int rc = send_reply(ctl, R_EXITED, status, 0, 0, spare_fd);
+    if (spare_fd >= 0) close(spare_fd);
+    if (rc < 0) break;
+    spare_map();
   }
+  spare_drop();
+  Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {

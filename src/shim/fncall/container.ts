@@ -125,7 +125,7 @@ export interface WarmSpec {
  * script, tracebacks without this frame, SystemExit as usual. The rest of stdin is the program's.
  */
 /** Children of pid 1 other than the zygote, and the zygote's children (zombies included). */
-function unreapedChildren(initPid: number, zygotePid: number): number {
+function unreapedChildren(initPid: number, zygotePid: number, sparePid: number): number {
   const children = (pid: number): number[] => {
     try {
       return readFileSync(`/proc/${pid}/task/${pid}/children`, 'latin1').trim().split(/\s+/).filter(Boolean).map(Number);
@@ -133,7 +133,7 @@ function unreapedChildren(initPid: number, zygotePid: number): number {
       return [];
     }
   };
-  return children(initPid).filter((p) => p !== zygotePid).length + (zygotePid > 0 ? children(zygotePid).length : 0);
+  return children(initPid).filter((p) => p !== zygotePid).length + (zygotePid > 0 ? children(zygotePid).filter((p) => p !== sparePid).length : 0);
 }
 
 const PF_EXITING = 0x4;
@@ -496,6 +496,7 @@ export class PoolContainer {
     if (this.zygoteStarting) await this.zygoteStarting;
     this.pristine = false;
     const z = this.zygoteFor(o);
+    if (z === null) await this.zygote?.dropSpare();
     const warm = await this.takeWarm(z !== null ? { ...o, warmPython: undefined } : o);
     resetMemoryPeak(this.id);
     const before = native.cgroupStats(this.id);
@@ -746,11 +747,13 @@ export class PoolContainer {
       for (;;) {
         if (this.dead) return false;
         const zpid = this.zygote?.alive ? this.zygote.pid : -1;
-        const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid && p !== zpid);
+        // The zygote's spare (forked when the invocation ended, for the next one) is the zygote's.
+        const spare = this.zygote?.alive ? this.zygote.sparePid : -1;
+        const others = native.cgroupProcs(this.id).filter((p) => p !== this.box.pid && p !== zpid && p !== spare);
         // Killed processes leave the cgroup at once but stay in the container's /proc as zombies
         // until their parent (pid 1 for orphans, the zygote for its forks) reaps them: the next
         // invocation must not see them either.
-        if (others.length === 0 && unreapedChildren(this.box.pid, zpid) === 0) return true;
+        if (others.length === 0 && unreapedChildren(this.box.pid, zpid, spare) === 0) return true;
         if (Date.now() > deadline) return false;
         if (!frozen && others.length > 1) {
           // Freeze so a fork bomb cannot outrun the kills; pid 1 (the reaper) is thawed with the rest.

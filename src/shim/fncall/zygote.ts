@@ -16,6 +16,7 @@
  * sandbox's seccomp filter with unshare(2) allowed (its children make their namespaces inside a
  * user namespace of their own, which the zygote maps 1:1; each child then stacks the full filter).
  */
+import { existsSync } from 'node:fs';
 import { BoundedCollector, pumpInto } from '../output';
 import { WarrenError } from '../../errors';
 import { confinementOf, native } from '../../native';
@@ -308,6 +309,8 @@ export class PythonZygote {
   private readonly log = new BoundedCollector(16 * 1024, () => undefined);
   /** Invocations this zygote forked. */
   forks = 0;
+  /** Host pid of the child it forked ahead for the next invocation, or -1 (killLeftovers spares it). */
+  sparePid = -1;
 
   private constructor(
     private readonly proc: ExecProcess,
@@ -373,6 +376,7 @@ export class PythonZygote {
     const p = this.pending;
     if (r.kind === 0) {
       this.dead = true;
+      this.sparePid = -1;
       try {
         native.close(this.proc.status!);
       } catch {
@@ -396,6 +400,8 @@ export class PythonZygote {
     }
     if (p === null) return;
     if (r.kind === 1 && !p.started) {
+      // the spare, if there was one, is this invocation now
+      this.sparePid = -1;
       p.started = true;
       p.pidfd = r.pidfd!;
       this.forks++;
@@ -409,6 +415,7 @@ export class PythonZygote {
       p.reject(new WarrenError('SPAWN_ERROR', `python3 zygote: ${STEPS[r.step ?? 0] ?? 'setup'} (step ${r.index ?? 0}) failed: errno ${r.errno ?? 0}`, undefined, r.errno));
     } else if (r.kind === 3 && p.started) {
       this.pending = null;
+      this.sparePid = r.spare ?? -1;
       p.exited?.({ exitCode: r.exitCode ?? null, signal: r.signal ?? null });
     }
   }
@@ -422,6 +429,24 @@ export class PythonZygote {
     return new Promise((resolve, reject) => {
       this.pending = { resolve, reject, fds, started: false };
     });
+  }
+
+  /**
+   * Kill the spare and wait (up to a second) until the zygote has reaped it: an invocation that is
+   * not forked must not find it in the container's process table.
+   */
+  async dropSpare(): Promise<void> {
+    const pid = this.sparePid;
+    if (pid <= 0) return;
+    this.sparePid = -1;
+    try {
+      // still the zygote's child: its pid cannot have been reused before the zygote reaps it
+      process.kill(pid, SIGKILL);
+    } catch {
+      return;
+    }
+    const deadline = Date.now() + 1000;
+    while (existsSync(`/proc/${pid}`) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 1));
   }
 
   /** Kill it; resolves when its exit has been seen. */
