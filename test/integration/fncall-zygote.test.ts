@@ -253,6 +253,11 @@ maybe('the next fork is made ahead, while the last one is reported, and is the z
   const r = await forked(AGE);
   t.is(r.status, 'ok', r.stderr);
   t.true(Number(r.stdout) >= 0.3, `the process that ran the request is ${r.stdout.trim()} s old`);
+  // a spare made for other rlimits does not serve a request: each gets its own
+  const rl = 'import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))\n';
+  t.is((await forked(rl, { cpuMs: 3000 })).stdout, '(4, 4)\n');
+  t.is((await forked(rl, { cpuMs: 3000 })).stdout, '(4, 4)\n');
+  t.is((await forked(rl, { cpuMs: 1000 })).stdout, '(2, 2)\n');
   // A program leaves a process behind that tries for a second to kill, stop and read every other
   // process it can see. It is killed when the program ends; the spare waiting meanwhile is root
   // and out of its reach. The next fork runs as usual.
