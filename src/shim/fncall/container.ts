@@ -19,7 +19,8 @@
  * - The environment is built from scratch for every exec.
  */
 import { BoundedCollector, pumpInto } from '../output';
-import { fchmodSync, fchownSync, closeSync, readdirSync, lstatSync, statfsSync, writeFileSync, writeSync, fstatSync, readSync, readFileSync } from 'node:fs';
+import { isUtf8 } from 'node:buffer';
+import { fchmodSync, fchownSync, closeSync, readdirSync, lstatSync, statfsSync, unlinkSync, writeFileSync, writeSync, fstatSync, readSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import { Socket } from 'node:net';
@@ -805,12 +806,8 @@ export class PoolContainer {
     if (!(await this.killLeftovers())) return { ok: false, reason: 'processes survived the kill' };
     const work = `${this.root}${WORK_DIR}`;
     try {
-      const entries = readdirSync(work);
-      if (entries.length > 0) {
-        // Nothing runs in the container any more, so nothing can swap a path under the rm.
-        await Promise.all(entries.map((e) => rm(join(work, e), { recursive: true, force: true })));
-        if (readdirSync(work).length !== 0) return { ok: false, reason: '/work could not be emptied' };
-      }
+      // Nothing runs in the container any more, so nothing can swap a path under the removal.
+      if (!(await emptyDir(work))) return { ok: false, reason: '/work could not be emptied' };
       const st = lstatSync(work);
       if (!st.isDirectory() || st.uid !== RUN_UID) return { ok: false, reason: '/work was replaced' };
       // The scratch directories are emptied, not made anew: the zygote's mount namespace binds them.
@@ -821,15 +818,14 @@ export class PoolContainer {
       const shm = this.zygote?.alive ? `/proc/${this.zygote.pid}/root/dev/shm` : null;
       if (shm !== null) dirs.push(shm);
       for (const d of dirs) {
-        let entries: string[];
+        let empty: boolean;
         try {
-          entries = readdirSync(d);
-        } catch {
+          empty = await emptyDir(d);
+        } catch (err) {
           if (d === shm) continue; // the zygote ended just now; it is started anew below
-          throw new Error(`${d} is missing`);
+          throw new Error(`${d}: ${(err as Error).message}`);
         }
-        await Promise.all(entries.map((e) => rm(join(d, e), { recursive: true, force: true })));
-        if (readdirSync(d).length !== 0) return { ok: false, reason: 'the scratch filesystem could not be emptied' };
+        if (!empty) return { ok: false, reason: 'the scratch filesystem could not be emptied' };
       }
       this.makeScratchDirs();
       const now = snapshot(this.upperDir);
@@ -854,6 +850,27 @@ export class PoolContainer {
     if (this.zygote !== null) void this.zygote.kill();
     return this.box.destroy();
   }
+}
+
+/**
+ * Remove what directory `dir` holds; true when it is empty then. Files go with one unlink each
+ * (most resets remove only the program's few files), directories with a recursive rm.
+ */
+async function emptyDir(dir: string): Promise<boolean> {
+  const entries = readdirSync(dir, { withFileTypes: true });
+  if (entries.length === 0) return true;
+  await Promise.all(
+    entries.map(async (e) => {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) return rm(p, { recursive: true, force: true });
+      try {
+        unlinkSync(p);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      }
+    }),
+  );
+  return readdirSync(dir).length === 0;
 }
 
 /** A cheap fingerprint of a directory tree: relative paths, types and sizes. */
@@ -907,10 +924,5 @@ export function textResult(buf: Buffer, truncated: boolean): { text: string; bas
   return out;
 }
 
-function isUtf8(b: Buffer): boolean {
-  const f = (require('node:buffer') as { isUtf8?: (b: Buffer) => boolean }).isUtf8;
-  if (f) return f(b);
-  return Buffer.from(b.toString('utf8'), 'utf8').equals(b);
-}
 
 
