@@ -3,7 +3,7 @@
  * Each attack runs in sandbox A; the test asserts that A hits its own wall and that
  * sandbox B (the neighbour) and the host are unaffected.
  */
-import { statfsSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, statfsSync } from 'node:fs';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -80,6 +80,27 @@ it.serial('exhaustion: fd exhaustion stops at RLIMIT_NOFILE with EMFILE', async 
   const r = await a.attack('fds');
   t.regex(r.out, /^OPENED 25\d EMFILE$/);
   await neighbourHealthy(t);
+});
+
+it.serial('exhaustion: a gateway holding more descriptors than the sandbox RLIMIT_NOFILE still creates and execs, and none of them reaches the sandbox', async (t) => {
+  // A node with thousands of sandboxes holds a pidfd for each; a sandbox child starts with a copy
+  // of that table and must still open what it needs (a Landlock ruleset) under its own limit.
+  const held: number[] = [];
+  for (let i = 0; i < 1100; i++) held.push(openSync('/dev/null', 'r'));
+  let c: Awaited<ReturnType<typeof box>> | null = null;
+  try {
+    t.true(Math.max(...held) > 1024, `the test holds fds up to ${Math.max(...held)}, above every sandbox limit here`);
+    c = await box(node.shim, { memoryMb: 96, pids: 64, diskMb: 48 });
+    const r = await c.sh('ulimit -n; ls /proc/self/fd | wc -l; sleep 30 & ls /proc/$!/fd | wc -l');
+    const [limit, mine, bg] = r.stdout.trim().split('\n').map((l) => Number(l.trim()));
+    t.is(limit, 256, r.stdout);
+    // 0..2 and the directory ls reads; nothing of the gateway's
+    t.true(mine! <= 4 && bg! <= 3, `exec holds ${mine} fds, its background child ${bg}`);
+    t.true(readdirSync(`/proc/${c.pid}/fd`).length <= 3, 'the sandbox pid 1 holds only 0..2');
+  } finally {
+    for (const fd of held) closeSync(fd);
+    if (c) await node.shim.deleteSandbox(c.id);
+  }
 });
 
 it.serial('exhaustion: a memory balloon is OOM-killed inside its cgroup and reported as oom', async (t) => {

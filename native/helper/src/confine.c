@@ -1,8 +1,9 @@
 /*
  * wn_confine_apply: the last steps of every sandbox process before execve
- * (see confine.h). Order: rlimits, AppArmor change-onexec, Landlock, seccomp
- * (last: the filter denies nothing the earlier steps need, but keeping it last
- * means no step runs under it).
+ * (see confine.h). Order: AppArmor change-onexec, Landlock, rlimits (after
+ * every step that opens a descriptor), seccomp (last: the filter denies
+ * nothing the earlier steps need, but keeping it last means no step runs
+ * under it).
  *
  * Landlock: one ruleset per process, built here from the path lists (the rules
  * name inodes of the sandbox's own root, so they cannot be prepared in the
@@ -244,14 +245,16 @@ int wn_confine_apply(const wn_confine *c, int exec_fd, int *step) {
   int rc;
   *step = 0;
   if (!c || !c->active) return 0;
-  *step = WN_CF_RLIMIT;
-  if (c->rlimit_fsize >= 0 && (rc = set_limit(RLIMIT_FSIZE, c->rlimit_fsize)) < 0) return rc;
-  if (c->rlimit_nofile >= 0 && (rc = set_limit(RLIMIT_NOFILE, c->rlimit_nofile)) < 0) return rc;
   if (c->apparmor_profile) {
     *step = WN_CF_APPARMOR;
     if ((rc = apparmor_onexec(c->apparmor_profile)) < 0) return rc;
   }
   if (c->landlock_abi > 0 && (rc = apply_landlock(c, exec_fd, step)) < 0) return rc;
+  /* After every step that opens a descriptor (the AppArmor attr file, the ruleset, its O_PATH
+     walk): none of them runs under the sandbox's own RLIMIT_NOFILE. */
+  *step = WN_CF_RLIMIT;
+  if (c->rlimit_fsize >= 0 && (rc = set_limit(RLIMIT_FSIZE, c->rlimit_fsize)) < 0) return rc;
+  if (c->rlimit_nofile >= 0 && (rc = set_limit(RLIMIT_NOFILE, c->rlimit_nofile)) < 0) return rc;
   if (c->seccomp) {
     *step = WN_CF_SECCOMP;
     if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, c->seccomp) < 0) return -errno;

@@ -200,7 +200,11 @@ static int exec_child(void *arg) {
      when it is still the controlling terminal of the caller's session (we hold CAP_SYS_ADMIN here). */
   if (c->want_ctty == 1 && ioctl(0, TIOCSCTTY, 0) < 0) child_fail(c, X_CTTY, 0, errno);
   if (c->want_ctty == 2) ioctl(0, TIOCSCTTY, 1);
-  if (syscall(SYS_close_range, c->keep_from, ~0U, CLOSE_RANGE_CLOEXEC) < 0) child_fail(c, X_CLOSE_FDS, 0, errno);
+  {
+    int keep[2] = {c->errfd, s->confine && s->confine->ll_have_ruleset ? s->confine->ll_ruleset_fd : -1};
+    int crc = wn_close_fds_except(c->keep_from, keep, 2);
+    if (crc < 0) child_fail(c, X_CLOSE_FDS, 0, -crc);
+  }
   /* pid 1 of this pid namespace is the sandbox init */
   if (c->core_share && prctl(PR_SCHED_CORE, PR_SCHED_CORE_SHARE_FROM, 1, 0 /* PIDTYPE_PID */, 0) < 0)
     child_fail(c, X_CORE_SCHED, 0, errno);

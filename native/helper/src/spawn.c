@@ -269,7 +269,11 @@ static int sandbox_child(void *arg) {
       if (dup2(nfd, i) < 0) child_fail(c, S_STDIO, 1, errno);
     if (nfd > 2) close(nfd);
   }
-  if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0) child_fail(c, S_CLOSE_FDS, 0, errno);
+  {
+    int keep[3] = {c->errfd, c->init_fd, s->confine && s->confine->ll_have_ruleset ? s->confine->ll_ruleset_fd : -1};
+    int crc = wn_close_fds_except(3, keep, 3);
+    if (crc < 0) child_fail(c, S_CLOSE_FDS, 0, -crc);
+  }
   int rc = wn_caps_drop(wn_default_caps);
   if (rc < 0) child_fail(c, S_CAPS, 0, -rc);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(c, S_NNP, 0, errno);

@@ -278,3 +278,30 @@ void wn_child_reset_signals(void) {
   uint64_t empty = 0;
   syscall(SYS_rt_sigprocmask, SIG_SETMASK, &empty, NULL, 8);
 }
+
+int wn_close_fds_except(int from, const int *keep, int n) {
+  /* the keep set is a handful of fds: sort a copy (insertion sort, no allocation in a child) */
+  int k[8];
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    int fd = keep[i];
+    if (fd < from) continue;
+    if (m == (int)(sizeof k / sizeof k[0])) return -EINVAL;
+    int j = m++;
+    while (j > 0 && k[j - 1] > fd) {
+      k[j] = k[j - 1];
+      j--;
+    }
+    k[j] = fd;
+  }
+  unsigned lo = (unsigned)from;
+  for (int i = 0; i < m; i++) {
+    if ((unsigned)k[i] > lo && syscall(SYS_close_range, lo, (unsigned)k[i] - 1, 0U) < 0) return -errno;
+    if ((unsigned)k[i] >= lo) lo = (unsigned)k[i] + 1;
+  }
+  if (syscall(SYS_close_range, lo, ~0U, 0U) < 0) return -errno;
+  /* what is kept must not outlive the exec */
+  for (int i = 0; i < m; i++)
+    if (fcntl(k[i], F_SETFD, FD_CLOEXEC) < 0) return -errno;
+  return 0;
+}

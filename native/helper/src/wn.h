@@ -111,6 +111,12 @@ ssize_t wn_read_file_alloc(const char *path, char **out);
 /* Parse a decimal unsigned integer (trailing whitespace allowed). */
 int wn_parse_u64(const char *s, uint64_t *out);
 
+/* In a child about to become a sandbox process: close every fd >= `from` except the `n` in `keep`
+   (left close-on-exec). A child of the gateway inherits a copy of its descriptor table, one pidfd
+   per sandbox; closed now, none is left to push a fd the child opens later (a Landlock ruleset,
+   an O_PATH walk) past the sandbox's own RLIMIT_NOFILE. Returns 0 or -errno. */
+int wn_close_fds_except(int from, const int *keep, int n);
+
 int wn_pidfd_open(pid_t pid, unsigned flags);
 int wn_pidfd_send_signal(int pidfd, int sig);
 /* Start time (field 22 of /proc/pid/stat) in clock ticks; 0 when the process does not exist. */
