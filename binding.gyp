@@ -7,6 +7,7 @@
         "native/helper/src/util.c",
         "native/helper/src/cgroup.c",
         "native/helper/src/spawn.c",
+        "native/helper/src/mnt_template.c",
         "native/helper/src/nsexec.c",
         "native/helper/src/rootfs.c",
         "native/helper/src/misc.c",

@@ -69,6 +69,12 @@ export interface SpawnSandboxSpec {
   shmBytes?: number;
   /** A host directory bound at /dev/shm instead of a tmpfs of its own (on the disk quota's tmpfs: one budget). */
   shmDir?: string;
+  /**
+   * Start the sandbox's mount namespace from this template (`mountTemplateCreate`) instead of a
+   * copy of the caller's; the mounts under its paths (layers, the disk tmpfs on the directory
+   * of upperDir) are moved in as clones. Every other path must lie on a mount the template kept.
+   */
+  mountTemplateFd?: number;
   /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }
@@ -277,6 +283,12 @@ export interface NativeAddon {
   // mounts
   mount(source: string, target: string, fstype: string, flags: MountFlag[], data: string): void;
   umount(target: string, detach: boolean): void;
+  /**
+   * A mount namespace for new sandboxes: this process's, less every mount that is not "/", /dev,
+   * /proc, /sys (and below) or a mount holding one of `keep` (native/helper/src/mnt_template.c).
+   * Returns its descriptor (close with `close`).
+   */
+  mountTemplateCreate(keep: string[]): number;
 
   // scheduling
   /** Whether prctl(PR_SCHED_CORE) works here; never throws. */

@@ -118,3 +118,51 @@ maybe('mount errors: MOUNT_ERROR with errno and the step; bad input is INVALID_A
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+/** Mount points of the mount namespace behind `fd` (an nsfs descriptor of this process). */
+function templateMounts(fd: number): string[] {
+  return execFileSync('nsenter', [`--mount=/proc/${process.pid}/fd/${fd}`, 'cat', '/proc/self/mountinfo'], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => l.split(' ')[4]!);
+}
+
+maybe('mount template: keeps /, /proc, /sys, /dev and the mounts holding the kept paths; drops every other mount, and nothing mounted later reaches it', (t) => {
+  const base = tmp();
+  const holder = path.join(base, 'holder'); // a mount holding the kept path
+  const kept = path.join(holder, 'data');
+  const inside = path.join(kept, 'sandboxes', 'a'); // a sandbox's disk, under the kept path
+  const other = path.join(base, 'other'); // an unrelated mount
+  const later = path.join(base, 'later');
+  for (const d of [holder, other, later]) fs.mkdirSync(d, { recursive: true });
+  const mounted: string[] = [];
+  let fd = -1;
+  try {
+    native.mount('tmpfs', holder, 'tmpfs', [], 'size=1m');
+    mounted.push(holder);
+    fs.mkdirSync(inside, { recursive: true });
+    for (const d of [inside, other]) {
+      native.mount('tmpfs', d, 'tmpfs', [], 'size=1m');
+      mounted.push(d);
+    }
+    fd = native.mountTemplateCreate([kept]);
+    native.mount('tmpfs', later, 'tmpfs', [], 'size=1m');
+    mounted.push(later);
+    const mps = templateMounts(fd);
+    for (const m of ['/', '/proc', '/sys', '/dev', holder]) t.true(mps.includes(m), `${m} is kept (${mps.join(' ')})`);
+    for (const m of [inside, other, later]) t.false(mps.includes(m), `${m} is not in the template`);
+    t.true(mps.length < fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').length, 'the template holds fewer mounts than this namespace');
+    // the host's own mounts are untouched
+    for (const m of [holder, inside, other]) t.truthy(mountLine(m), `${m} is still mounted here`);
+  } finally {
+    if (fd >= 0) native.close(fd);
+    for (const m of mounted.reverse()) native.umount(m, true);
+    fs.rmSync(base, { recursive: true, force: true });
+  }
+});
+
+maybe('mount template: bad keep paths are INVALID_ARGUMENT', (t) => {
+  for (const bad of [['relative'], ['/a/../b'], [''], 'x' as unknown as string[]]) {
+    t.is(warrenErrorOf(t, () => native.mountTemplateCreate(bad)).code, 'INVALID_ARGUMENT', JSON.stringify(bad));
+  }
+});

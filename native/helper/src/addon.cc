@@ -365,6 +365,10 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
 
   j->lower_ptrs = CPtrs(j->lowers);
   wn_spawn_spec& s = j->s;
+  if (Has(o, "mountTemplateFd")) {
+    s.has_mnt_template = 1;
+    s.mnt_template_fd = static_cast<int>(ToInt(env, o.Get("mountTemplateFd"), "mountTemplateFd", 0, INT32_MAX));
+  }
   s.id = j->id.c_str();
   s.hostname = j->hostname.c_str();
   s.lower_dirs = j->lower_ptrs.data();
@@ -914,6 +918,17 @@ Napi::Value Mount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+Napi::Value MountTemplateCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::vector<std::string> keep = ToStrArray(env, ArgOrUndefined(info, 0), "keep", 16, WN_MAX_PATH);
+  std::vector<const char*> ptrs = CPtrs(keep);
+  wn_error e;
+  int fd = wn_mnt_template_create(ptrs.data(), keep.size(), &e);
+  if (fd < 0) Throw(env, e);
+  return Napi::Number::New(env, fd);
+}
+
 Napi::Value Umount(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
@@ -1003,6 +1018,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"mkdirInRoot", MkdirInRoot},
       {"mount", Mount},
       {"umount", Umount},
+      {"mountTemplateCreate", MountTemplateCreate},
       {"coreSchedSupported", CoreSchedSupported},
       {"setSchedIdle", SetSchedIdle},
       {"landlockAbi", LandlockAbi},

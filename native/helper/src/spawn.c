@@ -37,6 +37,24 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#define SYS_move_mount 429
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
+
 #ifndef PR_SCHED_CORE
 #define PR_SCHED_CORE 62
 #define PR_SCHED_CORE_CREATE 1
@@ -142,6 +160,7 @@ enum spawn_step {
   S_NNP,
   S_EXEC,
   S_CONFINE, /* index = WN_CF_* step */
+  S_TEMPLATE, /* index 0 setns, 1 unshare, 2+i move_mount of clone i */
 };
 
 struct child_report {
@@ -150,8 +169,14 @@ struct child_report {
   int32_t err;
 };
 
+#define MAX_CLONES (WN_MAX_LOWER_DIRS + 1)
+
 struct spawn_ctx {
   const wn_spawn_spec *s;
+  int n_clones;                  /* detached clones of the mounts the sandbox uses (template mode) */
+  int clone_fds[MAX_CLONES];
+  const char *clone_at[MAX_CLONES];
+  char disk_dir[WN_MAX_PATH];
   int errfd;
   int init_fd;
   int netns_fd; /* -1: a new network namespace */
@@ -223,6 +248,13 @@ static int sandbox_child(void *arg) {
   TRACE();
   if (c->netns_fd >= 0 && setns(c->netns_fd, CLONE_NEWNET) < 0) child_fail(c, S_NETNS, 0, errno);
 
+  if (s->has_mnt_template) {
+    if (setns(s->mnt_template_fd, CLONE_NEWNS) < 0) child_fail(c, S_TEMPLATE, 0, errno);
+    if (unshare(CLONE_NEWNS) < 0) child_fail(c, S_TEMPLATE, 1, errno);
+    for (int i = 0; i < c->n_clones; i++)
+      if (syscall(SYS_move_mount, c->clone_fds[i], "", AT_FDCWD, c->clone_at[i], MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        child_fail(c, S_TEMPLATE, 2 + i, errno);
+  }
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail(c, S_MAKE_PRIVATE, 0, errno);
   TRACE();
   if (mount("overlay", s->rootfs_dir, "overlay", MS_NODEV, c->overlay_opts) < 0) child_fail(c, S_OVERLAY, 0, errno);
@@ -316,6 +348,7 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
   if (s->shm_bytes != 0 && (s->shm_bytes < 4096 || s->shm_bytes > (1ull << 40)))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
   if (wn_confine_check(s->confine, e) < 0) return -1;
+  if (s->has_mnt_template && s->mnt_template_fd < 0) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mountTemplateFd must be a descriptor");
   return 0;
 }
 
@@ -364,8 +397,54 @@ static int report_error(const struct spawn_ctx *c, const struct child_report *r,
     case S_NNP: return wn_fail(e, WN_SPAWN_ERROR, err, "prctl PR_SET_NO_NEW_PRIVS");
     case S_EXEC: return wn_fail(e, WN_SPAWN_ERROR, err, "execveat %s", s->init_path);
     case S_CONFINE: return wn_fail(e, WN_SPAWN_ERROR, err, "confine sandbox init: %s", wn_confine_step_name(r->index));
+    case S_TEMPLATE:
+      if (r->index >= 2 && r->index - 2 < c->n_clones)
+        return wn_fail(e, WN_SPAWN_ERROR, err, "move the mount of %s into the sandbox", c->clone_at[r->index - 2]);
+      return wn_fail(e, WN_SPAWN_ERROR, err, "%s the mount template", r->index == 0 ? "join" : "copy");
   }
   return wn_fail(e, WN_SPAWN_ERROR, err, "sandbox init setup (step %d.%d)", r->step, r->index);
+}
+
+/* Clones (open_tree) of the mounts under the sandbox's paths: each layer that is a mount of its
+   own, and the sandbox directory when its disk tmpfs is mounted there. Paths that are not mount
+   roots lie on a filesystem the template keeps. */
+static int clone_if_mount_root(struct spawn_ctx *c, const char *path, wn_error *e) {
+  struct statx stx;
+  if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &stx) < 0)
+    return wn_fail_errno(e, WN_SPAWN_ERROR, "statx %s", path);
+  if (!(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT))
+    return wn_fail(e, WN_NOT_SUPPORTED, ENOSYS, "this kernel does not report mount roots (statx, Linux 5.8)");
+  if (!(stx.stx_attributes & STATX_ATTR_MOUNT_ROOT)) return 0;
+  if (c->n_clones >= MAX_CLONES) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "too many mounts under the sandbox's paths");
+  int fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+  if (fd < 0) return wn_fail_errno(e, WN_SPAWN_ERROR, "open_tree %s", path);
+  c->clone_fds[c->n_clones] = fd;
+  c->clone_at[c->n_clones] = path;
+  c->n_clones++;
+  return 0;
+}
+
+static int prepare_clones(struct spawn_ctx *c, wn_error *e) {
+  const wn_spawn_spec *s = c->s;
+  size_t n = strlen(s->upper_dir);
+  if (n >= sizeof c->disk_dir) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "upperDir too long");
+  memcpy(c->disk_dir, s->upper_dir, n + 1);
+  char *slash = strrchr(c->disk_dir, '/');
+  if (slash != NULL && slash != c->disk_dir) {
+    *slash = '\0';
+    if (clone_if_mount_root(c, c->disk_dir, e) < 0) return -1;
+  }
+  for (size_t i = 0; i < s->n_lower; i++)
+    if (clone_if_mount_root(c, s->lower_dirs[i], e) < 0) return -1;
+  return 0;
+}
+
+struct clone_guard {
+  struct spawn_ctx *c;
+};
+static void close_clones(struct clone_guard *g) {
+  for (int i = 0; i < g->c->n_clones; i++) close(g->c->clone_fds[i]);
+  g->c->n_clones = 0;
 }
 
 static void close_all(int *fds, int n) {
@@ -414,6 +493,10 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
     c.netns_fd = netns_fd;
   }
 
+  /* closed on every return below, whatever the child did with them */
+  struct clone_guard g __attribute__((cleanup(close_clones))) = {&c};
+  if (s->has_mnt_template && prepare_clones(&c, e) < 0) return -1;
+
   if (wn_cg_open_procs(s->id, c.cg_fds, c.cg_roles, &c.n_cg, &c.unified_dir, &c.unified_procs, e) < 0) return -1;
   cleanup_fd int unified_dir = c.unified_dir;
   cleanup_fd int unified_procs = c.unified_procs;
@@ -438,8 +521,8 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int pidfd = -1;
-  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
-                    (c.netns_fd >= 0 ? 0 : CLONE_NEWNET);
+  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
+                    (s->has_mnt_template ? 0 : CLONE_NEWNS) | (c.netns_fd >= 0 ? 0 : CLONE_NEWNET);
   pid_t pid = -1;
   if (unified_dir >= 0) {
     /* born in the cgroup2 group: no migration there */

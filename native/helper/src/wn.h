@@ -232,7 +232,16 @@ typedef struct wn_spawn_spec {
   const char *shm_dir;
   const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const char *netns_path; /* join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
+  /* has_mnt_template: start from the mount namespace mnt_template_fd (wn_mnt_template_create)
+     instead of a copy of the caller's, with clones of the mounts the sandbox uses (its layers,
+     its disk) moved in. A flag, so that a zeroed spec never means fd 0. */
+  int has_mnt_template;
+  int mnt_template_fd;
 } wn_spawn_spec;
+
+/* A mount namespace for new sandboxes (mnt_template.c): the caller's, less every mount that is
+   not "/", /dev, /proc, /sys (and below) or a mount holding one of `keep`. Returns its nsfs fd. */
+int wn_mnt_template_create(const char *const *keep, size_t n_keep, wn_error *e);
 
 typedef struct wn_spawn_result {
   pid_t pid;

@@ -83,6 +83,38 @@ export class ContainerBackend implements HostProcessBackend {
     private readonly network: NetworkManager | null = null,
   ) {}
 
+  /**
+   * The mount namespace new sandboxes start from (native/helper/src/mnt_template.c): without it
+   * each create copies every mount of the gateway's namespace, one per sandbox and per layer,
+   * and at thousands of sandboxes that copy is most of a create. Made at the first create;
+   * null when it cannot be (then creates copy, as before). `WARREN_MOUNT_TEMPLATE=0` turns it off.
+   */
+  private template: { fd: number; keep: string[] } | null | undefined;
+
+  private mountTemplate(layers: ResolvedLayer[]): number | undefined {
+    if (this.template === undefined) {
+      const keep = [...new Set([this.sandboxesDir, ...layers.map((l) => dirname(l.path))])];
+      this.template = null;
+      if (process.env.WARREN_MOUNT_TEMPLATE !== '0') {
+        try {
+          this.template = { fd: native.mountTemplateCreate(keep), keep };
+        } catch {
+          // an older kernel (no open_tree, or no mount roots in statx): the copy still works
+        }
+      }
+    }
+    const t = this.template;
+    if (t === null) return undefined;
+    // a layer from somewhere the template did not keep: this create copies the namespace
+    const covered = layers.every((l) => t.keep.some((k) => dirname(l.path) === k || dirname(l.path).startsWith(`${k}/`)));
+    return covered ? t.fd : undefined;
+  }
+
+  close(): void {
+    if (this.template) native.close(this.template.fd);
+    this.template = undefined;
+  }
+
   /** Supervised execs (supervised-exec.ts) keep their output and result here, one directory per sandbox. */
   private get supervisedDir(): string {
     return join(dirname(this.sandboxesDir), 'supervised-exec');
@@ -127,6 +159,7 @@ export class ContainerBackend implements HostProcessBackend {
         await mkdir(join(upperDir, 'etc'), { mode: 0o755 }).catch(() => undefined);
         await writeFile(join(upperDir, 'etc', 'resolv.conf'), `nameserver ${this.network.gatewayAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 });
       }
+      const template = this.mountTemplate(layers);
       const proc = await native.spawnSandboxAsync({
         id,
         hostname: id,
@@ -139,6 +172,7 @@ export class ContainerBackend implements HostProcessBackend {
         schedIdle: spec.priority === 'idle',
         coreSched: false,
         ...(shmDir !== undefined ? { shmDir } : {}),
+        ...(template !== undefined ? { mountTemplateFd: template } : {}),
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };

@@ -590,5 +590,6 @@ export class FnCallManager {
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.close()));
+    this.backend.close?.();
   }
 }
