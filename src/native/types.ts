@@ -214,6 +214,8 @@ export interface NativeAddon {
   cgroupKill(name: string): number;
   /** rmdir the group in every hierarchy; throws CGROUP_ERROR (EBUSY) while processes remain. */
   cgroupDestroy(name: string): void;
+  /** cgroupDestroy on the thread pool (an rmdir waits for the memory controller to offline the group). */
+  cgroupDestroyAsync(name: string): Promise<void>;
   cgroupExists(name: string): boolean;
   /** Move an existing host process (e.g. a session holder) into the group. */
   cgroupAttach(name: string, pid: number): void;
@@ -283,6 +285,8 @@ export interface NativeAddon {
   // mounts
   mount(source: string, target: string, fstype: string, flags: MountFlag[], data: string): void;
   umount(target: string, detach: boolean): void;
+  /** umount on the thread pool (an unmount waits for an RCU grace period). */
+  umountAsync(target: string, detach: boolean): Promise<void>;
   /**
    * A mount namespace for new sandboxes: this process's, less every mount that is not "/", /dev,
    * /proc, /sys (and below) or a mount holding one of `keep` (native/helper/src/mnt_template.c).

@@ -18,8 +18,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <set>
 #include <string>
@@ -450,6 +453,19 @@ Napi::Value SpawnSandboxAsync(const Napi::CallbackInfo& info) {
 
 // A parsed exec request that owns every string the C spec points into (see SpawnJob).
 struct ExecJob {
+  ExecJob() = default;
+  ExecJob(const ExecJob&) = delete;
+  ExecJob& operator=(const ExecJob&) = delete;
+  ~ExecJob() {
+    if (confine_args.c.ll_have_ruleset) close(confine_args.c.ll_ruleset_fd);
+  }
+  // Attach the cached Landlock ruleset (LlAttach), then run the exec: on whichever thread runs it.
+  int Run() {
+    if (ll_attach) LlAttach(cgroup, init_pid, confine_args.c);
+    return wn_exec(&s, &r, &e);
+  }
+  bool ll_attach = false;
+  pid_t init_pid = 0;
   std::string cgroup, cwd;
   std::vector<std::string> argv, envv;
   std::vector<const char*> argv_ptrs, env_ptrs;
@@ -503,7 +519,8 @@ std::unique_ptr<ExecJob> ParseExec(const Napi::CallbackInfo& info) {
   s.confine = ParseConfine(env, o, j->confine_args);
   // cached Landlock ruleset; not for isolated execs (their child builds its own mount namespace,
   // where the rules must be resolved)
-  if (s.confine && !Has(o, "isolate")) LlAttach(j->cgroup, init_pid, j->confine_args.c);
+  j->ll_attach = s.confine && !Has(o, "isolate");
+  j->init_pid = init_pid;
   // FnCall per-invocation isolation (isolate.h). The strings live in iso_strs (reserved: no reallocation).
   wn_isolate& iso = j->iso;
   std::vector<std::string>& iso_strs = j->iso_strs;
@@ -585,13 +602,13 @@ Napi::Object ExecResult(Napi::Env env, const wn_exec_result& r) {
 
 Napi::Value Exec(const Napi::CallbackInfo& info) {
   std::unique_ptr<ExecJob> j = ParseExec(info);
-  if (wn_exec(&j->s, &j->r, &j->e) < 0) Throw(info.Env(), j->e);
+  if (j->Run() < 0) Throw(info.Env(), j->e);
   return ExecResult(info.Env(), j->r);
 }
 
 Napi::Value ExecAsync(const Napi::CallbackInfo& info) {
   return Queue(
-      info.Env(), ParseExec(info), [](ExecJob& j) { return wn_exec(&j.s, &j.r, &j.e); },
+      info.Env(), ParseExec(info), [](ExecJob& j) { return j.Run(); },
       [](Napi::Env env, ExecJob& j) -> Napi::Value { return ExecResult(env, j.r); });
 }
 
@@ -939,6 +956,36 @@ Napi::Value Umount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// An unmount waits for an RCU grace period (namespace_unlock) and a cgroup rmdir for the memory
+// controller's offlining: both are on every delete, so both also run on the thread pool.
+struct PathJob {
+  std::string arg;
+  bool flag = false;
+  wn_error e{};
+  int rc = 0;
+};
+
+Napi::Value UmountAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PathJob>();
+  j->arg = ArgAbsPath(info, 0, "target");
+  j->flag = ToBool(env, ArgOrUndefined(info, 1), "detach");
+  return Queue(
+      env, std::move(j), [](PathJob& j) { return wn_umount(j.arg.c_str(), j.flag, &j.e); },
+      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
+}
+
+Napi::Value CgroupDestroyAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PathJob>();
+  j->arg = ArgId(info, 0, "name");
+  return Queue(
+      env, std::move(j), [](PathJob& j) { return wn_cg_destroy(j.arg.c_str(), &j.e); },
+      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
+}
+
 // ---- scheduling -----------------------------------------------------------------------------
 
 Napi::Value CoreSchedSupported(const Napi::CallbackInfo& info) {
@@ -1018,6 +1065,8 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"mkdirInRoot", MkdirInRoot},
       {"mount", Mount},
       {"umount", Umount},
+      {"umountAsync", UmountAsync},
+      {"cgroupDestroyAsync", CgroupDestroyAsync},
       {"mountTemplateCreate", MountTemplateCreate},
       {"coreSchedSupported", CoreSchedSupported},
       {"setSchedIdle", SetSchedIdle},

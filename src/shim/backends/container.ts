@@ -181,7 +181,7 @@ export class ContainerBackend implements HostProcessBackend {
       forgetSandbox(id);
       if (cgroupCreated) await destroyCgroup(id).catch(() => undefined);
       if (net) await this.network!.tearDown(id, net).catch(() => undefined);
-      if (diskMounted) unmountDisk(dir);
+      if (diskMounted) await unmountDisk(dir);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
       throw capacityErrorOf(err) ?? err;
     }
@@ -243,7 +243,7 @@ export class ContainerBackend implements HostProcessBackend {
     const net = record?.runtime.network as SandboxNetworkRuntime | undefined;
     if (this.network !== null) await this.network.tearDown(id, net);
     forgetSandbox(id);
-    unmountDisk(join(this.sandboxesDir, id));
+    await unmountDisk(join(this.sandboxesDir, id));
     await rm(join(this.sandboxesDir, id), { recursive: true, force: true });
     await rm(join(this.supervisedDir, id), { recursive: true, force: true });
   }
@@ -264,9 +264,9 @@ function mountDisk(dir: string, diskMb: number): void {
   native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb * 1024 - DEV_TMPFS_KB}k,nr_inodes=${inodes},mode=0700`);
 }
 
-function unmountDisk(dir: string): void {
+async function unmountDisk(dir: string): Promise<void> {
   try {
-    native.umount(dir, true);
+    await native.umountAsync(dir, true);
   } catch {
     /* not mounted (no quota, or already gone) */
   }
@@ -314,7 +314,7 @@ async function destroyCgroup(id: string): Promise<void> {
     }
     if (remaining === 0) {
       try {
-        native.cgroupDestroy(id);
+        await native.cgroupDestroyAsync(id);
         return;
       } catch (err) {
         if (!isErrno(err, EBUSY) || Date.now() > deadline) throw err;
@@ -714,7 +714,7 @@ export class ContainerSandbox implements HostProcessSandbox {
     if (this.runtime.network !== undefined && this.network !== null) await this.network.tearDown(this.id, this.runtime.network as SandboxNetworkRuntime);
     // pid 1 is gone once its cgroup is empty; the watcher releases its pidfd as it observes the exit.
     await Promise.race([this.ended, new Promise((r) => setTimeout(r, 2000))]);
-    if (this.runtime.diskMb !== undefined && this.runtime.diskMb !== null) unmountDisk(this.runtime.dir);
+    if (this.runtime.diskMb !== undefined && this.runtime.diskMb !== null) await unmountDisk(this.runtime.dir);
     await rm(this.runtime.dir, { recursive: true, force: true });
     if (this.supervisedDir !== null) await rm(this.supervisedDir, { recursive: true, force: true });
   }
