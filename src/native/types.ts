@@ -69,6 +69,8 @@ export interface SpawnSandboxSpec {
   shmBytes?: number;
   /** A host directory bound at /dev/shm instead of a tmpfs of its own (on the disk quota's tmpfs: one budget). */
   shmDir?: string;
+  /** A host directory bound at /dev instead of a 64 KiB tmpfs of its own (on the disk quota's tmpfs: one superblock fewer). */
+  devDir?: string;
   /**
    * Start the sandbox's mount namespace from this template (`mountTemplateCreate`) instead of a
    * copy of the caller's; the mounts under its paths (layers, the disk tmpfs on the directory

@@ -328,7 +328,7 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir;
+  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir, dev_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;
@@ -365,6 +365,10 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
     j->shm_dir = ToStr(env, o.Get("shmDir"), "shmDir");
     if (!wn_valid_abs_path(j->shm_dir.c_str())) Invalid(env, "shmDir must be an absolute normalized path");
   }
+  if (Has(o, "devDir")) {
+    j->dev_dir = ToStr(env, o.Get("devDir"), "devDir");
+    if (!wn_valid_abs_path(j->dev_dir.c_str())) Invalid(env, "devDir must be an absolute normalized path");
+  }
 
   j->lower_ptrs = CPtrs(j->lowers);
   wn_spawn_spec& s = j->s;
@@ -384,6 +388,7 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   s.core_sched = core_sched;
   s.shm_bytes = shm;
   s.shm_dir = j->shm_dir.empty() ? nullptr : j->shm_dir.c_str();
+  s.dev_dir = j->dev_dir.empty() ? nullptr : j->dev_dir.c_str();
   s.confine = ParseConfine(env, o, j->confine_args);
   s.netns_path = j->netns.empty() ? nullptr : j->netns.c_str();
   wn_error e;

@@ -100,6 +100,8 @@ typedef struct setup_op {
 #define MS_HARDEN (MS_NOSUID | MS_NODEV | MS_NOEXEC)
 /* data marker: use the per-spawn "mode=1777,size=N" string */
 static const char k_shm_data[] = "<shm>";
+/* data marker: /dev, a bind of the spec's dev_dir when it has one */
+static const char k_dev_data[] = "mode=755,size=64k,nr_inodes=64";
 
 static const setup_op k_ops[] = {
     {OP_MKDIR, "proc", NULL, NULL, 0, NULL, 0555},
@@ -111,7 +113,7 @@ static const setup_op k_ops[] = {
        the bind-mounted host devices below are their own mounts and keep working. */
     /* Only the nodes and links below live here: a few inodes and 64 KiB, so /dev is no place to
        store data beside the disk quota (shared memory is /dev/shm, counted in that quota). */
-    {OP_MOUNT, "dev", "tmpfs", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, "mode=755,size=64k,nr_inodes=64", 0},
+    {OP_MOUNT, "dev", "tmpfs", "tmpfs", MS_NOSUID | MS_NODEV | MS_STRICTATIME, k_dev_data, 0},
     {OP_DEVBIND, "dev/null", "/dev/null", NULL, 0, NULL, 0666},
     {OP_DEVBIND, "dev/zero", "/dev/zero", NULL, 0, NULL, 0666},
     {OP_DEVBIND, "dev/full", "/dev/full", NULL, 0, NULL, 0666},
@@ -193,6 +195,7 @@ struct spawn_ctx {
   int into_cgroup;   /* the child was born in the cgroup2 group */
   char overlay_opts[4096];
   char shm_data[64];
+  const char *mask_dir; /* the first masked directory: later ones bind its tmpfs */
 };
 
 static void __attribute__((noreturn)) child_fail(struct spawn_ctx *c, int step, int index, int err) {
@@ -210,6 +213,13 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
       if (mkdir(op->path, op->mode) < 0 && errno != EEXIST) return -1;
       return 0;
     case OP_MOUNT:
+      /* Every superblock a sandbox mounts costs each memory cgroup on the node a slot in its
+         shrinker bookkeeping, so the node's memory grows with sandboxes x superblocks: /dev is
+         a directory on the disk tmpfs when there is one, not a tmpfs of its own. */
+      if (op->data == k_dev_data && c->s->dev_dir != NULL) {
+        if (mount(c->s->dev_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
+        return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | op->flags, NULL);
+      }
       if (op->data == k_shm_data && c->s->shm_dir != NULL) {
         if (mount(c->s->shm_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
         return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | op->flags, NULL);
@@ -226,7 +236,16 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
       return 0;
     case OP_MASK:
       if (fstatat(AT_FDCWD, op->path, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno == ENOENT ? 0 : -1;
-      if (S_ISDIR(st.st_mode)) return mount("tmpfs", op->path, "tmpfs", MS_RDONLY | MS_HARDEN, "mode=555,size=4k");
+      if (S_ISDIR(st.st_mode)) {
+        /* one empty read-only tmpfs for all masked directories (see OP_MOUNT on superblocks) */
+        if (c->mask_dir == NULL) {
+          if (mount("tmpfs", op->path, "tmpfs", MS_RDONLY | MS_HARDEN, "mode=555,size=4k") < 0) return -1;
+          c->mask_dir = op->path;
+          return 0;
+        }
+        if (mount(c->mask_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
+        return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_HARDEN, NULL);
+      }
       return mount("/dev/null", op->path, NULL, MS_BIND, NULL);
     case OP_READONLY:
       if (fstatat(AT_FDCWD, op->path, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno == ENOENT ? 0 : -1;
@@ -350,6 +369,7 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
     return -1;
   if (strcmp(s->rootfs_dir, "/") == 0) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "rootfsDir must not be /");
   if (s->shm_dir != NULL && wn_check_abs_path(e, "shmDir", s->shm_dir) < 0) return -1;
+  if (s->dev_dir != NULL && wn_check_abs_path(e, "devDir", s->dev_dir) < 0) return -1;
   if (s->shm_bytes != 0 && (s->shm_bytes < 4096 || s->shm_bytes > (1ull << 40)))
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
   if (wn_confine_check(s->confine, e) < 0) return -1;

@@ -230,6 +230,8 @@ typedef struct wn_spawn_spec {
   /* Non-NULL: bind this host directory at /dev/shm instead of a tmpfs of its own, so shared memory
      counts against the same quota as the writable layer (a directory on the sandbox's disk tmpfs). */
   const char *shm_dir;
+  /* Non-NULL: bind this host directory (on the same disk tmpfs) at /dev instead of a 64 KiB tmpfs. */
+  const char *dev_dir;
   const struct wn_confine *confine; /* seccomp/Landlock/AppArmor/rlimits (confine.h); NULL = none */
   const char *netns_path; /* join this network namespace (a pooled /run/netns entry); NULL = new, loopback only */
   /* has_mnt_template: start from the mount namespace mnt_template_fd (wn_mnt_template_create)

@@ -142,11 +142,14 @@ export class ContainerBackend implements HostProcessBackend {
       // With a quota, /dev/shm is a directory on the same tmpfs as the writable layer: one
       // budget of diskMb for everything the sandbox can write (/dev itself holds 64 KiB).
       const shmDir = diskMb !== null ? join(dir, 'shm') : undefined;
+      // /dev too: one superblock fewer per sandbox (spawn.c, on superblocks)
+      const devDir = diskMb !== null ? join(dir, 'dev') : undefined;
       await Promise.all([
         mkdir(upperDir, { mode: 0o755 }),
         mkdir(workDir, { mode: 0o700 }),
         mkdir(rootfsDir, { mode: 0o700 }),
         ...(shmDir !== undefined ? [mkdir(shmDir).then(() => chmod(shmDir, 0o1777))] : []),
+        ...(devDir !== undefined ? [mkdir(devDir, { mode: 0o755 })] : []),
       ]);
       // /work exists in every sandbox (the writable workspace, whatever the image has)
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
@@ -172,6 +175,7 @@ export class ContainerBackend implements HostProcessBackend {
         schedIdle: spec.priority === 'idle',
         coreSched: false,
         ...(shmDir !== undefined ? { shmDir } : {}),
+        ...(devDir !== undefined ? { devDir } : {}),
         ...(template !== undefined ? { mountTemplateFd: template } : {}),
         confine: confineFor(profileName),
       });
@@ -250,18 +254,15 @@ export class ContainerBackend implements HostProcessBackend {
 }
 
 /**
- * The writable layer (upper + work dirs) and /dev/shm of a sandbox live on its own tmpfs of
- * `diskMb` (size= and an inode cap), mounted on the sandbox directory: filling it gives
- * ENOSPC inside that sandbox only. Mounting is ~0.1 ms. tmpfs pages are charged to the
- * sandbox's memory cgroup, so memoryMb bounds it as well (docs/security.md).
+ * The writable layer (upper + work dirs), /dev and /dev/shm of a sandbox live on its own tmpfs
+ * of `diskMb` (size= and an inode cap), mounted on the sandbox directory: filling it gives
+ * ENOSPC inside that sandbox only, and everything the sandbox can write is one budget. Mounting
+ * is ~0.1 ms. tmpfs pages are charged to the sandbox's memory cgroup, so memoryMb bounds it as
+ * well (docs/security.md).
  */
-/** Size of the sandbox's /dev tmpfs (native/helper/src/spawn.c). */
-const DEV_TMPFS_KB = 64;
-
 function mountDisk(dir: string, diskMb: number): void {
   const inodes = Math.max(16_384, Math.min(diskMb * 256, 4_194_304));
-  // /dev (a 64 KiB tmpfs of its own, spawn.c) is part of the budget too.
-  native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb * 1024 - DEV_TMPFS_KB}k,nr_inodes=${inodes},mode=0700`);
+  native.mount('tmpfs', dir, 'tmpfs', ['nosuid', 'nodev'], `size=${diskMb * 1024}k,nr_inodes=${inodes},mode=0700`);
 }
 
 async function unmountDisk(dir: string): Promise<void> {
