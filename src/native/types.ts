@@ -208,12 +208,16 @@ export interface NativeAddon {
   // cgroups: one interface over v1 (one directory per controller) and v2 (unified).
   cgroupLayout(): CgroupLayout;
   cgroupCreate(name: string, limits: CgroupLimits): void;
+  /** cgroupCreate on the thread pool (a mkdir and limit writes per hierarchy). */
+  cgroupCreateAsync(name: string, limits: CgroupLimits): Promise<void>;
   cgroupUpdate(name: string, limits: CgroupLimits): void;
   cgroupStats(name: string): CgroupStats;
   cgroupProcs(name: string): number[];
   cgroupFreeze(name: string, frozen: boolean): void;
   /** SIGKILL every process in the group; returns how many were signalled. */
   cgroupKill(name: string): number;
+  /** cgroupKill on the thread pool (v1 freezes, signals and thaws). */
+  cgroupKillAsync(name: string): Promise<number>;
   /** rmdir the group in every hierarchy; throws CGROUP_ERROR (EBUSY) while processes remain. */
   cgroupDestroy(name: string): void;
   /** cgroupDestroy on the thread pool (an rmdir waits for the memory controller to offline the group). */

@@ -966,9 +966,33 @@ Napi::Value Umount(const Napi::CallbackInfo& info) {
 struct PathJob {
   std::string arg;
   bool flag = false;
+  wn_cg_limits lim{};
   wn_error e{};
   int rc = 0;
 };
+
+// Creating a sandbox's groups (a mkdir and limit writes per v1 hierarchy) and killing one
+// (freeze, signal, thaw in v1) take milliseconds once a node holds thousands: off the event loop.
+Napi::Value CgroupCreateAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PathJob>();
+  j->arg = ArgId(info, 0, "name");
+  ParseLimits(env, ArgOrUndefined(info, 1), &j->lim);
+  return Queue(
+      env, std::move(j), [](PathJob& j) { return wn_cg_create(j.arg.c_str(), &j.lim, &j.e); },
+      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
+}
+
+Napi::Value CgroupKillAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  auto j = std::make_unique<PathJob>();
+  j->arg = ArgId(info, 0, "name");
+  return Queue(
+      env, std::move(j), [](PathJob& j) { return wn_cg_kill(j.arg.c_str(), &j.e); },
+      [](Napi::Env env, PathJob& j) -> Napi::Value { return Napi::Number::New(env, j.rc); });
+}
 
 Napi::Value UmountAsync(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -1072,6 +1096,8 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"umount", Umount},
       {"umountAsync", UmountAsync},
       {"cgroupDestroyAsync", CgroupDestroyAsync},
+      {"cgroupCreateAsync", CgroupCreateAsync},
+      {"cgroupKillAsync", CgroupKillAsync},
       {"mountTemplateCreate", MountTemplateCreate},
       {"coreSchedSupported", CoreSchedSupported},
       {"setSchedIdle", SetSchedIdle},

@@ -153,7 +153,7 @@ export class ContainerBackend implements HostProcessBackend {
       ]);
       // /work exists in every sandbox (the writable workspace, whatever the image has)
       await mkdir(join(upperDir, 'work'), { mode: 0o755 }).catch(() => undefined);
-      native.cgroupCreate(id, limitsOf(spec));
+      await native.cgroupCreateAsync(id, limitsOf(spec));
       cgroupCreated = true;
       if (spec.network !== undefined) {
         if (this.network === null) throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
@@ -308,7 +308,7 @@ async function destroyCgroup(id: string): Promise<void> {
   for (;;) {
     let remaining = 0;
     try {
-      native.cgroupKill(id);
+      await native.cgroupKillAsync(id);
       remaining = native.cgroupProcs(id).length;
     } catch (err) {
       if (!isErrno(err, ENOENT)) throw err;
