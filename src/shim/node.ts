@@ -23,6 +23,7 @@ import type { RegistryConfig } from './layers/distribution';
 import { pullImage, pushImage, stageImage, type PushResult } from './layers/remote';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
+import { SandboxMap } from './sandbox-map';
 import { setExecSpillDir } from './exec-output';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
@@ -126,7 +127,7 @@ export class ShimNode {
   readonly access: ContentAccess;
   /** Every backend by name (src/shim/backends/registry.ts); disabled ones answer NOT_SUPPORTED. */
   readonly backends: BackendRegistry;
-  private readonly sandboxes = new Map<string, LiveSandbox>();
+  private readonly sandboxes = new SandboxMap();
   private readonly sessionsDir: string;
   private readonly log: (line: string) => void;
   private readonly metrics = instruments();
@@ -469,14 +470,7 @@ export class ShimNode {
 
   /** What an account's live sandboxes hold (for quotas), without building their SandboxInfo. */
   sandboxUsage(owner: string): { sandboxes: number; cpu: number; memoryMb: number } {
-    const u = { sandboxes: 0, cpu: 0, memoryMb: 0 };
-    for (const live of this.sandboxes.values()) {
-      if (live.record.spec.owner !== owner || live.state === 'stopped' || live.state === 'failed') continue;
-      u.sandboxes++;
-      u.cpu += live.record.spec.cpu;
-      u.memoryMb += live.record.spec.memoryMb;
-    }
-    return u;
+    return this.sandboxes.usageOf(owner);
   }
 
   async deleteSandbox(id: string): Promise<void> {
