@@ -1,7 +1,8 @@
 /**
  * The node's live sandboxes by id, with each owner's usage (sandboxes, cpu, memory of those
  * not stopped or failed) kept as they change. A quota check runs on every create, and summing
- * the owner's sandboxes then cost ~0.27 µs per sandbox on the node: 2.7 ms per create at 10,000.
+ * the owner's sandboxes there would cost ~0.27 µs per sandbox on the node: 2.7 ms per create
+ * at 10,000.
  *
  * Usage follows `state`: a sandbox's `state` becomes an accessor while it is in the map, so
  * every transition, wherever it is made, moves the totals; taken out of the map it is a plain

@@ -1,11 +1,11 @@
 /*
  * The mount namespace new sandboxes start from.
  *
- * A sandbox's mount namespace used to be a copy of the gateway's (CLONE_NEWNS), and the
- * gateway's holds one mount per sandbox (the writable layer's tmpfs) and one per layer. The
- * kernel copies every mount under namespace_sem, then the child makes them all private and
- * detaches them again with the old root: at 7,500 host mounts `unshare -m true` takes 108 ms,
- * so creates slowed to ~13/s as a node filled. A template is a copy made once, from which
+ * A copy of the gateway's mount namespace (CLONE_NEWNS) holds one mount per sandbox (the
+ * writable layer's tmpfs) and one per layer. The kernel copies every mount under
+ * namespace_sem, then the child makes them all private and detaches them again with the old
+ * root: at 7,500 host mounts `unshare -m true` takes 108 ms, and creates from such copies run
+ * at ~13/s on a full node. A template is a copy made once, from which
  * every mount under the node's own directories and everything that is not the node's
  * filesystem, /dev, /proc or /sys is detached. A child joins it, unshares a copy of those few
  * mounts and moves in detached clones (open_tree) of exactly the mounts it uses: its layers

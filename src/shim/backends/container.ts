@@ -87,7 +87,7 @@ export class ContainerBackend implements HostProcessBackend {
    * The mount namespace new sandboxes start from (native/helper/src/mnt_template.c): without it
    * each create copies every mount of the gateway's namespace, one per sandbox and per layer,
    * and at thousands of sandboxes that copy is most of a create. Made at the first create;
-   * null when it cannot be (then creates copy, as before). `WARREN_MOUNT_TEMPLATE=0` turns it off.
+   * null when it cannot be (then each create copies the namespace). `WARREN_MOUNT_TEMPLATE=0` turns it off.
    */
   private template: { fd: number; keep: string[] } | null | undefined;
 
