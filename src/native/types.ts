@@ -77,6 +77,8 @@ export interface SpawnSandboxSpec {
    * of upperDir) are moved in as clones. Every other path must lie on a mount the template kept.
    */
   mountTemplateFd?: number;
+  /** With mountTemplateFd: the template's mask tmpfs (`mountTemplateCreate`'s `mask`), bound over every masked directory. */
+  maskDir?: string;
   /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }
@@ -295,10 +297,11 @@ export interface NativeAddon {
   umountAsync(target: string, detach: boolean): Promise<void>;
   /**
    * A mount namespace for new sandboxes: this process's, less every mount that is not "/", /dev,
-   * /proc, /sys (and below) or a mount holding one of `keep` (native/helper/src/mnt_template.c).
-   * Returns its descriptor (close with `close`).
+   * /proc, /sys (and below) or a mount holding one of `keep` (native/helper/src/mnt_template.c);
+   * with `mask` (an empty directory on a kept mount), an empty read-only tmpfs there, in the
+   * template only. Returns its descriptor (close with `close`).
    */
-  mountTemplateCreate(keep: string[]): number;
+  mountTemplateCreate(keep: string[], mask?: string): number;
 
   // scheduling
   /** Whether prctl(PR_SCHED_CORE) works here; never throws. */

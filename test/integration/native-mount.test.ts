@@ -145,12 +145,16 @@ maybe('mount template: keeps /, /proc, /sys, /dev and the mounts holding the kep
       native.mount('tmpfs', d, 'tmpfs', [], 'size=1m');
       mounted.push(d);
     }
-    fd = native.mountTemplateCreate([kept]);
+    const mask = path.join(kept, 'mask');
+    fs.mkdirSync(mask);
+    fd = native.mountTemplateCreate([kept], mask);
     native.mount('tmpfs', later, 'tmpfs', [], 'size=1m');
     mounted.push(later);
     const mps = templateMounts(fd);
     for (const m of ['/', '/proc', '/sys', '/dev', holder]) t.true(mps.includes(m), `${m} is kept (${mps.join(' ')})`);
     for (const m of [inside, other, later]) t.false(mps.includes(m), `${m} is not in the template`);
+    t.true(mps.includes(mask), 'the mask tmpfs is mounted in the template');
+    t.is(mountLine(mask), undefined, 'and only there');
     t.true(mps.length < fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').length, 'the template holds fewer mounts than this namespace');
     // the host's own mounts are untouched
     for (const m of [holder, inside, other]) t.truthy(mountLine(m), `${m} is still mounted here`);

@@ -328,7 +328,7 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir, dev_dir;
+  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir, dev_dir, mask_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;
@@ -375,6 +375,11 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
   if (Has(o, "mountTemplateFd")) {
     s.has_mnt_template = 1;
     s.mnt_template_fd = static_cast<int>(ToInt(env, o.Get("mountTemplateFd"), "mountTemplateFd", 0, INT32_MAX));
+  }
+  if (Has(o, "maskDir")) {
+    j->mask_dir = ToStr(env, o.Get("maskDir"), "maskDir");
+    if (!wn_valid_abs_path(j->mask_dir.c_str())) Invalid(env, "maskDir must be an absolute normalized path");
+    s.mask_dir = j->mask_dir.c_str();
   }
   s.id = j->id.c_str();
   s.hostname = j->hostname.c_str();
@@ -945,8 +950,10 @@ Napi::Value MountTemplateCreate(const Napi::CallbackInfo& info) {
   RequireInit(env);
   std::vector<std::string> keep = ToStrArray(env, ArgOrUndefined(info, 0), "keep", 16, WN_MAX_PATH);
   std::vector<const char*> ptrs = CPtrs(keep);
+  std::string mask;
+  if (info.Length() > 1 && !info[1].IsUndefined()) mask = ArgAbsPath(info, 1, "mask");
   wn_error e;
-  int fd = wn_mnt_template_create(ptrs.data(), keep.size(), &e);
+  int fd = wn_mnt_template_create(ptrs.data(), keep.size(), mask.empty() ? nullptr : mask.c_str(), &e);
   if (fd < 0) Throw(env, e);
   return Napi::Number::New(env, fd);
 }

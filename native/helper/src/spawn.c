@@ -237,7 +237,9 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
     case OP_MASK:
       if (fstatat(AT_FDCWD, op->path, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno == ENOENT ? 0 : -1;
       if (S_ISDIR(st.st_mode)) {
-        /* one empty read-only tmpfs for all masked directories (see OP_MOUNT on superblocks) */
+        /* one empty read-only tmpfs for all masked directories (see OP_MOUNT on superblocks):
+           the node's, in the mount template, else one of this sandbox's own */
+        if (c->mask_dir == NULL && c->s->has_mnt_template && c->s->mask_dir != NULL) c->mask_dir = c->s->mask_dir;
         if (c->mask_dir == NULL) {
           if (mount("tmpfs", op->path, "tmpfs", MS_RDONLY | MS_HARDEN, "mode=555,size=4k") < 0) return -1;
           c->mask_dir = op->path;
@@ -374,6 +376,10 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
     return wn_fail(e, WN_INVALID_ARGUMENT, 0, "shmBytes must be 4096..2^40");
   if (wn_confine_check(s->confine, e) < 0) return -1;
   if (s->has_mnt_template && s->mnt_template_fd < 0) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "mountTemplateFd must be a descriptor");
+  if (s->mask_dir != NULL) {
+    if (!s->has_mnt_template) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "maskDir needs mountTemplateFd (it is a mount of the template)");
+    if (wn_check_abs_path(e, "maskDir", s->mask_dir) < 0) return -1;
+  }
   return 0;
 }
 

@@ -239,11 +239,15 @@ typedef struct wn_spawn_spec {
      its disk) moved in. A flag, so that a zeroed spec never means fd 0. */
   int has_mnt_template;
   int mnt_template_fd;
+  /* With the template: the template's mask tmpfs, bound over every masked directory. */
+  const char *mask_dir;
 } wn_spawn_spec;
 
 /* A mount namespace for new sandboxes (mnt_template.c): the caller's, less every mount that is
-   not "/", /dev, /proc, /sys (and below) or a mount holding one of `keep`. Returns its nsfs fd. */
-int wn_mnt_template_create(const char *const *keep, size_t n_keep, wn_error *e);
+   not "/", /dev, /proc, /sys (and below) or a mount holding one of `keep`; with `mask` (an
+   empty directory on a kept mount), an empty read-only tmpfs there for spawns to bind over
+   the directories they mask (wn_spawn_spec.mask_dir). Returns its nsfs fd. */
+int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *mask, wn_error *e);
 
 typedef struct wn_spawn_result {
   pid_t pid;

@@ -89,15 +89,21 @@ export class ContainerBackend implements HostProcessBackend {
    * and at thousands of sandboxes that copy is most of a create. Made at the first create;
    * null when it cannot be (then each create copies the namespace). `WARREN_MOUNT_TEMPLATE=0` turns it off.
    */
-  private template: { fd: number; keep: string[] } | null | undefined;
+  private template: { fd: number; keep: string[]; mask: string } | null | undefined;
 
-  private mountTemplate(layers: ResolvedLayer[]): number | undefined {
+  /** The node's one mask tmpfs lives on this empty directory, mounted in the template only. */
+  private get maskDir(): string {
+    return `${this.sandboxesDir}-mask`;
+  }
+
+  private async mountTemplate(layers: ResolvedLayer[]): Promise<{ fd: number; mask: string } | undefined> {
     if (this.template === undefined) {
       const keep = [...new Set([this.sandboxesDir, ...layers.map((l) => dirname(l.path))])];
       this.template = null;
       if (process.env.WARREN_MOUNT_TEMPLATE !== '0') {
+        await mkdir(this.maskDir, { mode: 0o555 }).catch(() => undefined);
         try {
-          this.template = { fd: native.mountTemplateCreate(keep), keep };
+          this.template = { fd: native.mountTemplateCreate(keep, this.maskDir), keep, mask: this.maskDir };
         } catch {
           // an older kernel (no open_tree, or no mount roots in statx): the copy still works
         }
@@ -107,7 +113,7 @@ export class ContainerBackend implements HostProcessBackend {
     if (t === null) return undefined;
     // a layer from somewhere the template did not keep: this create copies the namespace
     const covered = layers.every((l) => t.keep.some((k) => dirname(l.path) === k || dirname(l.path).startsWith(`${k}/`)));
-    return covered ? t.fd : undefined;
+    return covered ? t : undefined;
   }
 
   close(): void {
@@ -162,7 +168,7 @@ export class ContainerBackend implements HostProcessBackend {
         await mkdir(join(upperDir, 'etc'), { mode: 0o755 }).catch(() => undefined);
         await writeFile(join(upperDir, 'etc', 'resolv.conf'), `nameserver ${this.network.gatewayAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 });
       }
-      const template = this.mountTemplate(layers);
+      const template = await this.mountTemplate(layers);
       const proc = await native.spawnSandboxAsync({
         id,
         hostname: id,
@@ -176,7 +182,7 @@ export class ContainerBackend implements HostProcessBackend {
         coreSched: false,
         ...(shmDir !== undefined ? { shmDir } : {}),
         ...(devDir !== undefined ? { devDir } : {}),
-        ...(template !== undefined ? { mountTemplateFd: template } : {}),
+        ...(template !== undefined ? { mountTemplateFd: template.fd, maskDir: template.mask } : {}),
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
