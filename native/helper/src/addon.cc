@@ -218,17 +218,6 @@ Napi::Value CgroupLayout(const Napi::CallbackInfo& info) {
   return out;
 }
 
-Napi::Value CgroupCreate(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  std::string name = ArgId(info, 0, "name");
-  wn_cg_limits lim;
-  ParseLimits(env, ArgOrUndefined(info, 1), &lim);
-  wn_error e;
-  if (wn_cg_create(name.c_str(), &lim, &e) < 0) Throw(env, e);
-  return env.Undefined();
-}
-
 Napi::Value CgroupUpdate(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
@@ -278,25 +267,6 @@ Napi::Value CgroupFreeze(const Napi::CallbackInfo& info) {
   bool frozen = ToBool(env, ArgOrUndefined(info, 1), "frozen");
   wn_error e;
   if (wn_cg_freeze(name.c_str(), frozen, &e) < 0) Throw(env, e);
-  return env.Undefined();
-}
-
-Napi::Value CgroupKill(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  std::string name = ArgId(info, 0, "name");
-  wn_error e;
-  int n = wn_cg_kill(name.c_str(), &e);
-  if (n < 0) Throw(env, e);
-  return Napi::Number::New(env, n);
-}
-
-Napi::Value CgroupDestroy(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  std::string name = ArgId(info, 0, "name");
-  wn_error e;
-  if (wn_cg_destroy(name.c_str(), &e) < 0) Throw(env, e);
   return env.Undefined();
 }
 
@@ -958,18 +928,11 @@ Napi::Value MountTemplateCreate(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, fd);
 }
 
-Napi::Value Umount(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  std::string target = ArgAbsPath(info, 0, "target");
-  bool detach = ToBool(env, ArgOrUndefined(info, 1), "detach");
-  wn_error e;
-  if (wn_umount(target.c_str(), detach, &e) < 0) Throw(env, e);
-  return env.Undefined();
-}
-
-// An unmount waits for an RCU grace period (namespace_unlock) and a cgroup rmdir for the memory
-// controller's offlining: both are on every delete, so both also run on the thread pool.
+// Cgroup and mount calls that wait on the kernel: an unmount for an RCU grace period
+// (namespace_unlock), a cgroup rmdir for the memory controller's offlining, a v1 kill for the
+// freeze, a create for a mkdir and limit writes per hierarchy. Each is on every create or
+// delete and takes milliseconds on a node of thousands, so each also has an Async variant on
+// the thread pool; both variants share the parsing and the call.
 struct PathJob {
   std::string arg;
   bool flag = false;
@@ -978,49 +941,45 @@ struct PathJob {
   int rc = 0;
 };
 
-// Creating a sandbox's groups (a mkdir and limit writes per v1 hierarchy) and killing one
-// (freeze, signal, thaw in v1) take milliseconds once a node holds thousands: off the event loop.
-Napi::Value CgroupCreateAsync(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  auto j = std::make_unique<PathJob>();
-  j->arg = ArgId(info, 0, "name");
-  ParseLimits(env, ArgOrUndefined(info, 1), &j->lim);
-  return Queue(
-      env, std::move(j), [](PathJob& j) { return wn_cg_create(j.arg.c_str(), &j.lim, &j.e); },
-      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
+// The Queue of a call made right here: run the job and throw its error.
+template <typename Job, typename Run, typename Done>
+Napi::Value RunHere(Napi::Env env, std::unique_ptr<Job> job, Run run, Done done) {
+  job->rc = run(*job);
+  if (job->rc < 0) Throw(env, job->e);
+  return done(env, *job);
 }
 
-Napi::Value CgroupKillAsync(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
+std::unique_ptr<PathJob> CgroupJob(const Napi::CallbackInfo& info, bool limits) {
+  RequireInit(info.Env());
   auto j = std::make_unique<PathJob>();
   j->arg = ArgId(info, 0, "name");
-  return Queue(
-      env, std::move(j), [](PathJob& j) { return wn_cg_kill(j.arg.c_str(), &j.e); },
-      [](Napi::Env env, PathJob& j) -> Napi::Value { return Napi::Number::New(env, j.rc); });
+  if (limits) ParseLimits(info.Env(), ArgOrUndefined(info, 1), &j->lim);
+  return j;
 }
 
-Napi::Value UmountAsync(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
+std::unique_ptr<PathJob> UmountJob(const Napi::CallbackInfo& info) {
+  RequireInit(info.Env());
   auto j = std::make_unique<PathJob>();
   j->arg = ArgAbsPath(info, 0, "target");
-  j->flag = ToBool(env, ArgOrUndefined(info, 1), "detach");
-  return Queue(
-      env, std::move(j), [](PathJob& j) { return wn_umount(j.arg.c_str(), j.flag, &j.e); },
-      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
+  j->flag = ToBool(info.Env(), ArgOrUndefined(info, 1), "detach");
+  return j;
 }
 
-Napi::Value CgroupDestroyAsync(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  RequireInit(env);
-  auto j = std::make_unique<PathJob>();
-  j->arg = ArgId(info, 0, "name");
-  return Queue(
-      env, std::move(j), [](PathJob& j) { return wn_cg_destroy(j.arg.c_str(), &j.e); },
-      [](Napi::Env env, PathJob&) -> Napi::Value { return env.Undefined(); });
-}
+int RunCgroupCreate(PathJob& j) { return wn_cg_create(j.arg.c_str(), &j.lim, &j.e); }
+int RunCgroupKill(PathJob& j) { return wn_cg_kill(j.arg.c_str(), &j.e); }
+int RunCgroupDestroy(PathJob& j) { return wn_cg_destroy(j.arg.c_str(), &j.e); }
+int RunUmount(PathJob& j) { return wn_umount(j.arg.c_str(), j.flag, &j.e); }
+Napi::Value NoValue(Napi::Env env, PathJob&) { return env.Undefined(); }
+Napi::Value Killed(Napi::Env env, PathJob& j) { return Napi::Number::New(env, j.rc); }
+
+Napi::Value CgroupCreate(const Napi::CallbackInfo& info) { return RunHere(info.Env(), CgroupJob(info, true), RunCgroupCreate, NoValue); }
+Napi::Value CgroupCreateAsync(const Napi::CallbackInfo& info) { return Queue(info.Env(), CgroupJob(info, true), RunCgroupCreate, NoValue); }
+Napi::Value CgroupKill(const Napi::CallbackInfo& info) { return RunHere(info.Env(), CgroupJob(info, false), RunCgroupKill, Killed); }
+Napi::Value CgroupKillAsync(const Napi::CallbackInfo& info) { return Queue(info.Env(), CgroupJob(info, false), RunCgroupKill, Killed); }
+Napi::Value CgroupDestroy(const Napi::CallbackInfo& info) { return RunHere(info.Env(), CgroupJob(info, false), RunCgroupDestroy, NoValue); }
+Napi::Value CgroupDestroyAsync(const Napi::CallbackInfo& info) { return Queue(info.Env(), CgroupJob(info, false), RunCgroupDestroy, NoValue); }
+Napi::Value Umount(const Napi::CallbackInfo& info) { return RunHere(info.Env(), UmountJob(info), RunUmount, NoValue); }
+Napi::Value UmountAsync(const Napi::CallbackInfo& info) { return Queue(info.Env(), UmountJob(info), RunUmount, NoValue); }
 
 // ---- scheduling -----------------------------------------------------------------------------
 

@@ -195,7 +195,7 @@ struct spawn_ctx {
   int into_cgroup;   /* the child was born in the cgroup2 group */
   char overlay_opts[4096];
   char shm_data[64];
-  const char *mask_dir; /* the first masked directory: later ones bind its tmpfs */
+  const char *mask_dir; /* the tmpfs masked directories bind: the template's, else the first one's own */
 };
 
 static void __attribute__((noreturn)) child_fail(struct spawn_ctx *c, int step, int index, int err) {
@@ -237,9 +237,7 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
     case OP_MASK:
       if (fstatat(AT_FDCWD, op->path, &st, AT_SYMLINK_NOFOLLOW) < 0) return errno == ENOENT ? 0 : -1;
       if (S_ISDIR(st.st_mode)) {
-        /* one empty read-only tmpfs for all masked directories (see OP_MOUNT on superblocks):
-           the node's, in the mount template, else one of this sandbox's own */
-        if (c->mask_dir == NULL && c->s->has_mnt_template && c->s->mask_dir != NULL) c->mask_dir = c->s->mask_dir;
+        /* one empty read-only tmpfs for all masked directories (see OP_MOUNT on superblocks) */
         if (c->mask_dir == NULL) {
           if (mount("tmpfs", op->path, "tmpfs", MS_RDONLY | MS_HARDEN, "mode=555,size=4k") < 0) return -1;
           c->mask_dir = op->path;
@@ -492,6 +490,7 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   memset(&c, 0, sizeof c);
   c.s = s;
   c.errfd = c.init_fd = c.unified_dir = c.unified_procs = -1;
+  c.mask_dir = s->mask_dir; /* only with a template (wn_spawn_spec_check) */
 
   /* overlay options: lowerdir=a:b:c,upperdir=...,workdir=... */
   size_t off = 0;

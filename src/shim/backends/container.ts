@@ -2,7 +2,7 @@
  * The container backend: namespaces + cgroups over an overlay of read-only
  * EROFS layers. The native helper does the kernel work; this file decides.
  */
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { Socket } from 'node:net';
@@ -42,6 +42,7 @@ import { copyTree, treeBytes } from '../lifecycle/pack';
 import { resolveUser, type SandboxUser } from '../users';
 import { LimitedPipe, OutputCapture, captureInto } from '../exec-output';
 import { capacityErrorOf } from '../capacity';
+import { destroyCgroup } from './cgroup';
 import { dropSupervised, followSupervised, startSupervised, sweepSupervised } from '../supervised-exec';
 import type { NetworkManager, SandboxNetworkRuntime } from '../network/manager';
 import { assertConfinable, confineFor, confineForSandbox, forgetSandbox, nsexecConfineArgs, profile as policyProfile, profileForOwner, registerSandbox } from '../../security/confinement';
@@ -89,21 +90,23 @@ export class ContainerBackend implements HostProcessBackend {
    * and at thousands of sandboxes that copy is most of a create. Made at the first create;
    * null when it cannot be (then each create copies the namespace). `WARREN_MOUNT_TEMPLATE=0` turns it off.
    */
-  private template: { fd: number; keep: string[]; mask: string } | null | undefined;
+  private template: { fd: number; keep: string[] } | null | undefined;
 
   /** The node's one mask tmpfs lives on this empty directory, mounted in the template only. */
   private get maskDir(): string {
     return `${this.sandboxesDir}-mask`;
   }
 
-  private async mountTemplate(layers: ResolvedLayer[]): Promise<{ fd: number; mask: string } | undefined> {
+  /** The template's descriptor for a create from `layers`; undefined: this create copies the namespace. */
+  private mountTemplate(layers: ResolvedLayer[]): number | undefined {
     if (this.template === undefined) {
+      // made synchronously, once: creates that start together all get it
       const keep = [...new Set([this.sandboxesDir, ...layers.map((l) => dirname(l.path))])];
       this.template = null;
       if (process.env.WARREN_MOUNT_TEMPLATE !== '0') {
-        await mkdir(this.maskDir, { mode: 0o555 }).catch(() => undefined);
         try {
-          this.template = { fd: native.mountTemplateCreate(keep, this.maskDir), keep, mask: this.maskDir };
+          mkdirSync(this.maskDir, { recursive: true, mode: 0o555 });
+          this.template = { fd: native.mountTemplateCreate(keep, this.maskDir), keep };
         } catch {
           // an older kernel (no open_tree, or no mount roots in statx): the copy still works
         }
@@ -113,7 +116,7 @@ export class ContainerBackend implements HostProcessBackend {
     if (t === null) return undefined;
     // a layer from somewhere the template did not keep: this create copies the namespace
     const covered = layers.every((l) => t.keep.some((k) => dirname(l.path) === k || dirname(l.path).startsWith(`${k}/`)));
-    return covered ? t : undefined;
+    return covered ? t.fd : undefined;
   }
 
   close(): void {
@@ -145,10 +148,10 @@ export class ContainerBackend implements HostProcessBackend {
         diskMounted = true;
       }
       registerSandbox(id, profileName);
-      // With a quota, /dev/shm is a directory on the same tmpfs as the writable layer: one
-      // budget of diskMb for everything the sandbox can write (/dev itself holds 64 KiB).
+      // With a quota, /dev/shm and /dev are directories on the same tmpfs as the writable layer:
+      // one budget of diskMb for everything the sandbox can write, and no superblock of their
+      // own (spawn.c, on superblocks).
       const shmDir = diskMb !== null ? join(dir, 'shm') : undefined;
-      // /dev too: one superblock fewer per sandbox (spawn.c, on superblocks)
       const devDir = diskMb !== null ? join(dir, 'dev') : undefined;
       await Promise.all([
         mkdir(upperDir, { mode: 0o755 }),
@@ -168,7 +171,7 @@ export class ContainerBackend implements HostProcessBackend {
         await mkdir(join(upperDir, 'etc'), { mode: 0o755 }).catch(() => undefined);
         await writeFile(join(upperDir, 'etc', 'resolv.conf'), `nameserver ${this.network.gatewayAddress}\noptions timeout:2 attempts:2\n`, { mode: 0o644 });
       }
-      const template = await this.mountTemplate(layers);
+      const template = this.mountTemplate(layers);
       const proc = await native.spawnSandboxAsync({
         id,
         hostname: id,
@@ -182,7 +185,7 @@ export class ContainerBackend implements HostProcessBackend {
         coreSched: false,
         ...(shmDir !== undefined ? { shmDir } : {}),
         ...(devDir !== undefined ? { devDir } : {}),
-        ...(template !== undefined ? { mountTemplateFd: template.fd, maskDir: template.mask } : {}),
+        ...(template !== undefined ? { mountTemplateFd: template, maskDir: this.maskDir } : {}),
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
@@ -296,42 +299,7 @@ function limitsOf(spec: SandboxSpec) {
   };
 }
 
-const ENOENT = 2;
 const EAGAIN = 11;
-const EBUSY = 16;
-
-function isErrno(err: unknown, errno: number): boolean {
-  return err instanceof WarrenError && err.errno === errno;
-}
-
-/**
- * Kill everything in the group, wait until it is empty, then remove it from every
- * hierarchy. Hierarchies are removed one by one, so a retry may find some already
- * gone (ENOENT): that is progress, not an error.
- */
-async function destroyCgroup(id: string): Promise<void> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    let remaining = 0;
-    try {
-      await native.cgroupKillAsync(id);
-      remaining = native.cgroupProcs(id).length;
-    } catch (err) {
-      if (!isErrno(err, ENOENT)) throw err;
-    }
-    if (remaining === 0) {
-      try {
-        await native.cgroupDestroyAsync(id);
-        return;
-      } catch (err) {
-        if (!isErrno(err, EBUSY) || Date.now() > deadline) throw err;
-      }
-    } else if (Date.now() > deadline) {
-      throw new WarrenError('CGROUP_ERROR', `cgroup ${id} still has ${remaining} processes after SIGKILL`);
-    }
-    await new Promise((r) => setTimeout(r, 2));
-  }
-}
 
 export class ContainerSandbox implements HostProcessSandbox {
   readonly ended: Promise<void>;

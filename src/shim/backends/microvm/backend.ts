@@ -22,6 +22,7 @@ import { promisify } from 'node:util';
 import { WarrenError } from '../../../errors';
 import { feature, microvmAccelerator } from '../../../features';
 import { native } from '../../../native';
+import { destroyCgroup } from '../cgroup';
 import { profile as policyProfile, profileForOwner } from '../../../security/confinement';
 import { BoundedCollector } from '../../output';
 import { parsePasswd, resolveUserWith, type SandboxUser } from '../../users';
@@ -615,28 +616,6 @@ export function vmLeftovers(dirs: readonly string[], known: ReadonlySet<string>,
     }
   }
   return [...found].filter((id) => !known.has(id));
-}
-
-export async function destroyCgroup(id: string): Promise<void> {
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    let remaining = 0;
-    try {
-      native.cgroupKill(id);
-      remaining = native.cgroupProcs(id).length;
-    } catch (err) {
-      if (!(err instanceof WarrenError && err.errno === 2)) throw err;
-    }
-    if (remaining === 0) {
-      try {
-        native.cgroupDestroy(id);
-        return;
-      } catch (err) {
-        if (!(err instanceof WarrenError && err.errno === 16) || Date.now() > deadline) throw err;
-      }
-    } else if (Date.now() > deadline) throw new WarrenError('CGROUP_ERROR', `cgroup ${id} still has ${remaining} processes after SIGKILL`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
 }
 
 /** The last bytes of a host-written log (QEMU's stderr), printable only. */
