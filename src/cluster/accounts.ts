@@ -9,7 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
-import { type Account, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
+import { type Account, type Accounts, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
 import type { Role } from '../validation';
 import { RecentMisses, keys, nextRevision, parseJson, readPrefix, store } from './etcd';
 
@@ -17,7 +17,7 @@ export interface ClusterAccount extends Account {
   quota?: Quota;
 }
 
-export class ClusterAccounts {
+export class ClusterAccounts implements Accounts {
   private readonly accounts = new Map<string, ClusterAccount>();
   private readonly tokens = new Map<string, string>();
   private watchers: { cancel(): Promise<void> }[] = [];
@@ -43,7 +43,8 @@ export class ClusterAccounts {
     if (a) this.accounts.set(key.slice(keys.accounts.length), a);
   }
 
-  authenticate(token: string | undefined | null): Account | null {
+  /** The account of a token this gateway's copy holds, or null. */
+  cached(token: string | undefined | null): Account | null {
     if (typeof token !== 'string' || !TOKEN_RE.test(token)) return null;
     const id = this.tokens.get(hashToken(token).toString('hex'));
     const a = id === undefined ? undefined : this.accounts.get(id);
@@ -59,7 +60,7 @@ export class ClusterAccounts {
    */
   async require(token: string | undefined | null): Promise<Account> {
     if (token === undefined || token === null || token === '') throw new WarrenError('UNAUTHENTICATED', 'missing bearer token (Authorization: Bearer <token>)');
-    const a = this.authenticate(token) ?? (TOKEN_RE.test(token) ? await this.readToken(token) : null);
+    const a = this.cached(token) ?? (TOKEN_RE.test(token) ? await this.readToken(token) : null);
     if (a === null) throw new WarrenError('UNAUTHENTICATED', 'invalid or revoked token');
     return a;
   }
@@ -75,7 +76,7 @@ export class ClusterAccounts {
       return null;
     }
     this.tokens.set(hash, id);
-    return this.authenticate(token);
+    return this.cached(token);
   }
 
   /** An account as etcd has it now (cached), or null. */
@@ -87,8 +88,25 @@ export class ClusterAccounts {
   }
 
   /** The quota as etcd has it now (a quorum read): admissions do not act on a stale copy. */
-  async freshQuota(id: string, fallback: Quota = UNLIMITED): Promise<Quota> {
+  async quota(id: string, fallback: Quota = UNLIMITED): Promise<Quota> {
     return (await this.readAccount(id))?.quota ?? fallback;
+  }
+
+  async authenticate(token: string | undefined | null): Promise<Account | null> {
+    try {
+      return await this.require(token);
+    } catch (err) {
+      if (err instanceof WarrenError && err.code === 'UNAUTHENTICATED') return null;
+      throw err;
+    }
+  }
+
+  async listAccounts(): Promise<Account[]> {
+    return this.list();
+  }
+
+  createAccount(name: string, role: Role): Promise<{ account: Account; token: string }> {
+    return this.create(name, role);
   }
 
   list(): Account[] {
@@ -108,13 +126,13 @@ export class ClusterAccounts {
   }
 
   /** Patch an account's quota; concurrent patches through other gateways are not lost (compare on the record's revision). */
-  async setQuota(id: string, patch: Partial<Quota>): Promise<Quota> {
+  async setQuota(id: string, patch: Partial<Quota>, fallback: Quota = UNLIMITED): Promise<Quota> {
     for (let attempt = 0; attempt < 8; attempt++) {
       const res = await store('read account', () => this.etcd.get(keys.account(id)).exec());
       const kv = res.kvs[0];
       const cur = kv === undefined ? null : parseJson<ClusterAccount>(kv.value.toString('utf8'));
       if (!kv || !cur) throw new WarrenError('NOT_FOUND', `no account ${id}`);
-      const q = { ...(cur.quota ?? UNLIMITED), ...patch };
+      const q = { ...(cur.quota ?? fallback), ...patch };
       const next = { ...cur, quota: q };
       const put = await store('set quota', () => this.etcd.if(keys.account(id), 'Mod', '==', kv.mod_revision).then(this.etcd.put(keys.account(id)).value(JSON.stringify(next))).commit());
       if (!put.succeeded) continue;
@@ -133,7 +151,7 @@ export class ClusterAccounts {
     if (existsSync(file)) {
       const token = readFileSync(file, 'utf8').trim();
       if (!TOKEN_RE.test(token)) throw new WarrenError('INVALID_ARGUMENT', `${file} does not hold a Warren token`);
-      if (this.authenticate(token) === null) {
+      if (this.cached(token) === null) {
         try {
           await this.create('admin', 'admin', token);
         } catch (err) {

@@ -361,7 +361,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     const ask = validatePlacementAsk(placement);
     const spec = validateCreateRequest(rest, { owner: account.id, host: hostCapacity(), availableBackends: backends() });
     // the quota read is also the quorum check: without quorum nothing new is placed
-    checkQuota(await accounts.freshQuota(account.id, opts.defaultQuota), { sandboxes: usage(account.id), cpu: 0, memoryMb: 0 }, { cpu: 0, memoryMb: 0 });
+    checkQuota(await accounts.quota(account.id, opts.defaultQuota), { sandboxes: usage(account.id), cpu: 0, memoryMb: 0 }, { cpu: 0, memoryMb: 0 });
     const exclude = new Set<string>();
     const req = placementRequest(spec, ask);
     let lastErr: WarrenError | null = null;
@@ -449,7 +449,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         throw new WarrenError('IMAGE_NOT_FOUND', `image ${ref} not found (or not usable by this account)`, { image: ref });
       }
     }
-    const quota = await accounts.freshQuota(account.id, opts.defaultQuota);
+    const quota = await accounts.quota(account.id, opts.defaultQuota);
     const epochKey = keys.quotaEpoch(account.id);
     for (let attempt = 0; attempt < 5; attempt++) {
       const cur = await store('quota', () => etcd.get(epochKey).exec());
@@ -751,7 +751,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const id = decodeURIComponent(qm[1]!);
       if (method === 'GET') {
         if (id !== account.id) requirePermission(account, 'quotas');
-        return send(res, 200, { account: id, quota: await accounts.freshQuota(id, opts.defaultQuota), usage: { sandboxes: usage(id) } });
+        return send(res, 200, { account: id, quota: await accounts.quota(id, opts.defaultQuota), usage: { sandboxes: usage(id) } });
       }
       if (method === 'PUT') {
         requirePermission(account, 'quotas');

@@ -123,6 +123,37 @@ export function checkQuota(quota: Quota, usage: Usage, request: { cpu: number; m
   if (quota.maxMemoryMb !== null && usage.memoryMb + request.memoryMb > quota.maxMemoryMb) throw fail('maxMemoryMb', quota.maxMemoryMb, usage.memoryMb, request.memoryMb);
 }
 
+/**
+ * Who may call, and with what quota: the gateway's whole view of accounts.
+ * One node keeps them in its SQLite database ({@link Auth}, through
+ * {@link localAccounts}); a cluster keeps them in etcd (ClusterAccounts), where
+ * a lookup may be a read over the network, hence every method is async.
+ */
+export interface Accounts {
+  /** The account a bearer token belongs to, or null. */
+  authenticate(token: string | undefined | null): Promise<Account | null>;
+  /** Like authenticate, but throws UNAUTHENTICATED. */
+  require(token: string | undefined | null): Promise<Account>;
+  /** The quota to admit against now (in a cluster a quorum read, so it is also the check that etcd answers). */
+  quota(accountId: string, fallback?: Quota): Promise<Quota>;
+  /** Merge `patch` into an account's quota; NOT_FOUND for unknown accounts. */
+  setQuota(accountId: string, patch: Partial<Quota>, fallback?: Quota): Promise<Quota>;
+  createAccount(name: string, role: Role): Promise<{ account: Account; token: string }>;
+  listAccounts(): Promise<Account[]>;
+}
+
+/** The {@link Accounts} of one node: its SQLite tables. */
+export function localAccounts(auth: Auth): Accounts {
+  return {
+    authenticate: async (token) => auth.authenticate(token),
+    require: async (token) => auth.require(token),
+    quota: async (id, fallback) => auth.quota(id, fallback),
+    setQuota: async (id, patch, fallback) => auth.setQuota(id, patch, fallback),
+    createAccount: async (name, role) => auth.createAccount(name, role),
+    listAccounts: async () => auth.listAccounts(),
+  };
+}
+
 export class Auth {
   private readonly byHash;
   private readonly insertAccount;

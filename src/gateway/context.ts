@@ -8,7 +8,7 @@ import type { Request, Response } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { SandboxInfo, Shim } from '../shim/types';
 import { tracer } from '../telemetry';
-import { type Account, type Auth, type Quota, bearerFromHeader, can } from './auth';
+import { type Account, type Accounts, type Quota, bearerFromHeader, can } from './auth';
 import { type Log, publicError, writeError } from './http';
 import type { Reclaimer } from './reclaim';
 import type { IdempotencyContext } from './idempotent-exec';
@@ -16,7 +16,7 @@ import { type HostCapacity, validateSandboxId } from '../validation';
 
 export interface GatewayContext {
   shim: Shim;
-  auth: Auth;
+  auth: Accounts;
   log: Log;
   host: HostCapacity;
   uploadLimit: number;
@@ -115,7 +115,7 @@ async function traced(ctx: GatewayContext, req: Request, res: Response, fn: (spa
 export function authed(ctx: GatewayContext, fn: AuthedHandler): (req: Request, res: Response) => Promise<void> {
   return (req, res) =>
     traced(ctx, req, res, async (span) => {
-      const account = ctx.auth.require(bearerFromHeader(req.headers.authorization));
+      const account = await ctx.auth.require(bearerFromHeader(req.headers.authorization));
       span.setAttribute('warren.account', account.id);
       await fn(req, res, account);
     });

@@ -11,7 +11,7 @@ import HyperExpress from 'hyper-express';
 import type { Database } from '../state/db';
 import { WarrenError } from '../errors';
 import type { Shim } from '../shim/types';
-import { Auth, type Quota } from './auth';
+import { type Accounts, Auth, type Quota, localAccounts } from './auth';
 import type { GatewayContext } from './context';
 import { DEFAULT_UPLOAD_LIMIT, type Log, sendError } from './http';
 import { createReclaimer } from './reclaim';
@@ -61,7 +61,7 @@ export interface GatewayOptions {
   /** Idempotency keys: window and stored output bound (docs/idempotency.md). */
   idempotency?: IdempotencyOptions;
   /** Who may call (default: the tokens in `db`); a cluster node also accepts gateway-signed assertions. */
-  auth?: Auth;
+  auth?: Accounts;
   /** The node's machine, when it is not this one: creates are checked against its cpus and memory. */
   nodeHost?: { cpus: number; memoryMb: number };
 }
@@ -128,7 +128,7 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
   const log: Log = opts.log ?? ((line) => process.stderr.write(`${line}\n`));
   const ctx: GatewayContext = {
     shim: opts.shim,
-    auth: opts.auth ?? new Auth(opts.db),
+    auth: opts.auth ?? localAccounts(new Auth(opts.db)),
     log,
     host: opts.nodeHost ?? { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
     uploadLimit: opts.uploadLimitBytes ?? DEFAULT_UPLOAD_LIMIT,

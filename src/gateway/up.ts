@@ -18,7 +18,7 @@ import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
 import { raiseHostLimits } from '../shim/host-tunables';
 import type { CapacityOptions } from '../shim/capacity';
-import { Auth, type Quota } from './auth';
+import { Auth, type Quota, localAccounts } from './auth';
 import { type GatewayOptions, createGateway } from './server';
 import { ClusterCredential } from '../cluster/credential';
 import { type EtcdConfig, openEtcd } from '../cluster/etcd';
@@ -138,7 +138,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
         })
       : new LocalShim(shim);
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
-    if (credential) gatewayOpts.auth = new ClusterNodeAuth(db, credential);
+    if (credential) gatewayOpts.auth = localAccounts(new ClusterNodeAuth(db, credential));
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;

@@ -725,7 +725,7 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
       if (proto.token !== undefined && !proto.offered) {
         throw new WarrenError('INVALID_ARGUMENT', `the bearer.<token> subprotocol must be offered together with ${SHELL_SUBPROTOCOL}`);
       }
-      const account = ctx.auth.require(headerToken ?? proto.token);
+      const account = await ctx.auth.require(headerToken ?? proto.token);
       const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const q = validateShellQuery(new URLSearchParams(req.path_query));
 

@@ -71,14 +71,14 @@ test.serial('a token and a quota written through another gateway are read from e
     await stale.close();
     await other.start();
     const { account, token } = await other.create('late', 'runtime');
-    t.is(stale.authenticate(token), null, 'the frozen copy does not know the token');
+    t.is(stale.cached(token), null, 'the frozen copy does not know the token');
     t.is((await stale.require(token)).id, account.id);
     const bogus = generateToken();
     await t.throwsAsync(stale.require(bogus), { code: 'UNAUTHENTICATED' } as never);
     await t.throwsAsync(stale.require(bogus), { code: 'UNAUTHENTICATED' } as never, 'and again, from the remembered miss');
     await other.setQuota(account.id, { maxSandboxes: 3 });
     t.deepEqual(await stale.setQuota(account.id, { maxCpu: 4 }), { maxSandboxes: 3, maxCpu: 4, maxMemoryMb: null }, 'a patch through the stale copy keeps the other one');
-    t.deepEqual(await other.freshQuota(account.id), { maxSandboxes: 3, maxCpu: 4, maxMemoryMb: null });
+    t.deepEqual(await other.quota(account.id), { maxSandboxes: 3, maxCpu: 4, maxMemoryMb: null });
   } finally {
     await other.close();
     e1.close();

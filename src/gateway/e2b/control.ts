@@ -355,7 +355,7 @@ export class Control {
         try {
           const key = (req.headers['x-api-key'] as string | undefined) ?? bearerFromHeader(req.headers.authorization);
           if (key === undefined || key === '') throw new E2bError(401, 'missing API key (X-API-KEY: <warren token>)');
-          const account = this.plane.ctx.auth.authenticate(key);
+          const account = await this.plane.ctx.auth.authenticate(key);
           if (account === null) throw new E2bError(401, 'invalid API key');
           if (!can(account, 'sandboxes')) throw new E2bError(403, 'this account may not use sandboxes');
           await fn(req, res, account);

@@ -57,7 +57,7 @@ export function registerEnvironmentRoutes(app: Server, ctx: GatewayContext): voi
       const id = req.path_parameters.id;
       if (id !== account.id && id !== 'me') requirePermission(account, 'quotas');
       const target = id === 'me' ? account.id : String(id);
-      sendJson(res, 200, { account: target, quota: ctx.auth.quota(target, ctx.defaultQuota), usage: await accountUsage(ctx, target) });
+      sendJson(res, 200, { account: target, quota: await ctx.auth.quota(target, ctx.defaultQuota), usage: await accountUsage(ctx, target) });
     }),
   );
 
@@ -67,7 +67,7 @@ export function registerEnvironmentRoutes(app: Server, ctx: GatewayContext): voi
       requirePermission(account, 'quotas');
       const body = validateQuotaRequest(await readJson(req));
       const target = String(req.path_parameters.id);
-      sendJson(res, 200, { account: target, quota: ctx.auth.setQuota(target, body, ctx.defaultQuota) });
+      sendJson(res, 200, { account: target, quota: await ctx.auth.setQuota(target, body, ctx.defaultQuota) });
     }),
   );
 }

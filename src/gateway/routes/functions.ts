@@ -123,7 +123,7 @@ export function registerFunctionRoutes(app: Server, ctx: GatewayContext): void {
   const sandboxFusionAccount = async (req: Request, fn: FnCallApi): Promise<string> => {
     const token = bearerFromHeader(req.headers.authorization);
     if (token === undefined && (await fn.anonymousRunCode())) return 'anonymous';
-    const account = ctx.auth.require(token);
+    const account = await ctx.auth.require(token);
     if (!can(account, 'sandboxes')) throw new WarrenError('FORBIDDEN', `role "${account.role}" may not run code`);
     return account.id;
   };

@@ -37,9 +37,10 @@ function withReservations(ctx: GatewayContext, accountId: string, u: Usage): Usa
 }
 
 export async function withQuota<T>(ctx: GatewayContext, account: Account, spec: SandboxSpec, fn: () => Promise<T>): Promise<T> {
+  const quota = await ctx.auth.quota(account.id, ctx.defaultQuota);
   const live = await ctx.shim.sandboxUsage(account.id);
   // From here to the reservation nothing awaits: concurrent creates see each other's reservations.
-  checkQuota(ctx.auth.quota(account.id, ctx.defaultQuota), withReservations(ctx, account.id, live), spec);
+  checkQuota(quota, withReservations(ctx, account.id, live), spec);
   let byAccount = reservations.get(ctx);
   if (!byAccount) reservations.set(ctx, (byAccount = new Map()));
   const r = byAccount.get(account.id) ?? { sandboxes: 0, cpu: 0, memoryMb: 0 };

@@ -85,7 +85,7 @@ export function registerScreenRoutes(app: Server, ctx: GatewayContext, opts: { a
         throw new WarrenError('ORIGIN_REFUSED', `origin ${JSON.stringify(origin)} may not open the live view (not in allowedOrigins)`);
       }
       const proto = bearerFromSubprotocols(req.headers['sec-websocket-protocol']);
-      const account = ctx.auth.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
+      const account = await ctx.auth.require(bearerFromHeader(req.headers.authorization) ?? proto.token);
       const info = await sandboxFor(ctx, account, req.path_parameters.id);
       const sock = await raceSafe(ctx, info.id, () => need(ctx, 'openVnc')(info.id));
       if (res.completed) {

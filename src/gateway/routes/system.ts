@@ -31,16 +31,16 @@ export function registerSystemRoutes(app: Server, ctx: GatewayContext): void {
     authed(ctx, async (req, res, account) => {
       requirePermission(account, 'accounts');
       const body = validateAccountRequest(await readJson(req));
-      const created = ctx.auth.createAccount(body.name, body.role);
+      const created = await ctx.auth.createAccount(body.name, body.role);
       sendJson(res, 201, { ...created.account, token: created.token });
     }),
   );
 
   app.get(
     '/v1/accounts',
-    authed(ctx, (_req, res, account) => {
+    authed(ctx, async (_req, res, account) => {
       requirePermission(account, 'accounts');
-      sendJson(res, 200, { accounts: ctx.auth.listAccounts() });
+      sendJson(res, 200, { accounts: await ctx.auth.listAccounts() });
     }),
   );
 
