@@ -27,6 +27,7 @@ function synthetic(n: number): NodeRecord[] {
   return Array.from({ length: n }, (_, i) => ({
     id: `n${i}`,
     url: 'http://127.0.0.1:1',
+    shim: 'http://127.0.0.1:2',
     pool: i % 10 === 9 ? 'overflow' : 'onprem',
     labels: {},
     epoch: 1,

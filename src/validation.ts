@@ -662,3 +662,24 @@ export function ownValue<T>(table: Readonly<Record<string, T>>, key: string): T 
 export function defineKey(o: object, k: string, v: unknown): void {
   Object.defineProperty(o, k, { value: v, enumerable: true, writable: true, configurable: true });
 }
+
+/** Where a create may go in a cluster: nodes carrying all these labels, or only these nodes. */
+export interface PlacementAsk {
+  nodeSelector?: Record<string, string>;
+  nodes?: string[];
+}
+
+export function validatePlacementAsk(v: unknown): PlacementAsk {
+  if (v === undefined) return {};
+  const o = expectObject(v, 'placement');
+  rejectUnknown(o, ['nodeSelector', 'nodes'], 'placement.');
+  const out: PlacementAsk = {};
+  if (o.nodeSelector !== undefined) out.nodeSelector = validateLabels(o.nodeSelector, 'placement.nodeSelector');
+  if (o.nodes !== undefined) {
+    if (!Array.isArray(o.nodes) || o.nodes.length > 256 || o.nodes.some((n) => typeof n !== 'string' || !/^[a-z0-9][a-z0-9-]{0,15}$/.test(n))) {
+      throw new WarrenError('INVALID_ARGUMENT', 'placement.nodes must be a list of node ids', { field: 'placement.nodes' });
+    }
+    out.nodes = o.nodes as string[];
+  }
+  return out;
+}

@@ -67,7 +67,7 @@ export async function cmdNode(args: string[], io: Io): Promise<number> {
   const lazy = args.includes('--lazy-layers');
   const { picked, rest } = take(
     args.filter((a) => a !== '--lazy-layers'),
-    ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise'],
+    ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise', 'advertise-shim'],
   );
   if (rest.includes('--help') || rest.includes('-h')) return cmdUp(['--help'], io);
   const credentialFile = one(picked, 'cluster-credential');
@@ -88,6 +88,8 @@ export async function cmdNode(args: string[], io: Io): Promise<number> {
   if (lazy) cluster.lazyLayers = true;
   const adv = one(picked, 'advertise');
   if (adv !== undefined) cluster.advertiseUrl = adv;
+  const advShim = one(picked, 'advertise-shim');
+  if (advShim !== undefined) cluster.advertiseShimUrl = advShim;
   return cmdUp(rest, io, cluster);
 }
 

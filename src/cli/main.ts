@@ -48,7 +48,7 @@ commands:
      [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
      [--pull-mode lazy|eager] [--lazy-cache-mib N] [--shim-listen HOST:PORT --shim-token-file FILE]   (docs/shim-protocol.md)
   node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
-       [--lease-ttl S] [--create-window N] [--advertise URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
+       [--lease-ttl S] [--create-window N] [--advertise URL] [--advertise-shim URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
   gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT]   one node over the shim protocol
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
@@ -294,9 +294,16 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
   if (values['shim-listen'] !== undefined) {
     const sm = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(values['shim-listen']);
     if (!sm || Number(sm[2]) > 65535) throw new UsageError(`--shim-listen expects HOST:PORT (got ${JSON.stringify(values['shim-listen'])})`);
-    if (!values['shim-token-file']) throw new UsageError('--shim-listen needs --shim-token-file FILE (read when it exists, else created; give the same file to the gateways)');
-    const { readOrCreateShimToken } = await import('../shim/remote/token');
-    opts.shimListen = { host: sm[1]!.replace(/^\[|\]$/g, ''), port: Number(sm[2]), token: readOrCreateShimToken(values['shim-token-file']) };
+    const host = sm[1]!.replace(/^\[|\]$/g, '');
+    if (cluster) {
+      // a cluster node's token comes from the cluster credential
+      if (values['shim-token-file']) throw new UsageError('a cluster node derives its shim token from --cluster-credential: drop --shim-token-file');
+      opts.shimListen = { host, port: Number(sm[2]), token: '' };
+    } else {
+      if (!values['shim-token-file']) throw new UsageError('--shim-listen needs --shim-token-file FILE (read when it exists, else created; give the same file to the gateways)');
+      const { readOrCreateShimToken } = await import('../shim/remote/token');
+      opts.shimListen = { host, port: Number(sm[2]), token: readOrCreateShimToken(values['shim-token-file']) };
+    }
   } else if (values['shim-token-file']) throw new UsageError('--shim-token-file goes with --shim-listen');
   const warren = await startWarren(opts);
   progress.finish();

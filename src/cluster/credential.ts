@@ -1,30 +1,17 @@
 /**
  * The cluster credential: one secret shared by the nodes and gateways of a
- * cluster (a file, 0600). It signs two things with HMAC-SHA256:
+ * cluster (a file, 0600). With HMAC-SHA256 it
  *
- * - node records in etcd: a gateway routes only to nodes whose record carries
- *   a valid signature, so writing a key under /warren/nodes/ without the
- *   credential does not make a host reachable through the gateway;
- * - account assertions: the gateway authenticates the caller (tokens live in
- *   etcd) and calls the node as that account with a short-lived signed
- *   assertion (`wrc_<payload>.<mac>`) in place of a bearer token. A node
- *   accepts it only with the same credential.
+ * - signs what nodes and gateways write to etcd (node records, job shares,
+ *   the policy): a gateway routes only to nodes whose record carries a valid
+ *   signature, so writing a key under /warren/nodes/ without the credential
+ *   does not make a host reachable through the gateway;
+ * - derives each node's shim protocol token: gateways call nodes with it, and
+ *   a node's token opens no other node.
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { closeSync, openSync, readFileSync, writeSync } from 'node:fs';
 import { WarrenError } from '../errors';
-import type { Role } from '../validation';
-
-export const ASSERTION_PREFIX = 'wrc_';
-/** How long an assertion is valid: long enough for one request or the opening of a shell. */
-const ASSERTION_TTL_MS = 5 * 60_000;
-
-export interface AssertedAccount {
-  id: string;
-  name: string;
-  role: Role;
-  createdAt: string;
-}
 
 export class ClusterCredential {
   private constructor(private readonly key: Buffer) {}
@@ -80,28 +67,13 @@ export class ClusterCredential {
     return this.verifyMac(canonical(body), sig) ? (body as unknown as T) : null;
   }
 
-  assertion(account: AssertedAccount, now = Date.now()): string {
-    const payload = Buffer.from(JSON.stringify({ id: account.id, name: account.name, role: account.role, createdAt: account.createdAt, exp: now + ASSERTION_TTL_MS }), 'utf8').toString('base64url');
-    return `${ASSERTION_PREFIX}${payload}.${this.mac(payload)}`;
-  }
-
-  /** The account an assertion names, or null (bad signature, expired, malformed). */
-  checkAssertion(token: string, now = Date.now()): AssertedAccount | null {
-    if (!token.startsWith(ASSERTION_PREFIX) || token.length > 4096) return null;
-    const dot = token.lastIndexOf('.');
-    if (dot < 0) return null;
-    const payload = token.slice(ASSERTION_PREFIX.length, dot);
-    if (!this.verifyMac(payload, token.slice(dot + 1))) return null;
-    let body: { id?: unknown; name?: unknown; role?: unknown; createdAt?: unknown; exp?: unknown };
-    try {
-      body = JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as typeof body;
-    } catch {
-      return null;
-    }
-    if (typeof body.exp !== 'number' || body.exp < now) return null;
-    if (typeof body.id !== 'string' || typeof body.name !== 'string' || typeof body.createdAt !== 'string') return null;
-    if (body.role !== 'admin' && body.role !== 'builder' && body.role !== 'runtime') return null;
-    return { id: body.id, name: body.name, role: body.role, createdAt: body.createdAt };
+  /**
+   * The shim protocol token of node `nodeId`: derived, so that every gateway
+   * holding the credential can call every node, and a node's token opens no
+   * other node.
+   */
+  shimToken(nodeId: string): string {
+    return this.mac(`warren shim protocol token for node ${nodeId}`);
   }
 }
 

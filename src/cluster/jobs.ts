@@ -7,7 +7,7 @@
 import { EventEmitter } from 'node:events';
 import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
-import { expectNumber, expectObject, rejectUnknown, validateLabels } from '../validation';
+import { type PlacementAsk, expectNumber, expectObject, rejectUnknown, validateLabels, validatePlacementAsk } from '../validation';
 import type { Principal, SandboxSpec } from '../shim/types';
 import type { IndexRange, JobControlState, ShareProgress } from './node-agent';
 import type { Explanation } from './placement';
@@ -42,10 +42,6 @@ export interface JobSpec {
   explain?: Explanation;
 }
 
-export interface PlacementAsk {
-  nodeSelector?: Record<string, string>;
-  nodes?: string[];
-}
 
 export interface JobRequest {
   count: number;
@@ -57,20 +53,6 @@ export interface JobRequest {
   placement: PlacementAsk;
 }
 
-export function validatePlacementAsk(v: unknown): PlacementAsk {
-  if (v === undefined) return {};
-  const o = expectObject(v, 'placement');
-  rejectUnknown(o, ['nodeSelector', 'nodes'], 'placement.');
-  const out: PlacementAsk = {};
-  if (o.nodeSelector !== undefined) out.nodeSelector = validateLabels(o.nodeSelector, 'placement.nodeSelector');
-  if (o.nodes !== undefined) {
-    if (!Array.isArray(o.nodes) || o.nodes.length > 256 || o.nodes.some((n) => typeof n !== 'string' || !/^[a-z0-9][a-z0-9-]{0,15}$/.test(n))) {
-      throw new WarrenError('INVALID_ARGUMENT', 'placement.nodes must be a list of node ids', { field: 'placement.nodes' });
-    }
-    out.nodes = o.nodes as string[];
-  }
-  return out;
-}
 
 /** The job request, checked before anything is placed (the template is checked like a single create by the caller). */
 export function validateJobRequest(body: unknown): JobRequest {

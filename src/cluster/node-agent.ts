@@ -34,8 +34,10 @@ export interface NodeAgentOptions {
   etcd: Etcd3;
   credential: ClusterCredential;
   shim: ShimNode;
-  /** The node's API as gateways reach it. */
+  /** The node's API as its operator reaches it. */
   url: string;
+  /** The node's shim protocol as gateways reach it. */
+  shimUrl: string;
   dataDir: string;
   pool: Pool;
   labels: Record<string, string>;
@@ -356,6 +358,7 @@ export class NodeAgent {
     return {
       id: this.nodeId,
       url: this.opts.url,
+      shim: this.opts.shimUrl,
       pool: this.opts.pool,
       labels: this.opts.labels,
       epoch: this.epoch,

@@ -34,8 +34,10 @@ export interface NodeImage {
 /** What a node publishes about itself (under its lease, about once a second). */
 export interface NodeRecord {
   id: string;
-  /** Base URL of the node's API. */
+  /** Base URL of the node's API (for its operator). */
   url: string;
+  /** Base URL of the node's shim protocol: what gateways call (docs/shim-protocol.md). */
+  shim: string;
   pool: Pool;
   labels: Record<string, string>;
   /** Registration generation: bumped each time the node re-registers after losing its lease. */

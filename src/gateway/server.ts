@@ -60,10 +60,32 @@ export interface GatewayOptions {
   shell?: Pick<ShellOptions, 'highWaterBytes' | 'stallTimeoutMs' | 'bufferBudgetBytes'>;
   /** Idempotency keys: window and stored output bound (docs/idempotency.md). */
   idempotency?: IdempotencyOptions;
-  /** Who may call (default: the tokens in `db`); a cluster node also accepts gateway-signed assertions. */
+  /** Who may call (default: the tokens in `db`; a cluster gateway: the accounts in etcd). */
   auth?: Accounts;
   /** The node's machine, when it is not this one: creates are checked against its cpus and memory. */
   nodeHost?: { cpus: number; memoryMb: number };
+  /** What a deployment adds to the standard API (a cluster: its nodes, jobs and distributed policy). */
+  extension?: GatewayExtension;
+}
+
+/**
+ * Routes and answers a deployment adds to the standard API. The gateway is
+ * the same everywhere; `warren gateway` (a cluster) serves its policy from
+ * etcd in place of the node's policy directory, and adds its own routes.
+ */
+export interface GatewayExtension {
+  /** Registered in place of the node's policy routes (GET /v1/policy, POST /v1/policy/apply). */
+  policyRoutes?: (app: HyperExpress.Server, ctx: GatewayContext) => void;
+  /** Registered after the standard routes. */
+  routes?: (app: HyperExpress.Server, ctx: GatewayContext) => void;
+  /** Merged into GET /v1/health. */
+  health?: () => Promise<Record<string, unknown>>;
+  /**
+   * Whether this gateway is the only one following the node's supervised execs (default true):
+   * then, at start, it removes the runs no key of its own names. Several gateways of a cluster
+   * share the nodes and must not remove each other's.
+   */
+  soleGateway?: boolean;
 }
 
 export interface Gateway {
@@ -151,14 +173,16 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
     followed.set(rec.scope.sandbox, runs);
   }
   // Runs nobody will ask for (their key went, a crash before it was written) are removed once ended.
-  void opts.shim
-    .listSandboxes()
-    .then((list) => {
-      for (const sb of list) {
-        void opts.shim.sweepSupervised(sb.id, followed.get(sb.id) ?? new Set()).catch((err: Error) => log(`idempotency: sweeping supervised execs of ${sb.id} failed: ${err.message}`));
-      }
-    })
-    .catch((err: Error) => log(`idempotency: listing sandboxes to sweep failed: ${err.message}`));
+  if (opts.extension?.soleGateway !== false) {
+    void opts.shim
+      .listSandboxes()
+      .then((list) => {
+        for (const sb of list) {
+          void opts.shim.sweepSupervised(sb.id, followed.get(sb.id) ?? new Set()).catch((err: Error) => log(`idempotency: sweeping supervised execs of ${sb.id} failed: ${err.message}`));
+        }
+      })
+      .catch((err: Error) => log(`idempotency: listing sandboxes to sweep failed: ${err.message}`));
+  }
   let collecting = false;
   const collectKeys = () => {
     if (collecting) return;
@@ -182,14 +206,15 @@ export async function createGateway(opts: GatewayOptions): Promise<Gateway> {
 
   app.set_error_handler((_req, res, err) => sendError(res, err, log, true));
 
-  registerSystemRoutes(app, ctx);
-  registerPolicyRoutes(app, ctx);
+  registerSystemRoutes(app, ctx, opts.extension?.health);
+  (opts.extension?.policyRoutes ?? registerPolicyRoutes)(app, ctx);
   registerSandboxRoutes(app, ctx);
   registerFileRoutes(app, ctx);
   registerImageRoutes(app, ctx);
   registerEnvironmentRoutes(app, ctx);
   registerFunctionRoutes(app, ctx);
   registerUiRoutes(app, ctx);
+  opts.extension?.routes?.(app, ctx);
   const shells = registerShellRoutes(app, ctx, { ...opts.shell, allowedOrigins: opts.allowedOrigins ?? [], reclaimer });
   const screens = registerScreenRoutes(app, ctx, { allowedOrigins: opts.allowedOrigins ?? [] });
 

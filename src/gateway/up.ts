@@ -18,12 +18,11 @@ import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
 import { raiseHostLimits } from '../shim/host-tunables';
 import type { CapacityOptions } from '../shim/capacity';
-import { Auth, type Quota, localAccounts } from './auth';
+import { Auth, type Quota } from './auth';
 import { type GatewayOptions, createGateway } from './server';
 import { ClusterCredential } from '../cluster/credential';
 import { type EtcdConfig, openEtcd } from '../cluster/etcd';
 import { NodeAgent, admissionShim } from '../cluster/node-agent';
-import { ClusterNodeAuth } from '../cluster/node-auth';
 import type { Pool } from '../cluster/placement';
 
 export interface StartOptions {
@@ -72,8 +71,10 @@ export interface NodeClusterOptions {
   maxSandboxes: number;
   leaseTtlS?: number;
   createWindow?: number;
-  /** URL gateways reach this node at (default: the listen URL). */
+  /** URL this node's API is reached at (default: the listen URL). */
   advertiseUrl?: string;
+  /** URL gateways reach this node's shim protocol at (default: its listening port on the host of advertiseUrl). */
+  advertiseShimUrl?: string;
   /** This node mounts layers it lacks from the registry on demand (placement may send it requests for staged layers). */
   lazyLayers?: boolean;
 }
@@ -138,7 +139,6 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
         })
       : new LocalShim(shim);
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
-    if (credential) gatewayOpts.auth = localAccounts(new ClusterNodeAuth(db, credential));
     if (opts.allowedOrigins !== undefined) gatewayOpts.allowedOrigins = opts.allowedOrigins;
     if (opts.log !== undefined) gatewayOpts.log = opts.log;
     if (opts.defaultQuota !== undefined) gatewayOpts.defaultQuota = opts.defaultQuota;
@@ -147,9 +147,12 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.idempotency !== undefined) gatewayOpts.idempotency = opts.idempotency;
     const gateway = await createGateway(gatewayOpts);
     let shimServer: ShimServer | null = null;
-    if (opts.shimListen) {
+    // A cluster node always serves the shim protocol: it is how gateways reach it. Its token is
+    // derived from the cluster credential, so the gateways need nothing but the credential.
+    const shimListen = credential ? { host: opts.shimListen?.host ?? opts.host, port: opts.shimListen?.port ?? 0, token: credential.shimToken(shim.nodeId) } : opts.shimListen;
+    if (shimListen) {
       try {
-        shimServer = await serveShim({ shim: served, token: opts.shimListen.token, host: opts.shimListen.host, port: opts.shimListen.port, ...(opts.log ? { log: opts.log } : {}) });
+        shimServer = await serveShim({ shim: served, token: shimListen.token, host: shimListen.host, port: shimListen.port, ...(opts.log ? { log: opts.log } : {}) });
       } catch (err) {
         await gateway.close();
         throw err;
@@ -159,7 +162,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     const etcd = opts.cluster && credential ? openEtcd(opts.cluster.etcd) : null;
     if (opts.cluster && credential && etcd) {
       const c = opts.cluster;
-      const agentOpts: ConstructorParameters<typeof NodeAgent>[0] = { etcd, credential, shim, url: c.advertiseUrl ?? gateway.url, dataDir: opts.dataDir, pool: c.pool, labels: c.labels, maxSandboxes: c.maxSandboxes };
+      const agentOpts: ConstructorParameters<typeof NodeAgent>[0] = { etcd, credential, shim, url: c.advertiseUrl ?? gateway.url, shimUrl: advertisedShimUrl(shimServer!.url, c), dataDir: opts.dataDir, pool: c.pool, labels: c.labels, maxSandboxes: c.maxSandboxes };
       if (c.leaseTtlS !== undefined) agentOpts.leaseTtlS = c.leaseTtlS;
       if (c.createWindow !== undefined) agentOpts.createWindow = c.createWindow;
       if (c.lazyLayers) agentOpts.lazyLayers = () => true;
@@ -200,4 +203,13 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     db.close();
     throw err;
   }
+}
+
+/** The shim protocol's URL as gateways reach it: its own advertised URL, else the listening one on the advertised host. */
+function advertisedShimUrl(listening: string, c: NodeClusterOptions): string {
+  if (c.advertiseShimUrl !== undefined) return c.advertiseShimUrl;
+  if (c.advertiseUrl === undefined) return listening;
+  const u = new URL(listening);
+  u.hostname = new URL(c.advertiseUrl).hostname;
+  return u.toString().replace(/\/$/, '');
 }

@@ -7,6 +7,7 @@ import type { Principal } from './access';
 import type { LanguagesInfo } from './fncall/manager';
 import type { RunCodeRequest, RunJupyterRequest, RunJupyterResponse } from './fncall/sandboxfusion';
 import type { InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, PoolStats } from './fncall/types';
+import type { PlacementAsk } from '../validation';
 
 export type { Principal } from './access';
 
@@ -167,6 +168,15 @@ export interface SandboxInfo {
   lifecycle?: SandboxLifecycleInfo;
   /** present when the sandbox has network (details: GET /v1/sandboxes/:id/network). */
   network?: { services: Record<string, boolean>; address: string };
+  /** How a cluster placed the create, when it was asked to explain (`?explain=1`). */
+  placement?: Record<string, unknown>;
+}
+
+/** How a create may be placed: asked of a cluster, ignored by a single node (it is the only one). */
+export interface CreateOptions {
+  placement?: PlacementAsk;
+  /** Answer the placement decision in the SandboxInfo's `placement`. */
+  explain?: boolean;
 }
 
 export interface ExecRequest {
@@ -633,7 +643,7 @@ export interface Shim {
    * without it the node itself asks (tests, node-internal callers) and may use
    * anything.
    */
-  createSandbox(spec: SandboxSpec, principal?: Principal): Promise<SandboxInfo>;
+  createSandbox(spec: SandboxSpec, principal?: Principal, opts?: CreateOptions): Promise<SandboxInfo>;
   getSandbox(id: string): Promise<SandboxInfo>;
   listSandboxes(filter?: SandboxFilter): Promise<SandboxInfo[]>;
   /** One page in id order after the cursor `after`; `next` names the next page's cursor. */

@@ -14,6 +14,7 @@ import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { Etcd3 } from 'etcd3';
 import { BUNDLED_POLICY_DIR } from '../../src/security/confinement';
+import { RemoteShim } from '../../src/shim/remote/client';
 import { type JobEvent, type JobStatus, WarrenClient, WarrenError } from '../../src/sdk';
 import { ClusterFixture, etcdReason, stopChild } from '../helpers/cluster';
 import { testUnless } from '../helpers/skip';
@@ -144,7 +145,7 @@ test.serial('creates faster than the node records show them still balance: the g
   });
 });
 
-test.serial('forged ids, unsigned node records and forged assertions are never routed', async (t) => {
+test.serial('forged ids, unsigned node records and forged tokens are never routed', async (t) => {
   let connections = 0;
   const trap = net.createServer((s) => {
     connections++;
@@ -157,7 +158,8 @@ test.serial('forged ids, unsigned node records and forged assertions are never r
     await withClients(async (a) => {
       t.is(await codeOf(a.getSandbox('zz-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
       t.is(await codeOf(a.getSandbox('n1-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
-      t.is(await codeOf(a.request('GET', '/v1/sandboxes/..%2f..%2fetc-0123456789abcdef')), 'SANDBOX_NOT_FOUND');
+      // the cluster gateway is the standard gateway: a malformed id is refused before any routing
+      t.is(await codeOf(a.request('GET', '/v1/sandboxes/..%2f..%2fetc-0123456789abcdef')), 'INVALID_ID');
       // a record written without the cluster credential
       const before = f.gateways[0]!.log.join('').split('without a valid cluster signature').length;
       await etcd.put('/warren/nodes/evil').value(JSON.stringify({ id: 'evil', url: trapUrl, pool: 'onprem', epoch: 1, sig: 'AAAA' })).exec();
@@ -167,7 +169,7 @@ test.serial('forged ids, unsigned node records and forged assertions are never r
       t.false(nodes.nodes.some((n) => n.id === 'evil'));
       t.is(connections, 0, 'nothing was sent to the host the forged record named');
     });
-    // a node's API: a forged assertion is refused; the gateway does not take a node's local token
+    // a node's API refuses a forged token (the old gateway-signed assertion form among them); the gateway does not take a node's local token
     const n1 = f.node('n1');
     const forged = new WarrenClient({ url: n1.url, token: `wrc_${Buffer.from(JSON.stringify({ id: 'x', name: 'x', role: 'admin', createdAt: 'x', exp: 1e15 })).toString('base64url')}.AAAA` });
     t.is(await codeOf(forged.listSandboxes()), 'UNAUTHENTICATED');
@@ -175,6 +177,15 @@ test.serial('forged ids, unsigned node records and forged assertions are never r
     const local = new WarrenClient({ url: f.gateways[0]!.url, token: n1.adminToken });
     t.is(await codeOf(local.listSandboxes()), 'UNAUTHENTICATED');
     await local.close();
+    // a node's shim protocol takes only its own token: not another node's, not the credential itself
+    const admin = f.client(f.gateways[0]);
+    const shimUrl = (await admin.requestJson<{ nodes: { id: string; shim: string }[] }>('GET', '/v1/cluster/nodes')).nodes.find((n) => n.id === 'n1')!.shim;
+    await admin.close();
+    t.is(await codeOf(RemoteShim.connect({ url: shimUrl, token: f.credential.shimToken('n2') })), 'UNAUTHENTICATED');
+    t.is(await codeOf(RemoteShim.connect({ url: shimUrl, token: readFileSync(f.credentialFile, 'utf8').trim() })), 'UNAUTHENTICATED');
+    const own = await RemoteShim.connect({ url: shimUrl, token: f.credential.shimToken('n1') });
+    t.is(own.nodeId, 'n1');
+    await own.close();
   } finally {
     await etcd.delete().key('/warren/nodes/evil').exec();
     etcd.close();

@@ -1,7 +1,7 @@
 /** Sandboxes: create, list, get, delete, exec, sessions; lifecycle: pause, resume, hibernate, extend, pack. */
 import type { Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
-import type { BackendName, SandboxSpec } from '../../shim/types';
+import type { BackendName, CreateOptions, SandboxSpec } from '../../shim/types';
 import { type Account, type Usage, can, checkQuota, principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed, present, raceSafe, sandboxFor } from '../context';
 import { queryOf, queryOne, readJson, rejectUnknownQuery, sendEmpty, sendJson } from '../http';
@@ -16,6 +16,7 @@ import {
   validateNetworkServices,
   validateOutputEncoding,
   validatePackRequest,
+  validatePlacementAsk,
 } from '../../validation';
 
 /** Sandbox creations in flight per account (counted against quotas until they are listed). */
@@ -87,17 +88,23 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
   app.post(
     '/v1/sandboxes',
     authed(ctx, async (req, res, account) => {
-      rejectUnknownQuery(queryOf(req), []);
+      const q = queryOf(req);
+      rejectUnknownQuery(q, ['explain']);
+      const explain = queryOne(q, 'explain');
+      if (explain !== undefined && explain !== '1' && explain !== '0') throw new WarrenError('INVALID_ARGUMENT', 'explain must be 1 or 0', { field: 'explain' });
       const body = await readJson(req);
-      const backends = (await ctx.shim.features()).backends;
-      const availableBackends = (Object.keys(backends) as BackendName[]).filter((b) => backends[b]?.available);
-      const spec = validateCreateRequest(body, { owner: account.id, host: ctx.host, availableBackends });
+      // `placement` is a cluster's to act on (a single node is the only node); the rest is the sandbox
+      const { placement, ...rest } = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : { placement: undefined };
+      const features = await ctx.shim.features();
+      const availableBackends = (Object.keys(features.backends) as BackendName[]).filter((b) => features.backends[b]?.available);
+      const spec = validateCreateRequest(typeof body === 'object' && body !== null && !Array.isArray(body) ? rest : body, { owner: account.id, host: features.host ?? ctx.host, availableBackends });
+      const createOpts: CreateOptions = { placement: validatePlacementAsk(placement), explain: explain === '1' };
       // Roles: runtime accounts create only from published environments and node
       // images, builders also from their own packs, admins from anything; the
       // shim checks every reference (src/shim/access.ts).
       const principal = principalOf(account);
       await ctx.shim.authorizeContent(principal, spec);
-      const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec, principal));
+      const info = await withQuota(ctx, account, spec, () => ctx.shim.createSandbox(spec, principal, createOpts));
       sendJson(res, 201, present(account, info));
     }),
   );

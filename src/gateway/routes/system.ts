@@ -5,15 +5,17 @@ import { type GatewayContext, authed, open } from '../context';
 import { queryOf, readJson, rejectUnknownQuery, sendJson } from '../http';
 import { validateAccountRequest } from '../../validation';
 
-export function registerSystemRoutes(app: Server, ctx: GatewayContext): void {
+/** `health`: what the deployment adds to the answer (a cluster gateway: whether etcd answers). */
+export function registerSystemRoutes(app: Server, ctx: GatewayContext, health?: () => Promise<Record<string, unknown>>): void {
   app.get(
     '/v1/health',
-    open(ctx, (_req, res) => {
+    open(ctx, async (_req, res) => {
       sendJson(res, 200, {
         status: 'ok',
         node: ctx.shim.nodeId,
         version: ctx.version,
         uptimeS: Math.floor((Date.now() - ctx.startedAt) / 1000),
+        ...(health ? await health() : {}),
       });
     }),
   );

@@ -1,0 +1,408 @@
+/**
+ * The whole cluster as one Shim: what `warren gateway` serves the standard
+ * API (REST, shells, files, lifecycle, the dashboard) over. It holds one
+ * RemoteShim per node, to the node's shim protocol, and
+ *
+ * - routes everything about a sandbox by the node its id names, with no
+ *   lookup: the node must be a member (a record signed with the cluster
+ *   credential), else SANDBOX_NOT_FOUND; a node that lost its lease answers
+ *   SANDBOX_LOST for every id it named;
+ * - places creates (placement.ts) and places a refusal (full, fenced,
+ *   unreachable) again on another node;
+ * - fans lists, usage and label-selector pauses out over the live nodes and
+ *   merges their answers (pages stay sorted by id across nodes). A node that
+ *   does not answer is left out of a list, and named in the log.
+ *
+ * Nothing here reaches a node in any other way, so a node is exactly what
+ * its shim protocol offers (docs/shim-protocol.md).
+ */
+import type { Duplex, Readable } from 'node:stream';
+import { WarrenError, asWarrenError } from '../errors';
+import type { Principal } from '../shim/access';
+import { RemoteShim } from '../shim/remote/client';
+import type {
+  BackendName,
+  BackendStatus,
+  CapturedExec,
+  ContentRefs,
+  CreateOptions,
+  DirWatch,
+  EnvironmentInfo,
+  ExecRequest,
+  ExecResult,
+  ExecStream,
+  FeatureReport,
+  FileEntry,
+  ImageInfo,
+  ImportImageRequest,
+  LiveExec,
+  OpenSessionOptions,
+  PackRequest,
+  PackResult,
+  PauseResult,
+  ResumeResult,
+  SandboxFilter,
+  SandboxInfo,
+  SandboxNetworkInfo,
+  SandboxSpec,
+  SandboxStats,
+  SandboxUsage,
+  SessionAttachment,
+  SessionInfo,
+  Shim,
+} from '../shim/types';
+import type { PlacementAsk } from '../validation';
+import type { ClusterCredential } from './credential';
+import type { Membership } from './membership';
+import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
+
+export interface ClusterShimOptions {
+  members: Membership;
+  credential: ClusterCredential;
+  /** Power-of-k choices (default 2). */
+  k?: number;
+  /** On-prem utilisation above which eligible requests go to the overflow pool (default 0.8). */
+  overflowThreshold?: number;
+  /** Sandboxes of an account across the cluster (node records and jobs: the gateway's count). */
+  usageOf: (owner: string) => number;
+  log: (line: string) => void;
+}
+
+/** Refusals a create is placed again for: the node is full, fenced or did not answer. */
+const REPLACEABLE = new Set(['RESOURCE_EXHAUSTED', 'NODE_AT_CAPACITY', 'NODE_FENCED', 'UNAVAILABLE']);
+/** Nodes a create tries before it gives up. */
+const MAX_ATTEMPTS = 5;
+
+interface Connection {
+  url: string;
+  epoch: number;
+  shim: Promise<RemoteShim>;
+}
+
+export class ClusterShim implements Shim {
+  readonly nodeId = 'cluster';
+  private readonly conns = new Map<string, Connection>();
+  /** Creates this gateway has sent to a node and not seen answered. */
+  private readonly inflight = new Map<string, number>();
+  private closed = false;
+
+  constructor(private readonly opts: ClusterShimOptions) {}
+
+  // ---------------------------------------------------------------- nodes
+
+  /** The node a sandbox id names; one this gateway's copy does not know yet (just registered) is read from etcd. */
+  async nodeOf(id: string): Promise<NodeRecord> {
+    const m = this.opts.members;
+    const nodeId = nodeOfSandbox(id);
+    const notFound = new WarrenError('SANDBOX_NOT_FOUND', `sandbox "${id}" not found`, { id });
+    if (nodeId === null) throw notFound;
+    const rec = m.nodes.get(nodeId) ?? (m.lost.has(nodeId) ? undefined : await m.readNode(nodeId));
+    if (rec) return rec;
+    if (m.lost.has(nodeId)) throw new WarrenError('SANDBOX_LOST', `sandbox "${id}" was on node ${nodeId}, which lost its cluster lease: the sandbox is lost`, { id, node: nodeId });
+    throw notFound;
+  }
+
+  /**
+   * The shim of node `rec`, connected once per registration. A node that
+   * registers again (a new epoch, or a new address) gets a new connection; a
+   * connection that failed is not kept, so the next call tries again.
+   */
+  node(rec: NodeRecord): Promise<RemoteShim> {
+    if (this.closed) return Promise.reject(new WarrenError('UNAVAILABLE', 'the gateway is shutting down'));
+    const cur = this.conns.get(rec.id);
+    if (cur && cur.url === rec.shim && cur.epoch === rec.epoch) return cur.shim;
+    if (cur) void cur.shim.then((s) => s.close()).catch(() => undefined);
+    const shim = (async () => {
+      if (typeof rec.shim !== 'string' || rec.shim === '') throw new WarrenError('UNAVAILABLE', `node ${rec.id} does not advertise a shim protocol URL (an older node?)`, { node: rec.id });
+      const s = await RemoteShim.connect({ url: rec.shim, token: this.opts.credential.shimToken(rec.id) });
+      if (s.nodeId !== rec.id) {
+        await s.close();
+        throw new WarrenError('UNAVAILABLE', `the shim protocol at ${rec.shim} is node ${s.nodeId}, not ${rec.id}`, { node: rec.id });
+      }
+      return s;
+    })();
+    const conn: Connection = { url: rec.shim, epoch: rec.epoch, shim };
+    this.conns.set(rec.id, conn);
+    shim.catch(() => {
+      if (this.conns.get(rec.id) === conn) this.conns.delete(rec.id);
+    });
+    return shim;
+  }
+
+  /** Run `fn` on the node sandbox `id` is on. */
+  private async on<T>(id: string, fn: (s: RemoteShim) => Promise<T>): Promise<T> {
+    return fn(await this.node(await this.nodeOf(id)));
+  }
+
+  /** `fn` on every live node; the nodes that did not answer are logged and left out. */
+  private async everyNode<T>(what: string, fn: (s: RemoteShim, rec: NodeRecord) => Promise<T>): Promise<T[]> {
+    const out: T[] = [];
+    const unreachable: string[] = [];
+    await Promise.all(
+      this.opts.members.live().map(async (rec) => {
+        try {
+          out.push(await fn(await this.node(rec), rec));
+        } catch (err) {
+          if (asWarrenError(err).code !== 'UNAVAILABLE') throw err;
+          unreachable.push(rec.id);
+        }
+      }),
+    );
+    if (unreachable.length > 0) this.opts.log(`cluster: ${what}: node${unreachable.length > 1 ? 's' : ''} ${unreachable.sort().join(', ')} did not answer and ${unreachable.length > 1 ? 'are' : 'is'} left out`);
+    return out;
+  }
+
+  /** What the node records do not show yet: creates in flight and those done since each node's last record. */
+  reservedNow(): Map<string, number> {
+    const r = new Map(this.inflight);
+    for (const [n, c] of this.opts.members.uncountedCreates()) r.set(n, (r.get(n) ?? 0) + c);
+    return r;
+  }
+
+  // ---------------------------------------------------------------- the node-wide calls
+
+  async features(): Promise<FeatureReport> {
+    const backends: Partial<Record<BackendName, BackendStatus>> = {};
+    let cpus = 1;
+    let memoryMb = 256;
+    const live = this.opts.members.live();
+    for (const n of live) {
+      for (const b of n.backends) backends[b] = { available: true };
+      cpus = Math.max(cpus, n.capacity.cpus);
+      memoryMb = Math.max(memoryMb, n.capacity.memoryMb);
+    }
+    for (const b of ['container', 'microvm', 'vm'] as const) backends[b] ??= { available: false, reason: live.length === 0 ? 'no node is registered in the cluster' : 'no registered node offers it' };
+    return {
+      node: this.nodeId,
+      kernel: 'per node (GET /v1/cluster/nodes)',
+      cgroup: { version: 2, controllers: [], bpfHierarchy: null },
+      features: {},
+      backends: backends as Record<BackendName, BackendStatus>,
+      functions: { available: false, reason: 'FnCall pools run on a node: call the node, or `warren gateway --node URL`' },
+      enforcer: 'per node',
+      // the largest machine: a create bigger than every node is refused before it is placed
+      host: { cpus, memoryMb },
+    };
+  }
+
+  async createSandbox(spec: SandboxSpec, principal?: Principal, opts: CreateOptions = {}): Promise<SandboxInfo> {
+    const ask: PlacementAsk = opts.placement ?? {};
+    const req: PlacementRequest = { backend: spec.backend, image: spec.image, workspaces: spec.workspaces, toolkits: spec.toolkits };
+    if (ask.nodeSelector) req.nodeSelector = ask.nodeSelector;
+    if (ask.nodes) req.nodes = ask.nodes;
+    const exclude = new Set<string>();
+    let lastErr: WarrenError | null = null;
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      const placed = placeMany(this.opts.members.live(), req, 1, { k: this.opts.k ?? 2, overflowThreshold: this.opts.overflowThreshold ?? 0.8, staged: this.opts.members.staged, reserved: this.reservedNow(), exclude });
+      const nodeId = [...placed.counts.keys()][0];
+      if (nodeId === undefined) {
+        if (lastErr) throw lastErr;
+        throw new WarrenError('RESOURCE_EXHAUSTED', 'no node can take this sandbox now', { explain: placed.explain, retryAfterS: 1 });
+      }
+      const rec = this.opts.members.nodes.get(nodeId)!;
+      this.inflight.set(nodeId, (this.inflight.get(nodeId) ?? 0) + 1);
+      try {
+        const info = await (await this.node(rec)).createSandbox(spec, principal);
+        this.opts.members.notePlaced(nodeId, info.createdAt);
+        return opts.explain ? { ...info, placement: { ...placed.explain, attempts: attempt + 1, refusedBy: [...exclude] } } : info;
+      } catch (err) {
+        const e = asWarrenError(err);
+        if (!REPLACEABLE.has(e.code)) throw e;
+        exclude.add(nodeId);
+        lastErr = e;
+      } finally {
+        const n = (this.inflight.get(nodeId) ?? 1) - 1;
+        if (n > 0) this.inflight.set(nodeId, n);
+        else this.inflight.delete(nodeId);
+      }
+    }
+    throw lastErr ?? new WarrenError('RESOURCE_EXHAUSTED', 'no node admitted the sandbox');
+  }
+
+  async listSandboxes(filter?: SandboxFilter): Promise<SandboxInfo[]> {
+    const lists = await this.everyNode('list', (s) => s.listSandboxes(filter));
+    return lists.flat().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  /** A page across the nodes: each node's page after the same id, merged by id, cut at the limit. */
+  async listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string }> {
+    const pages = await this.everyNode('list', (s) => s.listSandboxesPage(filter, page));
+    const all = pages.flatMap((p) => p.sandboxes).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const more = all.length > page.limit || pages.some((p) => p.next !== undefined);
+    const sandboxes = all.slice(0, page.limit);
+    const last = sandboxes.at(-1);
+    return more && last !== undefined ? { sandboxes, next: last.id } : { sandboxes };
+  }
+
+  /** Cluster-wide quotas count sandboxes; cpu and memory are each node's admission. */
+  async sandboxUsage(owner: string): Promise<SandboxUsage> {
+    return { sandboxes: this.opts.usageOf(owner), cpu: 0, memoryMb: 0 };
+  }
+
+  async pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]> {
+    return (await this.everyNode('pause', (s) => s.pauseSandboxes(filter))).flat();
+  }
+
+  async resumeSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<ResumeResult[]> {
+    return (await this.everyNode('resume', (s) => s.resumeSandboxes(filter))).flat();
+  }
+
+  /** Images across the nodes, one entry per name and digest. */
+  async listImages(principal?: Principal): Promise<ImageInfo[]> {
+    const byDigest = new Map<string, ImageInfo>();
+    for (const list of await this.everyNode('images', (s) => s.listImages(principal))) for (const i of list) byDigest.set(`${i.name}@${i.digest}`, i);
+    return [...byDigest.values()];
+  }
+
+  async importImage(_req: ImportImageRequest): Promise<ImageInfo> {
+    throw new WarrenError('NOT_SUPPORTED', 'a cluster imports images through its registry: `warren image push` on a node, then nodes load them on demand (docs/cluster.md)');
+  }
+
+  /** A node that can check `refs` for `principal`: one whose record holds the image, else any live one. */
+  private probe(image: string | undefined): NodeRecord {
+    const live = this.opts.members.live();
+    if (live.length === 0) throw new WarrenError('RESOURCE_EXHAUSTED', 'no node is registered in the cluster', { retryAfterS: 1 });
+    return live.find((n) => image !== undefined && n.images.some((i) => i.name === image || i.digest === image || `${i.name}:latest` === image)) ?? live[0]!;
+  }
+
+  /** Checked on a node that holds the image; the node a create lands on checks again for itself. */
+  async authorizeContent(principal: Principal, refs: ContentRefs): Promise<void> {
+    await (await this.node(this.probe(refs.image))).authorizeContent(principal, refs);
+  }
+
+  async environment(ref: string, principal?: Principal): Promise<EnvironmentInfo | null> {
+    for (const e of await this.everyNode('environments', (s) => s.environment(ref, principal))) if (e !== null) return e;
+    return null;
+  }
+
+  async listEnvironments(principal?: Principal): Promise<EnvironmentInfo[]> {
+    const byDigest = new Map<string, EnvironmentInfo>();
+    for (const list of await this.everyNode('environments', (s) => s.listEnvironments(principal))) for (const e of list) byDigest.set(`${e.name}@${e.digest}`, e);
+    return [...byDigest.values()];
+  }
+
+  /** Packs live on the node that made them: the first node that knows the name publishes it. */
+  async publishEnvironment(name: string, published: boolean): Promise<EnvironmentInfo> {
+    let lastErr: unknown = new WarrenError('NOT_FOUND', `no environment ${JSON.stringify(name).slice(0, 80)}`);
+    for (const rec of this.opts.members.live()) {
+      try {
+        return await (await this.node(rec)).publishEnvironment(name, published);
+      } catch (err) {
+        const code = asWarrenError(err).code;
+        if (code !== 'NOT_FOUND' && code !== 'IMAGE_NOT_FOUND' && code !== 'UNAVAILABLE') throw err;
+        lastErr = err;
+      }
+    }
+    throw lastErr;
+  }
+
+  // ---------------------------------------------------------------- one sandbox: routed by its id
+
+  getSandbox(id: string): Promise<SandboxInfo> {
+    return this.on(id, (s) => s.getSandbox(id));
+  }
+  deleteSandbox(id: string): Promise<void> {
+    return this.on(id, (s) => s.deleteSandbox(id));
+  }
+  exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    return this.on(id, (s) => s.exec(id, req));
+  }
+  execCaptured(id: string, req: ExecRequest): Promise<CapturedExec> {
+    return this.on(id, (s) => s.execCaptured(id, req));
+  }
+  execLive(id: string, req: ExecRequest): Promise<LiveExec> {
+    return this.on(id, (s) => s.execLive(id, req));
+  }
+  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    return this.on(id, (s) => s.execStream(id, req));
+  }
+  supervisedReason(id: string): Promise<string | null> {
+    return this.on(id, (s) => s.supervisedReason(id));
+  }
+  execSupervised(id: string, req: ExecRequest, runId: string): Promise<LiveExec> {
+    return this.on(id, (s) => s.execSupervised(id, req, runId));
+  }
+  followSupervised(id: string, runId: string): Promise<LiveExec | null> {
+    return this.on(id, (s) => s.followSupervised(id, runId));
+  }
+  dropSupervised(id: string, runId: string): Promise<void> {
+    return this.on(id, (s) => s.dropSupervised(id, runId));
+  }
+  sweepSupervised(id: string, keep: ReadonlySet<string>): Promise<number> {
+    return this.on(id, (s) => s.sweepSupervised(id, keep));
+  }
+  readFile(id: string, path: string, maxBytes: number): Promise<Buffer> {
+    return this.on(id, (s) => s.readFile(id, path, maxBytes));
+  }
+  writeFile(id: string, path: string, data: Buffer, mode?: number): Promise<void> {
+    return this.on(id, (s) => s.writeFile(id, path, data, mode));
+  }
+  listDir(id: string, path: string): Promise<FileEntry[]> {
+    return this.on(id, (s) => s.listDir(id, path));
+  }
+  watchDir(id: string, path: string, opts: { recursive: boolean }): Promise<DirWatch> {
+    return this.on(id, (s) => s.watchDir(id, path, opts));
+  }
+  uploadTar(id: string, dir: string, tar: Buffer): Promise<{ entries: number }> {
+    return this.on(id, (s) => s.uploadTar(id, dir, tar));
+  }
+  downloadTar(id: string, path: string): Promise<Readable> {
+    return this.on(id, (s) => s.downloadTar(id, path));
+  }
+  screenshot(id: string, opts?: { width?: number }): Promise<{ png: Buffer; width: number; height: number }> {
+    return this.on(id, (s) => offered(s, 'screenshot')(id, opts));
+  }
+  sendInput(id: string, actions: unknown): Promise<{ actions: number; events: number }> {
+    return this.on(id, (s) => offered(s, 'sendInput')(id, actions));
+  }
+  openVnc(id: string): Promise<Duplex> {
+    return this.on(id, (s) => offered(s, 'openVnc')(id));
+  }
+  openSession(id: string, opts: OpenSessionOptions): Promise<SessionAttachment> {
+    return this.on(id, (s) => s.openSession(id, opts));
+  }
+  attachSession(id: string, sessionId: string, fromOffset: number): Promise<SessionAttachment> {
+    return this.on(id, (s) => s.attachSession(id, sessionId, fromOffset));
+  }
+  listSessions(id: string): Promise<SessionInfo[]> {
+    return this.on(id, (s) => s.listSessions(id));
+  }
+  pauseSandbox(id: string): Promise<PauseResult> {
+    return this.on(id, (s) => s.pauseSandbox(id));
+  }
+  resumeSandbox(id: string): Promise<ResumeResult> {
+    return this.on(id, (s) => s.resumeSandbox(id));
+  }
+  hibernateSandbox(id: string): Promise<PauseResult> {
+    return this.on(id, (s) => s.hibernateSandbox(id));
+  }
+  extendSandbox(id: string, req: { seconds?: number; ttlSeconds?: number }): Promise<SandboxInfo> {
+    return this.on(id, (s) => s.extendSandbox(id, req));
+  }
+  packSandbox(id: string, req: PackRequest, owner: string): Promise<PackResult> {
+    return this.on(id, (s) => s.packSandbox(id, req, owner));
+  }
+  updateNetwork(id: string, change: Record<string, boolean>): Promise<SandboxNetworkInfo> {
+    return this.on(id, (s) => s.updateNetwork(id, change));
+  }
+  networkInfo(id: string): Promise<SandboxNetworkInfo> {
+    return this.on(id, (s) => s.networkInfo(id));
+  }
+  sandboxStats(id: string): Promise<SandboxStats | null> {
+    return this.on(id, (s) => (s.sandboxStats ? s.sandboxStats(id) : Promise.resolve(null)));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    const conns = [...this.conns.values()];
+    this.conns.clear();
+    await Promise.all(conns.map((c) => c.shim.then((s) => s.close()).catch(() => undefined)));
+  }
+}
+
+/** An optional method of a node's shim, or NOT_SUPPORTED when the node does not offer it. */
+function offered<K extends 'screenshot' | 'sendInput' | 'openVnc'>(s: Shim, name: K): NonNullable<Shim[K]> {
+  const f = s[name];
+  if (typeof f !== 'function') throw new WarrenError('NOT_SUPPORTED', `node ${s.nodeId} does not offer ${name}`);
+  return (f as (...args: never[]) => unknown).bind(s) as NonNullable<Shim[K]>;
+}
