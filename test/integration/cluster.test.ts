@@ -96,6 +96,22 @@ test.serial('creates spread over the on-prem nodes, honour node labels, explain 
       await shell.close();
       const listed = await b.listSandboxes();
       for (const id of ids) t.true(listed.some((s) => s.id === id));
+      // pages of 2 across the nodes: in id order, each sandbox once
+      const paged: string[] = [];
+      let after: string | undefined;
+      for (let pages = 0; pages < 50; pages++) {
+        const page = await b.listSandboxesPage(after === undefined ? { limit: 2 } : { limit: 2, after });
+        t.true(page.sandboxes.length <= 2);
+        paged.push(...page.sandboxes.map((s) => s.id));
+        if (page.next === undefined) break;
+        after = page.next;
+      }
+      t.deepEqual(paged, listed.map((s) => s.id).sort());
+      t.is(new Set(paged).size, paged.length);
+      // files go through the cluster gateway to the sandbox's node and back
+      const onN2 = await b.getSandbox(zoned.id);
+      await onN2.writeFile('/tmp/through-cluster.txt', 'written via the cluster\n');
+      t.is((await (await a.getSandbox(zoned.id)).readFile('/tmp/through-cluster.txt')).toString(), 'written via the cluster\n');
       for (const id of ids.splice(0)) await a.deleteSandbox(id);
       t.is(await codeOf(b.getSandbox(placed[1]!.id)), 'SANDBOX_NOT_FOUND');
     } finally {
