@@ -35,6 +35,7 @@ import type {
   FileEntry,
   ImageInfo,
   ImportImageRequest,
+  ImportProgress,
   LiveExec,
   OpenSessionOptions,
   PackRequest,
@@ -53,11 +54,35 @@ import type {
 } from '../shim/types';
 import type { PlacementAsk } from '../validation';
 import type { ClusterCredential } from './credential';
-import type { Membership } from './membership';
 import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
 
+/**
+ * What a ClusterShim knows of the nodes. In `warren gateway` it is the
+ * Membership kept from etcd; any other source of signed node records works
+ * the same way.
+ */
+export interface NodeDirectory {
+  /** The live node records by id (verified ones only). */
+  readonly nodes: ReadonlyMap<string, NodeRecord>;
+  /** Node -> the epochs it lost its lease in. */
+  readonly lost: ReadonlyMap<string, ReadonlySet<number>>;
+  /** Layer digests staged for the overflow pool. */
+  readonly staged: ReadonlySet<string>;
+  live(): NodeRecord[];
+  /** A record this copy does not hold yet (a node that has just registered), or undefined. */
+  readNode(id: string): Promise<NodeRecord | undefined>;
+  /** This gateway created sandbox `info` on `node` (its createdAt is the node's clock). */
+  notePlaced(node: string, info: Pick<SandboxInfo, 'createdAt' | 'owner' | 'limits'>): void;
+  /** Per node, the creates of this gateway its latest record does not count. */
+  uncountedCreates(): Iterable<[string, number]>;
+  /** What the creates of `owner` through this gateway add to the node records, which do not count them yet. */
+  uncountedUsage(owner: string): SandboxUsage;
+}
+
 export interface ClusterShimOptions {
-  members: Membership;
+  /** The name the cluster answers as (`nodeId`, in /v1/health); default "cluster". */
+  name?: string;
+  members: NodeDirectory;
   credential: ClusterCredential;
   /** Power-of-k choices (default 2). */
   k?: number;
@@ -79,14 +104,21 @@ interface Connection {
   shim: Promise<RemoteShim>;
 }
 
+/** How old a node's feature report may be before it is asked again. */
+const FEATURES_MAX_AGE_MS = 30_000;
+
 export class ClusterShim implements Shim {
-  readonly nodeId = 'cluster';
+  readonly nodeId: string;
   private readonly conns = new Map<string, Connection>();
+  private readonly reports = new Map<string, { epoch: number; at: number; report: FeatureReport }>();
+  private refreshing: Promise<void> | null = null;
   /** Creates this gateway has sent to a node and not seen answered. */
   private readonly inflight = new Map<string, number>();
   private closed = false;
 
-  constructor(private readonly opts: ClusterShimOptions) {}
+  constructor(private readonly opts: ClusterShimOptions) {
+    this.nodeId = opts.name ?? 'cluster';
+  }
 
   // ---------------------------------------------------------------- nodes
 
@@ -161,26 +193,88 @@ export class ClusterShim implements Shim {
 
   // ---------------------------------------------------------------- the node-wide calls
 
+  /**
+   * The nodes' own feature reports, asked again when older than 30 s (in the
+   * background: creates read features on every call). Only a node never
+   * asked is waited for.
+   */
+  private async nodeReports(live: NodeRecord[]): Promise<Array<[NodeRecord, FeatureReport]>> {
+    const now = Date.now();
+    const stale = live.filter((n) => {
+      const c = this.reports.get(n.id);
+      return c === undefined || c.epoch !== n.epoch || now - c.at > FEATURES_MAX_AGE_MS;
+    });
+    if (stale.length > 0) {
+      this.refreshing ??= Promise.all(
+        stale.map(async (rec) => {
+          try {
+            this.reports.set(rec.id, { epoch: rec.epoch, at: Date.now(), report: await (await this.node(rec)).features() });
+          } catch (err) {
+            this.opts.log(`cluster: features of node ${rec.id}: ${asWarrenError(err).message}`);
+          }
+        }),
+      ).then(
+        () => void (this.refreshing = null),
+        () => void (this.refreshing = null),
+      );
+      if (stale.some((n) => !this.reports.has(n.id))) await this.refreshing;
+    }
+    for (const id of this.reports.keys()) if (!live.some((n) => n.id === id)) this.reports.delete(id);
+    return live.flatMap((n) => {
+      const c = this.reports.get(n.id);
+      return c ? [[n, c.report] as [NodeRecord, FeatureReport]] : [];
+    });
+  }
+
+  /**
+   * The cluster's features: what every live node reports, merged. A kernel
+   * feature is supported when every node supports it (else the reason names
+   * the nodes); a backend is available when some node offers it (placement
+   * sends it there); the host is the largest machine, so a create bigger than
+   * every node is refused before it is placed. Per node: GET /v1/cluster/nodes.
+   */
   async features(): Promise<FeatureReport> {
-    const backends: Partial<Record<BackendName, BackendStatus>> = {};
+    const live = this.opts.members.live();
+    const reports = await this.nodeReports(live);
     let cpus = 1;
     let memoryMb = 256;
-    const live = this.opts.members.live();
     for (const n of live) {
-      for (const b of n.backends) backends[b] = { available: true };
       cpus = Math.max(cpus, n.capacity.cpus);
       memoryMb = Math.max(memoryMb, n.capacity.memoryMb);
     }
-    for (const b of ['container', 'microvm', 'vm'] as const) backends[b] ??= { available: false, reason: live.length === 0 ? 'no node is registered in the cluster' : 'no registered node offers it' };
+    const backends = {} as Record<BackendName, BackendStatus>;
+    for (const b of ['container', 'microvm', 'vm'] as const) {
+      const holders = live.filter((n) => n.backends.includes(b)).map((n) => n.id);
+      const status = reports.find(([n, r]) => holders.includes(n.id) && r.backends[b]?.available)?.[1].backends[b];
+      if (holders.length > 0) backends[b] = { ...(status ?? {}), available: true };
+      else backends[b] = { available: false, reason: live.length === 0 ? 'no node is registered in the cluster' : (reports.find(([, r]) => r.backends[b]?.reason)?.[1].backends[b]?.reason ?? 'no registered node offers it') };
+    }
+    const features: FeatureReport['features'] = {};
+    const names = new Set(reports.flatMap(([, r]) => Object.keys(r.features)));
+    for (const name of names) {
+      const missing = reports.filter(([, r]) => r.features[name]?.supported !== true);
+      if (missing.length === 0) {
+        features[name] = { supported: true };
+        continue;
+      }
+      const first = missing[0]![1].features[name];
+      const on = missing.map(([n]) => n.id).join(', ');
+      features[name] = { supported: false, reason: `${first?.reason ?? 'not reported'} (on ${on})`, ...(first?.action ? { action: first.action } : {}) };
+    }
+    const common = (values: string[], what: string): string => {
+      const distinct = [...new Set(values)];
+      if (distinct.length === 1) return distinct[0]!;
+      if (distinct.length === 0) return `${what}: no node reported`;
+      return `mixed: ${reports.map(([n, r]) => `${n.id}: ${what === 'kernel' ? r.kernel : r.enforcer}`).join('; ')}`;
+    };
     return {
       node: this.nodeId,
-      kernel: 'per node (GET /v1/cluster/nodes)',
-      cgroup: { version: 2, controllers: [], bpfHierarchy: null },
-      features: {},
-      backends: backends as Record<BackendName, BackendStatus>,
+      kernel: common(reports.map(([, r]) => r.kernel), 'kernel'),
+      cgroup: reports[0]?.[1].cgroup ?? { version: 2, controllers: [], bpfHierarchy: null },
+      features,
+      backends,
       functions: { available: false, reason: 'FnCall pools run on a node: call the node, or `warren gateway --node URL`' },
-      enforcer: 'per node',
-      // the largest machine: a create bigger than every node is refused before it is placed
+      enforcer: common(reports.map(([, r]) => r.enforcer), 'enforcer'),
       host: { cpus, memoryMb },
     };
   }
@@ -203,7 +297,7 @@ export class ClusterShim implements Shim {
       this.inflight.set(nodeId, (this.inflight.get(nodeId) ?? 0) + 1);
       try {
         const info = await (await this.node(rec)).createSandbox(spec, principal);
-        this.opts.members.notePlaced(nodeId, info.createdAt);
+        this.opts.members.notePlaced(nodeId, info);
         return opts.explain ? { ...info, placement: { ...placed.explain, attempts: attempt + 1, refusedBy: [...exclude] } } : info;
       } catch (err) {
         const e = asWarrenError(err);
@@ -234,9 +328,22 @@ export class ClusterShim implements Shim {
     return more && last !== undefined ? { sandboxes, next: last.id } : { sandboxes };
   }
 
-  /** Cluster-wide quotas count sandboxes; cpu and memory are each node's admission. */
+  /**
+   * An account's usage across the cluster, for its quota: what the node
+   * records count (about a second old, and at least what its jobs made: the
+   * gateway's `usageOf`), plus what it created through this gateway since
+   * those records. The creates in flight are added by the create route.
+   */
   async sandboxUsage(owner: string): Promise<SandboxUsage> {
-    return { sandboxes: this.opts.usageOf(owner), cpu: 0, memoryMb: 0 };
+    const u = this.opts.members.uncountedUsage(owner);
+    u.sandboxes += this.opts.usageOf(owner);
+    for (const rec of this.opts.members.nodes.values()) {
+      const r = rec.resources?.[owner];
+      if (r === undefined) continue;
+      u.cpu += r.cpu;
+      u.memoryMb += r.memoryMb;
+    }
+    return u;
   }
 
   async pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]> {
@@ -254,8 +361,35 @@ export class ClusterShim implements Shim {
     return [...byDigest.values()];
   }
 
-  async importImage(_req: ImportImageRequest): Promise<ImageInfo> {
-    throw new WarrenError('NOT_SUPPORTED', 'a cluster imports images through its registry: `warren image push` on a node, then nodes load them on demand (docs/cluster.md)');
+  /**
+   * An import runs on every live node (a directory path must then exist on
+   * each; a registry ref is pulled by each). Layers are content-addressed, so
+   * the same content gives the same digests everywhere; a build that is not
+   * reproducible (debootstrap) gives each node its own, under the same name.
+   * The first failure fails the import, naming its node.
+   */
+  async importImage(req: ImportImageRequest, onProgress?: (p: ImportProgress) => void): Promise<ImageInfo> {
+    const live = this.opts.members.live();
+    if (live.length === 0) throw new WarrenError('RESOURCE_EXHAUSTED', 'no node is registered in the cluster', { retryAfterS: 1 });
+    const fractions = new Map<string, number>();
+    const results = await Promise.allSettled(
+      live.map(async (rec) =>
+        (await this.node(rec)).importImage(req, (p) => {
+          if (typeof p.fraction === 'number') fractions.set(rec.id, p.fraction);
+          const all = [...fractions.values()];
+          const ev: ImportProgress = { phase: p.phase, message: live.length > 1 ? `${rec.id}: ${p.message}` : p.message };
+          if (all.length > 0) ev.fraction = all.reduce((x, y) => x + y, 0) / live.length;
+          onProgress?.(ev);
+        }),
+      ),
+    );
+    for (const [i, r] of results.entries()) {
+      if (r.status === 'rejected') {
+        const e = asWarrenError(r.reason);
+        throw live.length > 1 ? new WarrenError(e.code, `node ${live[i]!.id}: ${e.message}`, { ...(e.details ?? {}), node: live[i]!.id }) : e;
+      }
+    }
+    return (results[0] as PromiseFulfilledResult<ImageInfo>).value;
   }
 
   /** A node that can check `refs` for `principal`: one whose record holds the image, else any live one. */

@@ -8,11 +8,22 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Etcd3 } from 'etcd3';
+import type { NodeDirectory } from './cluster-shim';
 import type { ClusterCredential } from './credential';
 import { RecentMisses, keys, nextRevision, parseJson, readPrefix, store } from './etcd';
+import type { SandboxInfo, SandboxUsage } from '../shim/types';
 import type { NodeRecord } from './placement';
 
-export class Membership extends EventEmitter {
+/** A create of this gateway that the node's latest record may not count yet. */
+interface Placed {
+  /** Its createdAt, on the node's clock. */
+  at: number;
+  owner: string;
+  cpu: number;
+  memoryMb: number;
+}
+
+export class Membership extends EventEmitter implements NodeDirectory {
   readonly nodes = new Map<string, NodeRecord>();
   /** node -> lost epochs */
   readonly lost = new Map<string, Set<number>>();
@@ -25,7 +36,7 @@ export class Membership extends EventEmitter {
    * (as being created or as live), so one that arrives before or after the create's answer
    * neither drops nor double-counts it.
    */
-  private readonly placedSince = new Map<string, number[]>();
+  private readonly placedSince = new Map<string, Placed[]>();
   private watchers: { cancel(): Promise<void> }[] = [];
 
   constructor(
@@ -65,7 +76,7 @@ export class Membership extends EventEmitter {
     this.nodes.set(rec.id, rec);
     const placed = this.placedSince.get(rec.id);
     if (placed !== undefined) {
-      const left = placed.filter((at) => at >= rec.at);
+      const left = placed.filter((p) => p.at >= rec.at);
       if (left.length > 0) this.placedSince.set(rec.id, left);
       else this.placedSince.delete(rec.id);
     }
@@ -88,19 +99,34 @@ export class Membership extends EventEmitter {
     return rec;
   }
 
-  /** This gateway created a sandbox on `node` (its createdAt, from the node). */
-  notePlaced(node: string, createdAt: string): void {
-    const at = Date.parse(createdAt);
+  /** This gateway created sandbox `info` on `node` (its createdAt is the node's clock). */
+  notePlaced(node: string, info: Pick<SandboxInfo, 'createdAt' | 'owner' | 'limits'>): void {
+    const at = Date.parse(info.createdAt);
     const rec = this.nodes.get(node);
     if (rec !== undefined && rec.at > at) return; // the latest record counts it already
+    const p: Placed = { at, owner: info.owner, cpu: info.limits.cpu, memoryMb: info.limits.memoryMb };
     const list = this.placedSince.get(node);
-    if (list) list.push(at);
-    else this.placedSince.set(node, [at]);
+    if (list) list.push(p);
+    else this.placedSince.set(node, [p]);
   }
 
   /** Per node, the creates of this gateway its latest record does not count. */
   *uncountedCreates(): Iterable<[string, number]> {
     for (const [n, l] of this.placedSince) yield [n, l.length];
+  }
+
+  /** What the creates of `owner` through this gateway add to the node records, which do not count them yet. */
+  uncountedUsage(owner: string): SandboxUsage {
+    const u: SandboxUsage = { sandboxes: 0, cpu: 0, memoryMb: 0 };
+    for (const list of this.placedSince.values()) {
+      for (const p of list) {
+        if (p.owner !== owner) continue;
+        u.sandboxes++;
+        u.cpu += p.cpu;
+        u.memoryMb += p.memoryMb;
+      }
+    }
+    return u;
   }
 
   private putLost(key: string): void {

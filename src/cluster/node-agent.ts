@@ -332,11 +332,15 @@ export class NodeAgent {
     const creating = this.creating;
     const sandboxes = shim.listSandboxes();
     const accounts: Record<string, number> = {};
+    const resources: Record<string, { cpu: number; memoryMb: number }> = {};
     let live = 0;
     for (const s of sandboxes) {
       if (s.state === 'stopped' || s.state === 'failed') continue;
       live++;
       accounts[s.owner] = (accounts[s.owner] ?? 0) + 1;
+      const r = (resources[s.owner] ??= { cpu: 0, memoryMb: 0 });
+      r.cpu += s.limits.cpu;
+      r.memoryMb += s.limits.memoryMb;
     }
     const images = shim.listImages().map((i) => ({ name: i.name, digest: i.digest, kind: i.kind, layers: i.layers }));
     const layers = new Set<string>();
@@ -369,6 +373,7 @@ export class NodeAgent {
       layers: [...layers],
       lazy: this.opts.lazyLayers?.() ?? false,
       accounts,
+      resources,
       fenced: this.fenced,
       at,
     };

@@ -52,6 +52,8 @@ export interface NodeRecord {
   lazy: boolean;
   /** Live sandboxes per owning account (for cluster-wide quotas). */
   accounts: Record<string, number>;
+  /** The cpu and memory those sandboxes were given, per owning account (cluster-wide quotas). */
+  resources?: Record<string, { cpu: number; memoryMb: number }>;
   fenced: boolean;
   /** When the record was written (ms since the epoch, node clock). */
   at: number;

@@ -35,7 +35,8 @@ async function sandboxExists(ctx: GatewayContext, id: string): Promise<boolean> 
     await ctx.shim.getSandbox(id);
     return true;
   } catch (err) {
-    if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'NOT_FOUND')) return false;
+    // a cluster answers SANDBOX_LOST for the sandboxes of a node that lost its lease: gone too
+    if (err instanceof WarrenError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'NOT_FOUND' || err.code === 'SANDBOX_LOST')) return false;
     throw err;
   }
 }

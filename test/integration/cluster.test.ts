@@ -303,6 +303,17 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
       await user.jobs.delete(job.id);
       await waitForValue(() => user.jobs.get(job.id), (s) => s.state === 'deleted', 60_000, 'deleted', 200);
       t.is((await b.listSandboxes({ owner: acct.id })).length, 0);
+      // cpu and memory quotas hold across nodes, also before the node records show the creates
+      await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: null, maxCpu: 2, maxMemoryMb: 1024 } });
+      const one = await user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 1, memoryMb: 256, placement: { nodes: ['n1'] } } });
+      const two = await user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 1, memoryMb: 256, placement: { nodes: ['n2'] } } });
+      t.is(await codeOf(user.requestJson('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 0.5, memoryMb: 64, placement: { nodes: ['n1'] } } })), 'QUOTA_EXCEEDED');
+      const q = await user.requestJson<{ usage: { sandboxes: number; cpu: number; memoryMb: number } }>('GET', '/v1/accounts/me/quota');
+      t.deepEqual(q.usage, { sandboxes: 2, cpu: 2, memoryMb: 512 });
+      await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxCpu: null } });
+      t.is(await codeOf(user.requestJson('POST', '/v1/sandboxes', { json: { image: 'busybox', memoryMb: 600, placement: { nodes: ['n2'] } } })), 'QUOTA_EXCEEDED');
+      await user.deleteSandbox(one.id);
+      await user.deleteSandbox(two.id);
     } finally {
       await user.close();
     }

@@ -1,0 +1,3 @@
+// The adversarial gateway tests, with the gateway on a ClusterShim (see use-cluster.ts).
+import './use-cluster';
+import '../../adversarial/gateway.test';
