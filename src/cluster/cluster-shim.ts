@@ -88,8 +88,8 @@ export interface ClusterShimOptions {
   k?: number;
   /** On-prem utilisation above which eligible requests go to the overflow pool (default 0.8). */
   overflowThreshold?: number;
-  /** Sandboxes of an account across the cluster (node records and jobs: the gateway's count). */
-  usageOf: (owner: string) => number;
+  /** An account's sandboxes across the cluster, with their cpu and memory (node records and jobs: the gateway's count). */
+  usageOf: (owner: string) => SandboxUsage;
   log: (line: string) => void;
 }
 
@@ -329,21 +329,15 @@ export class ClusterShim implements Shim {
   }
 
   /**
-   * An account's usage across the cluster, for its quota: what the node
-   * records count (about a second old, and at least what its jobs made: the
-   * gateway's `usageOf`), plus what it created through this gateway since
-   * those records. The creates in flight are added by the create route.
+   * An account's usage across the cluster, for its quota: the gateway's
+   * count from the node records and jobs (`usageOf`), plus what the account
+   * created through this gateway since those records. The creates in flight
+   * are added by the create route.
    */
   async sandboxUsage(owner: string): Promise<SandboxUsage> {
     const u = this.opts.members.uncountedUsage(owner);
-    u.sandboxes += this.opts.usageOf(owner);
-    for (const rec of this.opts.members.nodes.values()) {
-      const r = rec.resources?.[owner];
-      if (r === undefined) continue;
-      u.cpu += r.cpu;
-      u.memoryMb += r.memoryMb;
-    }
-    return u;
+    const r = this.opts.usageOf(owner);
+    return { sandboxes: u.sandboxes + r.sandboxes, cpu: u.cpu + r.cpu, memoryMb: u.memoryMb + r.memoryMb };
   }
 
   async pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]> {

@@ -27,7 +27,7 @@ import { type GatewayContext, authed } from '../gateway/context';
 import { endChunked, queryOf, queryOne, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../gateway/http';
 import { NDJSON_CONTENT_TYPE } from '../gateway/ndjson';
 import { createGateway } from '../gateway/server';
-import type { BackendName } from '../shim/types';
+import type { BackendName, SandboxUsage } from '../shim/types';
 import { type PlacementAsk, validateCreateRequest, validatePlacementAsk } from '../validation';
 import { ClusterAccounts } from './accounts';
 import { ClusterShim } from './cluster-shim';
@@ -98,24 +98,43 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
   }
 
   /**
-   * Sandboxes of an account across the cluster: what the node records say
-   * (about a second old), but at least what its live jobs made there (the
-   * records lag behind a burst), plus job work not created yet. The creates
-   * in flight through this gateway are counted by the create route.
+   * An account's sandboxes across the cluster, and the cpu and memory they
+   * were given: what the node records say (about a second old), but per node
+   * at least what its live jobs made there (the records lag behind a burst),
+   * plus job work not created yet. Creates through this gateway since the
+   * records are added by the ClusterShim, creates in flight by the create
+   * route.
    */
-  function usage(accountId: string): number {
-    let n = 0;
-    const byJobs = new Map<string, number>();
+  function usage(accountId: string): SandboxUsage {
+    const u: SandboxUsage = { sandboxes: 0, cpu: 0, memoryMb: 0 };
+    const byJobs = new Map<string, SandboxUsage>();
     for (const j of jobs.jobs.values()) {
       if (!j.spec || j.spec.owner !== accountId || j.control === 'deleted') continue;
       const st = jobStatus(j.spec, j.control, j.progress, (nd, e) => members.isLost(nd, e));
-      for (const [node, ns] of Object.entries(st.nodes)) byJobs.set(node, (byJobs.get(node) ?? 0) + ns.created);
-      if (!isTerminal(st.state)) n += Math.max(0, st.count - st.created - st.failed - st.lost);
+      const { cpu, memoryMb } = j.spec.spec;
+      for (const [node, ns] of Object.entries(st.nodes)) {
+        const b = byJobs.get(node) ?? { sandboxes: 0, cpu: 0, memoryMb: 0 };
+        b.sandboxes += ns.created;
+        b.cpu += ns.created * cpu;
+        b.memoryMb += ns.created * memoryMb;
+        byJobs.set(node, b);
+      }
+      if (!isTerminal(st.state)) {
+        const todo = Math.max(0, st.count - st.created - st.failed - st.lost);
+        u.sandboxes += todo;
+        u.cpu += todo * cpu;
+        u.memoryMb += todo * memoryMb;
+      }
     }
-    for (const rec of members.nodes.values()) n += Math.max(rec.accounts[accountId] ?? 0, byJobs.get(rec.id) ?? 0);
-    return n;
+    for (const rec of members.nodes.values()) {
+      const b = byJobs.get(rec.id);
+      const r = rec.resources?.[accountId];
+      u.sandboxes += Math.max(rec.accounts[accountId] ?? 0, b?.sandboxes ?? 0);
+      u.cpu += Math.max(r?.cpu ?? 0, b?.cpu ?? 0);
+      u.memoryMb += Math.max(r?.memoryMb ?? 0, b?.memoryMb ?? 0);
+    }
+    return u;
   }
-
 
   function placementRequest(spec: { backend: BackendName; image: string; workspaces: string[]; toolkits: string[] }, ask: PlacementAsk): PlacementRequest {
     const r: PlacementRequest = { backend: spec.backend, image: spec.image, workspaces: spec.workspaces, toolkits: spec.toolkits };
@@ -173,15 +192,20 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const cur = await store('quota', () => etcd.get(epochKey).exec());
       const rev = cur.kvs[0]?.mod_revision ?? '0';
       let count = jr.count;
-      if (quota.maxSandboxes !== null) {
-        const used = usage(account.id);
-        const room = Math.max(0, quota.maxSandboxes - used);
-        if (room < count) {
-          if (jr.quota === 'all' || room === 0) {
-            throw new WarrenError('QUOTA_EXCEEDED', `account quota exceeded: maxSandboxes (limit ${quota.maxSandboxes}, in use ${used}, requested ${count})`, { quota: 'maxSandboxes', limit: quota.maxSandboxes, used, requested: count });
-          }
-          count = room;
+      const used = await shim.sandboxUsage(account.id);
+      // how many of this template the quota has room for, and which limit says so
+      const rooms: { name: 'maxSandboxes' | 'maxCpu' | 'maxMemoryMb'; limit: number; used: number; room: number }[] = [];
+      if (quota.maxSandboxes !== null) rooms.push({ name: 'maxSandboxes', limit: quota.maxSandboxes, used: used.sandboxes, room: quota.maxSandboxes - used.sandboxes });
+      if (quota.maxCpu !== null) rooms.push({ name: 'maxCpu', limit: quota.maxCpu, used: used.cpu, room: Math.floor((quota.maxCpu - used.cpu + 1e-9) / spec.cpu) });
+      if (quota.maxMemoryMb !== null) rooms.push({ name: 'maxMemoryMb', limit: quota.maxMemoryMb, used: used.memoryMb, room: Math.floor((quota.maxMemoryMb - used.memoryMb) / spec.memoryMb) });
+      const tight = rooms.sort((x, y) => x.room - y.room)[0];
+      if (tight !== undefined && tight.room < count) {
+        const room = Math.max(0, tight.room);
+        if (jr.quota === 'all' || room === 0) {
+          const asked = tight.name === 'maxSandboxes' ? count : tight.name === 'maxCpu' ? count * spec.cpu : count * spec.memoryMb;
+          throw new WarrenError('QUOTA_EXCEEDED', `account quota exceeded: ${tight.name} (limit ${tight.limit}, in use ${tight.used}, requested ${asked} for ${count} sandboxes)`, { quota: tight.name, limit: tight.limit, used: tight.used, requested: asked });
         }
+        count = room;
       }
       const id = `job-${randomBytes(8).toString('hex')}`;
       const placed = placeMany(members.live(), req, count, { ...placementOpts(), reserved: shim.reservedNow() });

@@ -116,7 +116,10 @@ async function bindCluster(node: ShimNode, local: LocalShim): Promise<BoundShim>
     uncountedCreates: () => [],
     uncountedUsage: () => ({ sandboxes: 0, cpu: 0, memoryMb: 0 }),
   };
-  const accountsNow = (owner: string) => record().accounts[owner] ?? 0;
+  const accountsNow = (owner: string) => {
+    const rec = record();
+    return { sandboxes: rec.accounts[owner] ?? 0, cpu: rec.resources?.[owner]?.cpu ?? 0, memoryMb: rec.resources?.[owner]?.memoryMb ?? 0 };
+  };
   const shim = new ClusterShim({ name: node.nodeId, members: directory, credential, usageOf: (owner) => accountsNow(owner), log: () => undefined });
   return {
     shim,

@@ -314,6 +314,15 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
       t.is(await codeOf(user.requestJson('POST', '/v1/sandboxes', { json: { image: 'busybox', memoryMb: 600, placement: { nodes: ['n2'] } } })), 'QUOTA_EXCEEDED');
       await user.deleteSandbox(one.id);
       await user.deleteSandbox(two.id);
+      // a job is held to the same cpu quota: refused whole, or cut to what fits
+      await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxCpu: 2, maxMemoryMb: null } });
+      await waitForValue(() => user.requestJson<{ usage: { cpu: number } }>('GET', '/v1/accounts/me/quota'), (r) => r.usage.cpu === 0, 20_000, 'the records show the deletes', 100);
+      t.is(await codeOf(user.jobs.create({ count: 5, template: { image: 'busybox', cpu: 1 } })), 'QUOTA_EXCEEDED');
+      const cut = await user.jobs.create({ count: 5, template: { image: 'busybox', cpu: 1 }, quota: 'upTo' });
+      t.is(cut.count, 2);
+      t.is((await user.jobs.watch(cut.id)).created, 2);
+      await user.jobs.delete(cut.id);
+      await waitForValue(() => user.jobs.get(cut.id), (s) => s.state === 'deleted', 60_000, 'deleted', 200);
     } finally {
       await user.close();
     }
