@@ -44,6 +44,7 @@ import type {
   ResumeResult,
   SandboxFilter,
   SandboxInfo,
+  SandboxList,
   SandboxNetworkInfo,
   SandboxSpec,
   SandboxStats,
@@ -90,6 +91,8 @@ export interface ClusterShimOptions {
   overflowThreshold?: number;
   /** An account's sandboxes across the cluster, with their cpu and memory (node records and jobs: the gateway's count). */
   usageOf: (owner: string) => SandboxUsage;
+  /** How long a node may take to answer its part of a list before it is left out as unreachable (default 5 s). */
+  fanOutTimeoutMs?: number;
   log: (line: string) => void;
 }
 
@@ -102,6 +105,8 @@ interface Connection {
   url: string;
   epoch: number;
   shim: Promise<RemoteShim>;
+  /** Set once connected. */
+  ready: RemoteShim | null;
 }
 
 /** How old a node's feature report may be before it is asked again. */
@@ -153,11 +158,18 @@ export class ClusterShim implements Shim {
       }
       return s;
     })();
-    const conn: Connection = { url: rec.shim, epoch: rec.epoch, shim };
+    const conn: Connection = { url: rec.shim, epoch: rec.epoch, shim, ready: null };
     this.conns.set(rec.id, conn);
-    shim.catch(() => {
-      if (this.conns.get(rec.id) === conn) this.conns.delete(rec.id);
-    });
+    shim.then(
+      (s) => {
+        conn.ready = s;
+        // closed while it connected: nobody holds it
+        if (this.closed) void s.close();
+      },
+      () => {
+        if (this.conns.get(rec.id) === conn) this.conns.delete(rec.id);
+      },
+    );
     return shim;
   }
 
@@ -166,22 +178,44 @@ export class ClusterShim implements Shim {
     return fn(await this.node(await this.nodeOf(id)));
   }
 
-  /** `fn` on every live node; the nodes that did not answer are logged and left out. */
-  private async everyNode<T>(what: string, fn: (s: RemoteShim, rec: NodeRecord) => Promise<T>): Promise<T[]> {
+  /**
+   * `fn` on every live node; the nodes that did not answer are logged, left
+   * out, and named in `unreachable`. A node that accepts connections but does
+   * not answer (stopped, partitioned before its lease runs out) is given up
+   * on after `deadlineMs`, so that one node cannot hold every list up; what
+   * may rightly take long (pausing a node's share of a job) passes none.
+   */
+  private async everyNode<T>(what: string, fn: (s: RemoteShim, rec: NodeRecord) => Promise<T>, deadlineMs: number | null = this.opts.fanOutTimeoutMs ?? 5000): Promise<T[] & { unreachable?: string[] }> {
     const out: T[] = [];
     const unreachable: string[] = [];
     await Promise.all(
       this.opts.members.live().map(async (rec) => {
+        const call = (async () => fn(await this.node(rec), rec))();
+        let timer: NodeJS.Timeout | undefined;
         try {
-          out.push(await fn(await this.node(rec), rec));
+          out.push(
+            deadlineMs === null
+              ? await call
+              : await Promise.race([
+                  call,
+                  new Promise<never>((_, reject) => {
+                    timer = setTimeout(() => reject(new WarrenError('UNAVAILABLE', `node ${rec.id} did not answer within ${deadlineMs} ms`, { node: rec.id })), deadlineMs);
+                  }),
+                ]),
+          );
         } catch (err) {
           if (asWarrenError(err).code !== 'UNAVAILABLE') throw err;
+          call.catch(() => undefined);
           unreachable.push(rec.id);
+        } finally {
+          clearTimeout(timer);
         }
       }),
     );
-    if (unreachable.length > 0) this.opts.log(`cluster: ${what}: node${unreachable.length > 1 ? 's' : ''} ${unreachable.sort().join(', ')} did not answer and ${unreachable.length > 1 ? 'are' : 'is'} left out`);
-    return out;
+    if (unreachable.length === 0) return out;
+    unreachable.sort();
+    this.opts.log(`cluster: ${what}: node${unreachable.length > 1 ? 's' : ''} ${unreachable.join(', ')} did not answer and ${unreachable.length > 1 ? 'are' : 'is'} left out`);
+    return Object.assign(out, { unreachable });
   }
 
   /** What the node records do not show yet: creates in flight and those done since each node's last record. */
@@ -313,19 +347,21 @@ export class ClusterShim implements Shim {
     throw lastErr ?? new WarrenError('RESOURCE_EXHAUSTED', 'no node admitted the sandbox');
   }
 
-  async listSandboxes(filter?: SandboxFilter): Promise<SandboxInfo[]> {
+  async listSandboxes(filter?: SandboxFilter): Promise<SandboxList> {
     const lists = await this.everyNode('list', (s) => s.listSandboxes(filter));
-    return lists.flat().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const all: SandboxList = lists.flat().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    if (lists.unreachable) all.unreachable = lists.unreachable;
+    return all;
   }
 
   /** A page across the nodes: each node's page after the same id, merged by id, cut at the limit. */
-  async listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string }> {
+  async listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string; unreachable?: string[] }> {
     const pages = await this.everyNode('list', (s) => s.listSandboxesPage(filter, page));
     const all = pages.flatMap((p) => p.sandboxes).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
     const more = all.length > page.limit || pages.some((p) => p.next !== undefined);
     const sandboxes = all.slice(0, page.limit);
     const last = sandboxes.at(-1);
-    return more && last !== undefined ? { sandboxes, next: last.id } : { sandboxes };
+    return { sandboxes, ...(more && last !== undefined ? { next: last.id } : {}), ...(pages.unreachable ? { unreachable: pages.unreachable } : {}) };
   }
 
   /**
@@ -341,11 +377,11 @@ export class ClusterShim implements Shim {
   }
 
   async pauseSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<PauseResult[]> {
-    return (await this.everyNode('pause', (s) => s.pauseSandboxes(filter))).flat();
+    return (await this.everyNode('pause', (s) => s.pauseSandboxes(filter), null)).flat();
   }
 
   async resumeSandboxes(filter: { labels: Record<string, string>; owner?: string }): Promise<ResumeResult[]> {
-    return (await this.everyNode('resume', (s) => s.resumeSandboxes(filter))).flat();
+    return (await this.everyNode('resume', (s) => s.resumeSandboxes(filter), null)).flat();
   }
 
   /** Images across the nodes, one entry per name and digest. */
@@ -520,11 +556,12 @@ export class ClusterShim implements Shim {
     return this.on(id, (s) => (s.sandboxStats ? s.sandboxStats(id) : Promise.resolve(null)));
   }
 
+  /** Closes the connections made; one still connecting (a node that does not answer) is closed when it is done, without being waited for. */
   async close(): Promise<void> {
     this.closed = true;
     const conns = [...this.conns.values()];
     this.conns.clear();
-    await Promise.all(conns.map((c) => c.shim.then((s) => s.close()).catch(() => undefined)));
+    await Promise.all(conns.map((c) => c.ready?.close().catch(() => undefined)));
   }
 }
 

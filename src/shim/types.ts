@@ -645,9 +645,9 @@ export interface Shim {
    */
   createSandbox(spec: SandboxSpec, principal?: Principal, opts?: CreateOptions): Promise<SandboxInfo>;
   getSandbox(id: string): Promise<SandboxInfo>;
-  listSandboxes(filter?: SandboxFilter): Promise<SandboxInfo[]>;
+  listSandboxes(filter?: SandboxFilter): Promise<SandboxList>;
   /** One page in id order after the cursor `after`; `next` names the next page's cursor. */
-  listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string }>;
+  listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string; unreachable?: string[] }>;
   /** Sandboxes, cpu and memory an account's live sandboxes hold (quota checks). */
   sandboxUsage(owner: string): Promise<SandboxUsage>;
   deleteSandbox(id: string): Promise<void>;
@@ -732,6 +732,13 @@ export interface LayerState {
   state: 'local' | 'lazy' | 'absent';
   mounted: boolean;
 }
+
+/**
+ * A list of sandboxes. `unreachable` (a cluster): the nodes that did not
+ * answer, whose sandboxes are missing from the list; absent when every node
+ * answered, and on a single node.
+ */
+export type SandboxList = SandboxInfo[] & { unreachable?: string[] };
 
 export interface SandboxFilter {
   owner?: string;

@@ -196,11 +196,12 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       if (page !== null) {
         // A page at a time (?limit=, then ?after=<next>): cost independent of the node's size.
         const p = await ctx.shim.listSandboxesPage(filter, page);
-        sendJson(res, 200, { sandboxes: p.sandboxes.map((s) => present(account, s)), ...(p.next !== undefined ? { next: p.next } : {}) });
+        sendJson(res, 200, { sandboxes: p.sandboxes.map((s) => present(account, s)), ...(p.next !== undefined ? { next: p.next } : {}), ...(p.unreachable ? { unreachable: p.unreachable } : {}) });
         return;
       }
-      const list = (await ctx.shim.listSandboxes(filter)).filter((s) => can(account, 'allSandboxes') || s.owner === account.id);
-      sendJson(res, 200, { sandboxes: list.map((s) => present(account, s)) });
+      const all = await ctx.shim.listSandboxes(filter);
+      const list = all.filter((s) => can(account, 'allSandboxes') || s.owner === account.id);
+      sendJson(res, 200, { sandboxes: list.map((s) => present(account, s)), ...(all.unreachable ? { unreachable: all.unreachable } : {}) });
     }),
   );
 

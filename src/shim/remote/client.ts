@@ -39,6 +39,8 @@ export interface RemoteShimOptions {
   token: string;
   /** Connections kept to the node (default 64). */
   connections?: number;
+  /** How long the node may take to answer hello (default 10 s): a host that accepts and never answers fails the connect. */
+  helloTimeoutMs?: number;
 }
 
 type Args = unknown[];
@@ -71,7 +73,8 @@ export class RemoteShim implements Shim {
   static async connect(opts: RemoteShimOptions): Promise<RemoteShim> {
     const agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000 });
     try {
-      const res = await request(`${opts.url.replace(/\/+$/, '')}${SHIM_BASE}/hello`, { dispatcher: agent, headers: { authorization: `Bearer ${opts.token}` } });
+      const timeout = opts.helloTimeoutMs ?? 10_000;
+      const res = await request(`${opts.url.replace(/\/+$/, '')}${SHIM_BASE}/hello`, { dispatcher: agent, headers: { authorization: `Bearer ${opts.token}` }, headersTimeout: timeout, bodyTimeout: timeout });
       const body = await readJson(res.body, 64 * 1024, opts.url);
       if (res.statusCode !== 200) throw errorFrom(body, `node ${opts.url} answered ${res.statusCode} to hello`);
       const h = body as Partial<Hello>;
