@@ -440,7 +440,8 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         rejectUnknownQuery(queryOf(req), []);
         const { job } = await jobFor(account, jobId(req.path_parameters.id));
         const labels = { 'warren.job': job.spec.id };
-        sendJson(res, 200, { sandboxes: await shim.listSandboxes({ labels, owner: job.spec.owner }) });
+        const list = await shim.listSandboxes({ labels, owner: job.spec.owner });
+        sendJson(res, 200, { sandboxes: list, ...(list.unreachable ? { unreachable: list.unreachable } : {}) });
       }),
     );
     for (const action of ['pause', 'resume', 'cancel'] as const) {
