@@ -108,7 +108,7 @@ export async function cmdGateway(args: string[], io: Io): Promise<number> {
     'e2b-port': { type: 'string' },
   });
   if (values.help) {
-    io.out('usage: warren gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold 0.8] [--k 2] [--quota-sandboxes N]\n');
+    io.out('usage: warren gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--data-dir DIR] [--overflow-threshold 0.8] [--k 2] [--quota-sandboxes N]\n');
     io.out('       warren gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT] [--quota-sandboxes N]\n');
     return 0;
   }
@@ -130,6 +130,7 @@ export async function cmdGateway(args: string[], io: Io): Promise<number> {
     adminTokenFile: values['admin-token-file'],
     log: (l) => io.err(`${l}\n`),
   };
+  if (values['data-dir'] !== undefined) gwOpts.dataDir = values['data-dir'];
   if (threshold !== undefined) gwOpts.overflowThreshold = threshold;
   const k = positiveInt(values.k, 'k');
   if (k !== undefined) gwOpts.k = k;

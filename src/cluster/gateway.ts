@@ -19,6 +19,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import type { Response, Server } from 'hyper-express';
 import { WarrenError } from '../errors';
@@ -28,6 +29,7 @@ import { endChunked, queryOf, queryOne, readJson, rejectUnknownQuery, sendJson, 
 import { NDJSON_CONTENT_TYPE } from '../gateway/ndjson';
 import { createGateway } from '../gateway/server';
 import type { BackendName, SandboxUsage } from '../shim/types';
+import { openDatabase } from '../state/db';
 import { type PlacementAsk, validateCreateRequest, validatePlacementAsk } from '../validation';
 import { ClusterAccounts } from './accounts';
 import { ClusterShim } from './cluster-shim';
@@ -50,6 +52,11 @@ export interface ClusterGatewayOptions {
   defaultQuota?: Quota;
   /** Origins allowed to open shells from browsers (the dashboard served elsewhere). */
   allowedOrigins?: string[];
+  /**
+   * Where this gateway keeps its idempotency keys (`gateway.db`), so that a keyed exec retried
+   * after a restart of this gateway is answered, not run again. Without it they live in memory.
+   */
+  dataDir?: string;
   log?: (line: string) => void;
 }
 
@@ -503,14 +510,14 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     );
   }
 
-  // The gateway keeps no state of its own: idempotency keys live in memory, for the life of the process.
-  const db = new Database(':memory:');
+  // Nothing of the cluster is kept here; only idempotency keys, in the data dir when given, else in memory.
+  const db = opts.dataDir === undefined ? new Database(':memory:') : openDatabase(join(opts.dataDir, 'gateway.db'));
   let gateway: Awaited<ReturnType<typeof createGateway>>;
   try {
     const gwOpts: Parameters<typeof createGateway>[0] = {
       shim,
       db,
-      dataDir: '',
+      dataDir: opts.dataDir ?? '',
       host: opts.host,
       port: opts.port,
       auth: accounts,

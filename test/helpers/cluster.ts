@@ -268,7 +268,8 @@ export class ClusterFixture {
   }
 
   async startGateway(): Promise<GatewayProc> {
-    const args = ['gateway', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', `127.0.0.1:${await freePort()}`, '--admin-token-file', this.adminTokenFile];
+    const dataDir = join(this.root, `gateway-${this.gateways.length}`);
+    const args = ['gateway', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', `127.0.0.1:${await freePort()}`, '--admin-token-file', this.adminTokenFile, '--data-dir', dataDir];
     const log: string[] = [];
     const { child, url } = await startProcess(args, /gateway is listening on (http:\/\/[\d.:]+)/, log, 'gateway');
     this.adminToken = readFileSync(this.adminTokenFile, 'utf8').trim();

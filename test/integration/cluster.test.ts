@@ -468,13 +468,19 @@ test.serial('a gateway restart loses nothing', async (t) => {
     const sb = await a.createSandbox({ image: 'busybox' });
     const job = await a.jobs.create({ count: 3, template: { image: 'busybox' } });
     await a.jobs.watch(job.id);
+    // a keyed exec, answered again after the restart without running again
+    const count = ['sh', '-c', 'echo run >> /tmp/runs; wc -l < /tmp/runs'];
+    t.is((await sb.exec(count, { idempotencyKey: 'restart-1' })).stdout.trim(), '1');
     const gw = f.gateways[0]!;
     await stopChild(gw.child, 'SIGKILL');
     await f.restartGateway(gw);
     const again = f.client(gw);
     try {
       t.is((await again.jobs.get(job.id)).created, 3);
-      t.is((await (await again.getSandbox(sb.id)).exec(['echo', 'same'])).stdout, 'same\n');
+      const same = await again.getSandbox(sb.id);
+      t.is((await same.exec(['echo', 'same'])).stdout, 'same\n');
+      t.is((await same.exec(count, { idempotencyKey: 'restart-1' })).stdout.trim(), '1', 'the keyed exec was answered from the key');
+      t.is((await same.exec(['cat', '/tmp/runs'])).stdout, 'run\n', 'and did not run again');
       await again.jobs.delete(job.id);
       await again.deleteSandbox(sb.id);
     } finally {
