@@ -6,13 +6,14 @@
  * `close()`.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { join, resolve } from 'node:path';
 import { Etcd3 } from 'etcd3';
 import { WarrenClient } from '../../src/sdk';
 import { ClusterCredential } from '../../src/cluster/credential';
 import { removeTree } from '../../src/shim/layers/sys';
+import { HostNetwork } from '../../src/shim/network/host-net';
 import { busyboxRootfs } from './warren';
 import { tempDir } from './tmp';
 import { waitFor } from './wait';
@@ -170,6 +171,7 @@ export interface NodeProc {
   adminToken: string;
   args: string[];
   log: string[];
+  network?: NodeNetwork;
 }
 
 export interface GatewayProc {
@@ -209,6 +211,16 @@ export interface NodeOptions {
   maxSandboxes?: number;
   leaseTtlS?: number;
   createWindow?: number;
+  /** Sandbox networking on the node's own bridge (else the node runs with --no-network). */
+  network?: NodeNetwork;
+}
+
+export interface NodeNetwork {
+  bridge: string;
+  subnet: string;
+  nftTable: string;
+  /** The DNS upstream of the node's DNS responder (HOST:PORT). */
+  dnsUpstream: string;
 }
 
 export class ClusterFixture {
@@ -235,7 +247,10 @@ export class ClusterFixture {
   }
 
   nodeArgs(id: string, dataDir: string, o: NodeOptions): string[] {
-    const args = ['node', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--no-network', '--node-id', id];
+    const args = ['node', '--etcd', this.etcd.endpoints.join(','), '--cluster-credential', this.credentialFile, '--listen', '127.0.0.1:0', '--data-dir', dataDir, '--no-default-image', '--node-id', id];
+    const nw = o.network;
+    if (nw) args.push('--bridge', nw.bridge, '--subnet', nw.subnet, '--nft-table', nw.nftTable, '--dns-upstream', nw.dnsUpstream, '--netns-warm', '0');
+    else args.push('--no-network');
     args.push('--pool', o.pool ?? 'onprem', '--max-sandboxes', String(o.maxSandboxes ?? 1000), '--lease-ttl', String(o.leaseTtlS ?? 5));
     if (o.createWindow !== undefined) args.push('--create-window', String(o.createWindow));
     for (const [k, v] of Object.entries(o.labels ?? {})) args.push('--node-label', `${k}=${v}`);
@@ -249,7 +264,7 @@ export class ClusterFixture {
     const log: string[] = [];
     const { child, url } = await startProcess(args, /listening on (http:\/\/[\d.:]+)/, log, `node ${id}`);
     const adminToken = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
-    const node: NodeProc = { id, dataDir, url, child, adminToken, args, log };
+    const node: NodeProc = { id, dataDir, url, child, adminToken, args, log, ...(o.network ? { network: o.network } : {}) };
     const c = new WarrenClient({ url, token: adminToken });
     try {
       if (!(await c.images.list()).some((i) => i.name === 'busybox')) await c.images.import('busybox', await busyboxRootfs());
@@ -358,6 +373,13 @@ export class ClusterFixture {
       await stopChild(n.child);
     }
     await this.etcd.close();
+    // a node keeps its bridge, nft table and pinned programs across restarts (enforcement holds
+    // without it): the fixture removes them, as an operator taking the node out would
+    for (const n of this.nodes) {
+      if (!n.network) continue;
+      await new HostNetwork({ bridge: n.network.bridge, subnet: n.network.subnet, nftTable: n.network.nftTable }).teardown().catch(() => undefined);
+      rmSync(join('/sys/fs/bpf/warren', n.id), { recursive: true, force: true });
+    }
     // unmounts the layers the nodes left mounted, then deletes the data dirs
     removeTree(this.root);
   }

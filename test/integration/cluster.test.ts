@@ -16,23 +16,38 @@ import { Etcd3 } from 'etcd3';
 import { BUNDLED_POLICY_DIR } from '../../src/security/confinement';
 import { RemoteShim } from '../../src/shim/remote/client';
 import { type JobEvent, type JobStatus, WarrenClient, WarrenError } from '../../src/sdk';
-import { ClusterFixture, etcdReason, stopChild } from '../helpers/cluster';
+import { ClusterFixture, type NodeNetwork, etcdReason, stopChild } from '../helpers/cluster';
+import { type Internet, egressSkipReason, SERVICE_PORT, startInternet } from '../helpers/network';
 import { testUnless } from '../helpers/skip';
 import { waitFor, waitForValue } from '../helpers/wait';
 
 const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
 const JOB_COUNT = 2000;
 
+// The on-prem nodes get sandbox networking, each on its own bridge, when this machine can
+// enforce egress; the network test is skipped with the reason otherwise.
+const netReason = etcdReason ?? egressSkipReason();
+const netTest = testUnless(netReason, anyTest as TestFn<unknown>);
+const tag = process.pid.toString(36);
+let internet: Internet | null = null;
+
 let f: ClusterFixture;
 
+function nodeNetwork(i: number): NodeNetwork | undefined {
+  if (internet === null) return undefined;
+  return { bridge: `wc${tag}${i}`.slice(0, 15), subnet: `10.${150 + (process.pid % 50)}.${i}.0/24`, nftTable: `wc${tag}${i}`, dnsUpstream: `${internet.zone.address}:${internet.zone.port}` };
+}
+
 test.before(async () => {
+  if (netReason === null) internet = await startInternet(tag);
   f = new ClusterFixture();
   await f.startEtcd(3);
   await f.startGateway();
   await f.startGateway();
+  const [net1, net2] = [nodeNetwork(1), nodeNetwork(2)];
   await Promise.all([
-    f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200 }),
-    f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200 }),
+    f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200, ...(net1 ? { network: net1 } : {}) }),
+    f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200, ...(net2 ? { network: net2 } : {}) }),
     f.startNode('n3', { pool: 'overflow', maxSandboxes: 1000 }),
   ]);
   await f.waitNodes(['n1', 'n2', 'n3']);
@@ -40,6 +55,7 @@ test.before(async () => {
 
 test.after.always(async () => {
   await f?.close();
+  await internet?.close();
 });
 
 async function withClients<T>(fn: (a: WarrenClient, b: WarrenClient) => Promise<T>): Promise<T> {
@@ -344,6 +360,49 @@ test.serial('a policy applied through a gateway reaches every node by watch; an 
     await sb.delete();
     const restored = await a.requestJson<{ rev: string }>('POST', '/v1/policy/apply', { json: { files: { 'services.yaml': good } } });
     await waitForValue(() => a.requestJson<St>('GET', '/v1/policy'), (s) => ['n1', 'n2', 'n3'].every((n) => s.nodes[n]?.rev === restored.rev && s.nodes[n]?.applied), 20_000, 'restored', 100);
+  });
+});
+
+netTest.serial('each on-prem node has its own bridge; the services applied through a gateway hold for sandboxes on either node', async (t) => {
+  t.timeout(180_000);
+  const inet = internet!;
+  await withClients(async (a, b) => {
+    const services = readFileSync(join(inet.policyDir, 'services.yaml'), 'utf8');
+    const applied = await a.requestJson<{ rev: string }>('POST', '/v1/policy/apply', { json: { files: { 'services.yaml': services } } });
+    type St = { nodes: Record<string, { rev: string; applied: boolean }> };
+    await waitForValue(() => a.requestJson<St>('GET', '/v1/policy'), (s) => ['n1', 'n2'].every((n) => s.nodes[n]?.rev === applied.rev && s.nodes[n]?.applied), 20_000, 'n1 and n2 applied the services', 100);
+    const made: string[] = [];
+    try {
+      const addresses: string[] = [];
+      for (const node of ['n1', 'n2']) {
+        const sb = await a.requestJson<{ id: string; node: string; network?: { address: string } }>('POST', '/v1/sandboxes', { json: { image: 'busybox', network: { pypi: true }, placement: { nodes: [node] } } });
+        made.push(sb.id);
+        t.is(sb.node, node);
+        t.truthy(sb.network?.address, `${node} gave the sandbox an address`);
+        addresses.push(sb.network!.address);
+        const s = await b.getSandbox(sb.id);
+        // busybox's own resolver (nslookup) asks the node's DNS responder; nc then goes by address
+        // (busybox's static wget crashes in glibc's resolver)
+        const resolve = async (name: string) => {
+          const out = (await s.exec(['sh', '-c', `nslookup ${name} 2>&1`], { timeoutMs: 30_000 })).stdout;
+          return /Name:\s*\S+\s+Address:\s*([\d.]+)/.exec(out)?.[1] ?? null;
+        };
+        const get = async (address: string) => (await s.exec(['sh', '-c', `printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 ${address} ${SERVICE_PORT} 2>&1; echo " exit=$?"`], { timeoutMs: 30_000 })).stdout;
+        const pypi = await resolve(inet.names.pypi);
+        t.is(pypi, inet.pypi.address, `${node}: the allowed service's name resolves`);
+        t.regex(await get(pypi!), /pypi says hello[\s\S]*exit=0/, `${node}: the allowed service answers`);
+        t.is(await resolve(inet.names.npm), null, `${node}: a service the sandbox was not given does not resolve`);
+        t.notRegex(await get(inet.npm.address), /npm says hello/, `${node}: nor answers by its address`);
+        t.notRegex(await get(inet.other.address), /exfiltrated/, `${node}: an address no service names is refused`);
+      }
+      // two bridges, two subnets: the nodes' sandboxes do not share a network
+      const net1 = nodeNetwork(1)!.subnet.split('.').slice(0, 3).join('.');
+      const net2 = nodeNetwork(2)!.subnet.split('.').slice(0, 3).join('.');
+      t.true(addresses[0]!.startsWith(`${net1}.`), `${addresses[0]} in ${net1}.0/24`);
+      t.true(addresses[1]!.startsWith(`${net2}.`), `${addresses[1]} in ${net2}.0/24`);
+    } finally {
+      for (const id of made) await a.deleteSandbox(id).catch(() => undefined);
+    }
   });
 });
 
