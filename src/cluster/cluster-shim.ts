@@ -33,6 +33,7 @@ import type {
   ExecStream,
   FeatureReport,
   FileEntry,
+  FnCallApi,
   ImageInfo,
   ImportImageRequest,
   ImportProgress,
@@ -54,6 +55,7 @@ import type {
   Shim,
 } from '../shim/types';
 import type { PlacementAsk } from '../validation';
+import { ClusterFnCall } from './cluster-fncall';
 import type { ClusterCredential } from './credential';
 import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
 
@@ -114,6 +116,8 @@ const FEATURES_MAX_AGE_MS = 30_000;
 
 export class ClusterShim implements Shim {
   readonly nodeId: string;
+  /** FnCall pools, each on one node (cluster-fncall.ts). */
+  readonly functions: FnCallApi;
   private readonly conns = new Map<string, Connection>();
   private readonly reports = new Map<string, { epoch: number; at: number; report: FeatureReport }>();
   private refreshing: Promise<void> | null = null;
@@ -123,6 +127,12 @@ export class ClusterShim implements Shim {
 
   constructor(private readonly opts: ClusterShimOptions) {
     this.nodeId = opts.name ?? 'cluster';
+    this.functions = new ClusterFnCall({
+      live: () => opts.members.live(),
+      record: (id) => opts.members.nodes.get(id),
+      node: (rec) => this.node(rec),
+      everyNode: (what, fn, deadlineMs) => this.everyNode(what, fn, deadlineMs),
+    });
   }
 
   // ---------------------------------------------------------------- nodes
@@ -307,7 +317,7 @@ export class ClusterShim implements Shim {
       cgroup: reports[0]?.[1].cgroup ?? { version: 2, controllers: [], bpfHierarchy: null },
       features,
       backends,
-      functions: { available: false, reason: 'FnCall pools run on a node: call the node, or `warren gateway --node URL`' },
+      functions: reports.some(([, r]) => r.functions.available) ? { available: true } : { available: false, reason: reports.find(([, r]) => r.functions.reason)?.[1].functions.reason ?? 'no registered node has FnCall pools' },
       enforcer: common(reports.map(([, r]) => r.enforcer), 'enforcer'),
       host: { cpus, memoryMb },
     };

@@ -130,6 +130,10 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
         found = img.layers.length > 0 ? img.layers : [img.digest];
         break;
       }
+      if (n.layers.includes(ref)) {
+        found = [ref];
+        break;
+      }
     }
     if (found === null) return null;
     out.push(...found);
@@ -137,8 +141,9 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
   return out;
 }
 
+/** Whether `n` holds what `ref` names: an image by name or digest, or a layer by its digest (a workspace or toolkit may name one). */
 function holdsRef(n: NodeRecord, ref: string): boolean {
-  return n.images.some((i) => i.name === ref || i.digest === ref || `${i.name}:latest` === ref);
+  return n.images.some((i) => i.name === ref || i.digest === ref || `${i.name}:latest` === ref) || n.layers.includes(ref);
 }
 
 function capacityLeft(n: NodeRecord, reserved: Map<string, number> | undefined): number {

@@ -88,7 +88,8 @@ async function bindCluster(node: ShimNode, local: LocalShim): Promise<BoundShim>
       used: { sandboxes: node.listSandboxes().length, creating: 0, memoryAvailableMb: 0, load1: 0 },
       backends: (Object.keys(features.backends) as (keyof typeof features.backends)[]).filter((b) => features.backends[b]?.available),
       images: node.listImages().map((i) => ({ name: i.name, digest: i.digest, kind: i.kind, layers: i.layers })),
-      layers: [],
+      // as the node agent counts them: every layer of every image the node lists
+      layers: [...new Set(node.listImages().flatMap((i) => (i.layers.length > 0 ? i.layers : [i.digest])))],
       lazy: false,
       accounts,
       resources,

@@ -406,6 +406,26 @@ netTest.serial('each on-prem node has its own bridge; the services applied throu
   });
 });
 
+test.serial('FnCall through the cluster: a pool lands on one node, and either gateway reaches it by name', async (t) => {
+  t.timeout(120_000);
+  await withClients(async (a, b) => {
+    const pool = await a.functions.create({ name: 'cl-echo', image: 'busybox', min: 1, max: 2 } as never);
+    try {
+      t.is(pool.name, 'cl-echo');
+      const r = await b.functions.invoke('cl-echo', { cmd: ['sh', '-c', 'echo from $(hostname)'] });
+      t.is(r.exitCode, 0);
+      t.regex(r.stdout, /^from /);
+      const listed = await b.functions.list();
+      t.is(listed.filter((p) => p.name === 'cl-echo').length, 1, 'the pool is on one node');
+      t.is(await codeOf(a.functions.create({ name: 'cl-echo', image: 'busybox', min: 0, max: 1 } as never)), 'ALREADY_EXISTS');
+      t.is(await codeOf(b.functions.invoke('no-such-pool', { cmd: ['true'] })), 'NOT_FOUND');
+    } finally {
+      await a.functions.delete('cl-echo').catch(() => undefined);
+    }
+    t.is(await codeOf(b.functions.invoke('cl-echo', { cmd: ['true'] })), 'NOT_FOUND');
+  });
+});
+
 test.serial('losing one of three etcd members, the leader, changes nothing visible', async (t) => {
   await withClients(async (a, b) => {
     const leader = await f.etcd.leader();

@@ -86,6 +86,10 @@ test('the filter says why a node is out: backend, labels, image, fenced, capacit
   const missing = placeMany([node('a')], { ...REQ, image: 'python' }, 1, { rng: rng(5) });
   t.is(missing.unplaced, 1);
   t.regex(missing.explain.nodes[0]!.excluded!, /does not hold python/);
+  // a workspace named by a layer digest (a pack's layer) goes where that layer is
+  const packed = placeMany([node('a'), node('b', { layers: ['sha256:bb', 'sha256:pack1'] })], { ...REQ, workspaces: ['sha256:pack1'] }, 4, { rng: rng(6) });
+  t.deepEqual([...packed.counts], [['b', 4]]);
+  t.regex(packed.explain.nodes.find((n) => n.node === 'a')!.excluded!, /does not hold sha256:pack1/);
 });
 
 test('layer holders get a bounded bonus: preferred, but not piled onto', (t) => {
