@@ -7,7 +7,10 @@
  *     ratio measures the cluster path's overhead and parallelism, not 3
  *     machines' worth of capacity);
  *  2. placement cost per sandbox at 32,768 (place only, no create) over 3
- *     and over 160 synthetic nodes.
+ *     and over 160 synthetic nodes;
+ *  3. one sandbox at a time (create, first exec, delete) through the gateway
+ *     (placed, over the nodes' shim protocol) against the same on one node's
+ *     own API, interleaved: the cost of the cluster path for a single create.
  *
  * Starts 3 etcd members, 3 `warren node` processes and a `warren gateway` on
  * loopback (test/helpers/cluster.ts); needs root and etcd-server.
@@ -18,7 +21,8 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { type NodeRecord, placeMany } from '../src/cluster/placement';
 import { ClusterFixture, etcdReason } from '../test/helpers/cluster';
-import { conditions, printTable } from './stats';
+import { WarrenClient } from '../src/sdk';
+import { conditions, percentile, printTable } from './stats';
 
 const COUNT = Number(process.env.BENCH_COUNT ?? 5000);
 const WINDOW = Number(process.env.BENCH_WINDOW ?? 16);
@@ -82,6 +86,36 @@ async function burst(f: ClusterFixture, nodes: string[]): Promise<{ nodes: strin
   }
 }
 
+const SINGLE = Number(process.env.BENCH_SINGLE ?? 100);
+
+/** Create → first exec → delete, one at a time, alternating the gateway and a node's own API. */
+async function singles(f: ClusterFixture): Promise<Array<{ path: string; createExecP50: number; createExecP99: number; deleteP50: number }>> {
+  const gw = f.client();
+  const n1 = f.node('n1');
+  const direct = new WarrenClient({ url: n1.url, token: n1.adminToken });
+  const samples = new Map<string, { ce: number[]; del: number[] }>([
+    ['gateway (placed, shim protocol)', { ce: [], del: [] }],
+    ['node n1 API (no cluster)', { ce: [], del: [] }],
+  ]);
+  try {
+    for (let i = 0; i < SINGLE * 2; i++) {
+      const [path, c] = i % 2 === 0 ? (['gateway (placed, shim protocol)', gw] as const) : (['node n1 API (no cluster)', direct] as const);
+      const t0 = performance.now();
+      const sb = await c.createSandbox({ image: 'busybox', memoryMb: 64 });
+      await sb.exec(['true']);
+      const t1 = performance.now();
+      await sb.delete();
+      const t2 = performance.now();
+      samples.get(path)!.ce.push(t1 - t0);
+      samples.get(path)!.del.push(t2 - t1);
+    }
+  } finally {
+    await gw.close();
+    await direct.close();
+  }
+  return [...samples].map(([path, s]) => ({ path, createExecP50: percentile(s.ce, 50), createExecP99: percentile(s.ce, 99), deleteP50: percentile(s.del, 50) }));
+}
+
 async function main(): Promise<void> {
   if (etcdReason) throw new Error(`bench:cluster cannot run: ${etcdReason}`);
   const cond = { ...conditions(), loadavg: os.loadavg().map((l) => l.toFixed(1)).join(' '), count: String(COUNT), createWindow: `${WINDOW} per node`, cluster: '3 etcd members, 3 nodes, 1 gateway, all on this machine (loopback)' };
@@ -94,12 +128,18 @@ async function main(): Promise<void> {
 
   const f = new ClusterFixture();
   const bursts: Awaited<ReturnType<typeof burst>>[] = [];
+  const results: { single?: Awaited<ReturnType<typeof singles>> } = {};
   try {
     await f.startEtcd(3);
     await f.startGateway();
     const per = COUNT + 100;
     for (const id of ['n1', 'n2', 'n3']) await f.startNode(id, { maxSandboxes: per, createWindow: WINDOW, leaseTtlS: 5 });
     await f.waitNodes(['n1', 'n2', 'n3']);
+    console.log(`\n# one sandbox at a time: create → first exec, then delete (${SINGLE} each, interleaved)`);
+    const single = await singles(f);
+    printTable(single.map((r) => ({ path: r.path, 'create→exec p50 ms': r.createExecP50.toFixed(1), 'p99 ms': r.createExecP99.toFixed(1), 'delete p50 ms': r.deleteP50.toFixed(1) })));
+    console.log(`ratio gateway ÷ node (create→exec p50): ${(single[0]!.createExecP50 / single[1]!.createExecP50).toFixed(2)}×`);
+    results.single = single;
     console.log(`\n# burst of ${COUNT} sandboxes (job → all ready)`);
     bursts.push(await burst(f, ['n1', 'n2', 'n3']));
     bursts.push(await burst(f, ['n1']));
@@ -109,7 +149,7 @@ async function main(): Promise<void> {
     await f.close();
   }
   mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
-  writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'cluster.json'), JSON.stringify({ conditions: cond, placement: place, bursts }, null, 2));
+  writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'cluster.json'), JSON.stringify({ conditions: cond, placement: place, ...results, bursts }, null, 2));
 }
 
 main().then(
