@@ -159,6 +159,12 @@ export class ClusterShim implements Shim {
     const cur = this.conns.get(rec.id);
     if (cur && cur.url === rec.shim && cur.epoch === rec.epoch) return cur.shim;
     if (cur) void cur.shim.then((s) => s.close()).catch(() => undefined);
+    // a new connection is rare: the moment to close those of nodes that left the cluster
+    for (const [id, c] of this.conns) {
+      if (this.opts.members.nodes.has(id)) continue;
+      this.conns.delete(id);
+      void c.shim.then((s) => s.close()).catch(() => undefined);
+    }
     const shim = (async () => {
       if (typeof rec.shim !== 'string' || rec.shim === '') throw new WarrenError('UNAVAILABLE', `node ${rec.id} does not advertise a shim protocol URL (an older node?)`, { node: rec.id });
       const s = await RemoteShim.connect({ url: rec.shim, token: this.opts.credential.shimToken(rec.id) });
