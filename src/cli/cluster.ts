@@ -289,3 +289,43 @@ export async function cmdJob(args: string[], io: Io): Promise<number> {
     await client.close();
   }
 }
+
+/** `warren nodes`: the nodes of a cluster, through a cluster gateway (admin). */
+export async function cmdNodes(args: string[], io: Io): Promise<number> {
+  const { values } = parse(args, { json: { type: 'boolean' } });
+  if (values.help) {
+    io.out('usage: warren nodes [--json]   the nodes of a cluster as their records say (through a cluster gateway; admin)\n');
+    return 0;
+  }
+  const client = clientFor(values, io);
+  try {
+    const r = await client.clusterNodes();
+    if (values.json) {
+      io.out(`${JSON.stringify(r, null, 2)}\n`);
+      return 0;
+    }
+    const rows = r.nodes
+      .sort((a, b) => (a.id < b.id ? -1 : 1))
+      .map((n) => ({
+        NODE: n.id,
+        POOL: n.pool,
+        EPOCH: String(n.epoch),
+        STATE: n.fenced ? 'fenced' : 'ready',
+        SANDBOXES: `${n.used.sandboxes}/${n.capacity.sandboxes}`,
+        CREATING: String(n.used.creating + n.pending),
+        CPUS: String(n.capacity.cpus),
+        'MEM FREE MB': String(n.used.memoryAvailableMb),
+        LOAD1: n.used.load1.toFixed(2),
+        BACKENDS: n.backends.join(','),
+        LABELS: Object.entries(n.labels)
+          .map(([k, v]) => `${k}=${v}`)
+          .join(','),
+        'RECORD AGE': `${(n.recordAgeMs / 1000).toFixed(1)}s`,
+      }));
+    io.out(formatTable(rows, ['NODE', 'POOL', 'EPOCH', 'STATE', 'SANDBOXES', 'CREATING', 'CPUS', 'MEM FREE MB', 'LOAD1', 'BACKENDS', 'LABELS', 'RECORD AGE']));
+    for (const l of r.lost) io.out(`lost: ${l.node} (epoch ${l.epochs.join(', ')})\n`);
+    return 0;
+  } finally {
+    await client.close();
+  }
+}

@@ -11,7 +11,7 @@ import { type CreateSandboxRequest, type ImportProgress, type SandboxInfo, Warre
 import { ProgressPrinter, formatTable } from './output';
 import { runShell } from './shell';
 import type { NodeClusterOptions } from '../gateway/up';
-import { cmdGateway, cmdJob, cmdNode } from './cluster';
+import { cmdGateway, cmdJob, cmdNode, cmdNodes } from './cluster';
 import { lookupTable } from '../validation';
 
 export const DEFAULT_URL = 'http://127.0.0.1:7070';
@@ -52,6 +52,7 @@ commands:
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
   gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT]   one node over the shim protocol
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
+  nodes [--json]                                   a cluster's nodes: pool, epoch, load, capacity (through a cluster gateway)
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete|reclaim]
@@ -752,6 +753,7 @@ const COMMANDS: Record<string, (args: string[], io: Io) => Promise<number>> = lo
   node: cmdNode,
   gateway: cmdGateway,
   job: cmdJob,
+  nodes: cmdNodes,
   create: cmdCreate,
   exec: cmdExec,
   shell: cmdShell,

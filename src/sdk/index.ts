@@ -14,6 +14,7 @@
  */
 import type { Readable } from 'node:stream';
 import { Pool } from 'undici';
+import type { NodeRecord } from '../cluster/placement';
 import { type ErrorCode, WarrenError } from '../errors';
 import type {
   BackendName,
@@ -152,6 +153,24 @@ export interface ExecStreamOptions extends Omit<ExecOptions, 'encoding'> {
   /** Each chunk of stdout as it comes (a slow listener does not slow the command: chunks are queued in the client). */
   onStdout?: (chunk: Buffer) => void;
   onStderr?: (chunk: Buffer) => void;
+}
+
+/** A node as its latest record in etcd says (docs/cluster.md), as a cluster gateway shows it. */
+export interface ClusterNode extends Omit<NodeRecord, 'images'> {
+  /** The names of the images it holds. */
+  images: string[];
+  /** Creates this gateway counts on top of the record (in flight, or done since it was written). */
+  pending: number;
+  /** How old the record is, by the gateway's clock. */
+  recordAgeMs: number;
+}
+
+export interface ClusterNodes {
+  nodes: ClusterNode[];
+  /** Nodes that lost their lease, with the registrations (epochs) they lost. */
+  lost: { node: string; epochs: number[] }[];
+  /** Layer digests staged in the overflow pool's registry. */
+  staged: string[];
 }
 
 export interface Health {
@@ -315,6 +334,11 @@ export class WarrenClient {
 
   features(): Promise<FeatureReport> {
     return this.requestJson('GET', '/v1/features');
+  }
+
+  /** Admin, through a cluster gateway: the live nodes as their records say, the lost ones, the staged layers. */
+  clusterNodes(): Promise<ClusterNodes> {
+    return this.requestJson('GET', '/v1/cluster/nodes');
   }
 
   async createSandbox(req: CreateSandboxRequest = {}): Promise<Sandbox> {
