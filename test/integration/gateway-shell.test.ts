@@ -282,10 +282,15 @@ test('a client reusing a command id after re-attaching gets the new command\'s d
 async function ptyConn(t: ExecutionContext, url: string, token: string, id: string, query: string) {
   const c = must(t, await open(wsUrl(url, id, query), { token }));
   const text = () => Buffer.concat(c.frames.filter((f): f is Buffer => Buffer.isBuffer(f))).toString('utf8');
+  // A bound, not a timing target. A failure names every frame that came, to tell a shell that
+  // never answered from output that went elsewhere.
   const waitFor = async (needle: string) => {
-    const deadline = Date.now() + 10_000;
+    const deadline = Date.now() + 30_000;
     while (!text().includes(needle)) {
-      if (Date.now() > deadline) throw new Error(`no ${JSON.stringify(needle)} in pty output: ${JSON.stringify(text())}`);
+      if (Date.now() > deadline) {
+        const frames = c.frames.map((f) => (Buffer.isBuffer(f) ? `binary ${f.length} B` : JSON.stringify(f).slice(0, 200))).join('; ');
+        throw new Error(`no ${JSON.stringify(needle)} in pty output: ${JSON.stringify(text())}; frames: ${frames}`);
+      }
       await c.next(() => true, 10_000).catch(() => undefined);
     }
   };
