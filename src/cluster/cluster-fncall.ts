@@ -14,7 +14,7 @@ import type { RunCodeRequest, RunJupyterRequest, RunJupyterResponse } from '../s
 import type { InvokeRequest, InvokeResult, JudgeRequest, JudgeResult, PoolStats } from '../shim/fncall/types';
 import type { RemoteShim } from '../shim/remote/client';
 import type { FnCallApi } from '../shim/types';
-import type { NodeRecord } from './placement';
+import { type NodeRecord, imageMatches } from './placement';
 
 /** What ClusterFnCall needs of its ClusterShim. */
 export interface FnCallNodes {
@@ -70,7 +70,7 @@ export class ClusterFnCall implements FnCallApi {
   /** The least loaded live node with FnCall, among those holding `image` when any does. */
   private async pick(image?: string): Promise<{ rec: NodeRecord; fn: FnCallApi }> {
     const live = this.nodes.live().filter((n) => !n.fenced);
-    const holders = image === undefined ? [] : live.filter((n) => n.images.some((i) => i.name === image || i.digest === image));
+    const holders = image === undefined ? [] : live.filter((n) => n.images.some((i) => imageMatches(i, image)));
     const load = (n: NodeRecord) => (n.used.sandboxes + n.used.creating) / Math.max(1, n.capacity.sandboxes);
     let lastErr: unknown = new WarrenError('RESOURCE_EXHAUSTED', 'no node of the cluster has FnCall pools', { retryAfterS: 1 });
     for (const rec of [...(holders.length > 0 ? holders : live)].sort((a, b) => load(a) - load(b))) {

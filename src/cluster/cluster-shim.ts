@@ -54,10 +54,9 @@ import type {
   SessionInfo,
   Shim,
 } from '../shim/types';
-import type { PlacementAsk } from '../validation';
 import { ClusterFnCall } from './cluster-fncall';
 import type { ClusterCredential } from './credential';
-import { type NodeRecord, type PlacementRequest, nodeOfSandbox, placeMany } from './placement';
+import { type NodeRecord, imageMatches, nodeOfSandbox, placeMany, placementRequest } from './placement';
 
 /**
  * What a ClusterShim knows of the nodes. In `warren gateway` it is the
@@ -330,10 +329,7 @@ export class ClusterShim implements Shim {
   }
 
   async createSandbox(spec: SandboxSpec, principal?: Principal, opts: CreateOptions = {}): Promise<SandboxInfo> {
-    const ask: PlacementAsk = opts.placement ?? {};
-    const req: PlacementRequest = { backend: spec.backend, image: spec.image, workspaces: spec.workspaces, toolkits: spec.toolkits };
-    if (ask.nodeSelector) req.nodeSelector = ask.nodeSelector;
-    if (ask.nodes) req.nodes = ask.nodes;
+    const req = placementRequest(spec, opts.placement ?? {});
     const exclude = new Set<string>();
     let lastErr: WarrenError | null = null;
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -365,7 +361,7 @@ export class ClusterShim implements Shim {
 
   async listSandboxes(filter?: SandboxFilter): Promise<SandboxList> {
     const lists = await this.everyNode('list', (s) => s.listSandboxes(filter));
-    const all: SandboxList = lists.flat().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const all: SandboxList = lists.flat().sort(byId);
     if (lists.unreachable) all.unreachable = lists.unreachable;
     return all;
   }
@@ -373,7 +369,7 @@ export class ClusterShim implements Shim {
   /** A page across the nodes: each node's page after the same id, merged by id, cut at the limit. */
   async listSandboxesPage(filter: SandboxFilter, page: { limit: number; after?: string }): Promise<{ sandboxes: SandboxInfo[]; next?: string; unreachable?: string[] }> {
     const pages = await this.everyNode('list', (s) => s.listSandboxesPage(filter, page));
-    const all = pages.flatMap((p) => p.sandboxes).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    const all = pages.flatMap((p) => p.sandboxes).sort(byId);
     const more = all.length > page.limit || pages.some((p) => p.next !== undefined);
     const sandboxes = all.slice(0, page.limit);
     const last = sandboxes.at(-1);
@@ -442,7 +438,7 @@ export class ClusterShim implements Shim {
   private probe(image: string | undefined): NodeRecord {
     const live = this.opts.members.live();
     if (live.length === 0) throw new WarrenError('RESOURCE_EXHAUSTED', 'no node is registered in the cluster', { retryAfterS: 1 });
-    return live.find((n) => image !== undefined && n.images.some((i) => i.name === image || i.digest === image || `${i.name}:latest` === image)) ?? live[0]!;
+    return live.find((n) => image !== undefined && n.images.some((i) => imageMatches(i, image))) ?? live[0]!;
   }
 
   /** Checked on a node that holds the image; the node a create lands on checks again for itself. */
@@ -579,6 +575,11 @@ export class ClusterShim implements Shim {
     this.conns.clear();
     await Promise.all(conns.map((c) => c.ready?.close().catch(() => undefined)));
   }
+}
+
+/** Sandboxes in id order: the order of every node's pages. */
+function byId(a: SandboxInfo, b: SandboxInfo): number {
+  return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
 }
 
 /** An optional method of a node's shim, or NOT_SUPPORTED when the node does not offer it. */

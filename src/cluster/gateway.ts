@@ -30,7 +30,7 @@ import { NDJSON_CONTENT_TYPE } from '../gateway/ndjson';
 import { createGateway } from '../gateway/server';
 import type { BackendName, SandboxUsage } from '../shim/types';
 import { openDatabase } from '../state/db';
-import { type PlacementAsk, validateCreateRequest, validatePlacementAsk } from '../validation';
+import { validateCreateRequest, validatePlacementAsk } from '../validation';
 import { ClusterAccounts } from './accounts';
 import { ClusterShim } from './cluster-shim';
 import type { ClusterCredential } from './credential';
@@ -38,7 +38,7 @@ import { type EtcdConfig, keys, openEtcd, parseJson, readPrefix, store } from '.
 import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type ShareRef, isTerminal, jobStatus, validateJobRequest } from './jobs';
 import { Membership } from './membership';
 import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
-import { type PlacementRequest, placeMany } from './placement';
+import { placeMany, placementRequest } from './placement';
 
 export interface ClusterGatewayOptions {
   etcd: EtcdConfig;
@@ -143,12 +143,6 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     return u;
   }
 
-  function placementRequest(spec: { backend: BackendName; image: string; workspaces: string[]; toolkits: string[] }, ask: PlacementAsk): PlacementRequest {
-    const r: PlacementRequest = { backend: spec.backend, image: spec.image, workspaces: spec.workspaces, toolkits: spec.toolkits };
-    if (ask.nodeSelector) r.nodeSelector = ask.nodeSelector;
-    if (ask.nodes) r.nodes = ask.nodes;
-    return r;
-  }
 
 
   const shimOpts: ConstructorParameters<typeof ClusterShim>[0] = { members, credential, usageOf: usage, log };

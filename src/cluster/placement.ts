@@ -20,6 +20,7 @@
  * request is placed again.
  */
 import type { BackendName } from '../shim/types';
+import type { PlacementAsk } from '../validation';
 
 export type Pool = 'onprem' | 'overflow';
 
@@ -125,7 +126,7 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
   for (const ref of [...req.toolkits, ...req.workspaces, req.image]) {
     let found: string[] | null = null;
     for (const n of nodes) {
-      const img = n.images.find((i) => i.name === ref || i.digest === ref || `${i.name}:latest` === ref);
+      const img = n.images.find((i) => imageMatches(i, ref));
       if (img) {
         found = img.layers.length > 0 ? img.layers : [img.digest];
         break;
@@ -141,9 +142,22 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
   return out;
 }
 
+/** Whether image `i` is what `ref` names: its name, its digest, or `name:latest`. */
+export function imageMatches(i: NodeImage, ref: string): boolean {
+  return i.name === ref || i.digest === ref || `${i.name}:latest` === ref;
+}
+
 /** Whether `n` holds what `ref` names: an image by name or digest, or a layer by its digest (a workspace or toolkit may name one). */
-function holdsRef(n: NodeRecord, ref: string): boolean {
-  return n.images.some((i) => i.name === ref || i.digest === ref || `${i.name}:latest` === ref) || n.layers.includes(ref);
+export function holdsRef(n: NodeRecord, ref: string): boolean {
+  return n.images.some((i) => imageMatches(i, ref)) || n.layers.includes(ref);
+}
+
+/** What placement needs of a create: its backend and every layer reference, with the request's ask. */
+export function placementRequest(spec: { backend: BackendName; image: string; workspaces: readonly string[]; toolkits: readonly string[] }, ask: PlacementAsk): PlacementRequest {
+  const r: PlacementRequest = { backend: spec.backend, image: spec.image, workspaces: spec.workspaces, toolkits: spec.toolkits };
+  if (ask.nodeSelector) r.nodeSelector = ask.nodeSelector;
+  if (ask.nodes) r.nodes = ask.nodes;
+  return r;
 }
 
 function capacityLeft(n: NodeRecord, reserved: Map<string, number> | undefined): number {

@@ -94,10 +94,11 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       if (explain !== undefined && explain !== '1' && explain !== '0') throw new WarrenError('INVALID_ARGUMENT', 'explain must be 1 or 0', { field: 'explain' });
       const body = await readJson(req);
       // `placement` is a cluster's to act on (a single node is the only node); the rest is the sandbox
-      const { placement, ...rest } = typeof body === 'object' && body !== null && !Array.isArray(body) ? (body as Record<string, unknown>) : { placement: undefined };
+      const isObject = typeof body === 'object' && body !== null && !Array.isArray(body);
+      const { placement, ...rest } = isObject ? (body as Record<string, unknown>) : { placement: undefined };
       const features = await ctx.shim.features();
       const availableBackends = (Object.keys(features.backends) as BackendName[]).filter((b) => features.backends[b]?.available);
-      const spec = validateCreateRequest(typeof body === 'object' && body !== null && !Array.isArray(body) ? rest : body, { owner: account.id, host: features.host ?? ctx.host, availableBackends });
+      const spec = validateCreateRequest(isObject ? rest : body, { owner: account.id, host: features.host ?? ctx.host, availableBackends });
       const createOpts: CreateOptions = { placement: validatePlacementAsk(placement), explain: explain === '1' };
       // Roles: runtime accounts create only from published environments and node
       // images, builders also from their own packs, admins from anything; the
