@@ -298,6 +298,7 @@ class ShellConnection {
     att.onExit((status) => this.onExit(status));
     // pty mode sees gaps in the offsets of its binary frames; command mode's offsets also count status bytes, so it is told.
     if (mode === 'command') att.onLost?.((bytes, next) => this.onLost(bytes, next));
+    att.onDisconnect?.((reason) => this.onDisconnect(reason));
     registry.all.add(this);
     // If the socket never opens (client vanished mid-handshake), let go of the session.
     this.openTimer = setTimeout(() => {
@@ -397,6 +398,18 @@ class ShellConnection {
     setTimeout(() => ws.destroy(), CLOSE_GRACE_MS).unref();
   }
 
+  /** The attachment broke under us (the node could not be reached again): the client re-attaches from its offset. */
+  private onDisconnect(reason: string): void {
+    if (this.closed) return;
+    this.unthrottle();
+    this.closed = true;
+    this.registry.all.delete(this);
+    this.pending = [];
+    this.pendingBytes = 0;
+    this.ws?.close(CLOSE_CODES.ATTACHMENT_LOST, 'session attachment lost: re-attach with session= and offset=');
+    this.log(`shell: session ${this.att.info.id} of ${this.sandboxId}: ${reason}`);
+  }
+
   private onLost(bytes: number, next: number): void {
     if (this.closed) return;
     this.nextOffset = Math.max(this.nextOffset, next);
@@ -490,20 +503,25 @@ class ShellConnection {
       const m = expectObject(parsed, 'message');
       switch (m.type) {
         case 'run': {
-          rejectUnknown(m, ['type', 'id', 'cmd', 'timeoutMs', 'idempotencyKey']);
+          rejectUnknown(m, ['type', 'id', 'cmd', 'timeoutMs', 'idempotencyKey', 'resume']);
           id = validateCommandId(m.id);
           if (this.mode !== 'command') throw new WarrenError('INVALID_ARGUMENT', 'run is only available in command mode (mode=command)');
           const cmd = expectString(m.cmd, 'cmd', { maxBytes: LIMITS.cmdBytes });
           const timeoutMs = m.timeoutMs === undefined ? undefined : expectNumber(m.timeoutMs, 'timeoutMs', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max, true);
+          if (m.resume !== undefined && typeof m.resume !== 'boolean') throw new WarrenError('INVALID_ARGUMENT', 'resume: must be a boolean', { field: 'resume' });
+          const resume = m.resume === true;
           const cmdId = id;
-          // From now on the id names this command: an earlier one's report must not hide its own.
-          this.forgetDone(cmdId);
           if (m.idempotencyKey !== undefined) {
+            this.forgetDone(cmdId);
             this.runKeyed(cmdId, cmd, timeoutMs, validateIdempotencyKey(m.idempotencyKey));
             return;
           }
+          // From now on the id names this command: an earlier one's report must not hide its own.
+          // A resume names the same command: its done, replayed before this message came, stands.
+          if (!resume) this.forgetDone(cmdId);
+          else if (this.recentDone.includes(cmdId)) return;
           this.runningHere.set(cmdId, null);
-          this.att.run(cmdId, cmd, timeoutMs).then(
+          this.att.run(cmdId, cmd, timeoutMs, resume).then(
             (res) => {
               this.runningHere.delete(cmdId);
               this.reportDone(cmdId, res);

@@ -20,7 +20,18 @@ export interface ShellOptions {
   connectTimeoutMs?: number;
   /** Output listener installed before the handshake, so replayed output right after hello is never missed. */
   onOutput?: (out: ShellOutput) => void;
+  /**
+   * Re-attach by itself when the connection breaks (closed without a close frame, the gateway
+   * going away, the gateway losing the session's node): from the last offset received, so no
+   * output is lost or repeated, and a command in flight is resumed (it runs exactly once) instead
+   * of failing. Tried for `reconnectWindowMs` (default 15 s). Default true.
+   */
+  reconnect?: boolean;
+  reconnectWindowMs?: number;
 }
+
+/** Close codes after which the session is still there to re-attach to. */
+const RESUMABLE_CLOSE = new Set([1001, 1006, 1011, 1012, 1013, 4500]);
 
 export interface ShellOutput {
   stream: 'stdout' | 'stderr' | 'pty';
@@ -66,6 +77,8 @@ interface ActiveRun {
   lost: number;
   resolve: (r: CommandOutcome) => void;
   reject: (e: Error) => void;
+  /** The message, sent again after a re-attach (as a resume, or with its idempotency key). */
+  msg: Record<string, unknown>;
 }
 
 export declare interface ShellClient {
@@ -74,6 +87,7 @@ export declare interface ShellClient {
   on(event: 'exit', listener: (e: ShellExit) => void): this;
   on(event: 'error', listener: (e: WarrenError) => void): this;
   on(event: 'close', listener: (code: number, reason: string) => void): this;
+  on(event: 'reconnect', listener: (r: { code: number; attempts: number }) => void): this;
   on(event: string, listener: (...args: any[]) => void): this;
 }
 
@@ -137,8 +151,32 @@ export class ShellClient extends EventEmitter {
     return client.start(url, token, opts);
   }
 
+  private url = '';
+  private token: string | undefined;
+  private opts: ShellOptions = {};
+  /** detach() or close() was called: the socket's end is ours. */
+  private ending = false;
+  /** The connection broke and the session is being attached again: runs wait for it. */
+  private reattaching: Promise<void> | null = null;
+
   private start(url: string, token: string | undefined, opts: ShellOptions): Promise<ShellClient> {
-    const u = new URL(url);
+    this.url = url;
+    this.token = token;
+    this.opts = opts;
+    if (opts.onOutput) this.on('output', opts.onOutput);
+    return this.open(opts).then(
+      () => this,
+      (err) => {
+        this.closed = true;
+        this.resolveClosed();
+        throw err;
+      },
+    );
+  }
+
+  /** One socket: resolves at its hello, rejects if it ends before. Its close after that is onSocketClose's. */
+  private open(opts: ShellOptions): Promise<void> {
+    const u = new URL(this.url);
     u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
     if (opts.mode) u.searchParams.set('mode', opts.mode);
     if (opts.session) u.searchParams.set('session', opts.session);
@@ -146,18 +184,17 @@ export class ShellClient extends EventEmitter {
     if (opts.cols !== undefined) u.searchParams.set('cols', String(opts.cols));
     if (opts.rows !== undefined) u.searchParams.set('rows', String(opts.rows));
     const headers: Record<string, string> = {};
-    if (token) headers.authorization = `Bearer ${token}`;
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
     const ws = new WebSocket(u.toString(), {
       headers,
       perMessageDeflate: false,
-      handshakeTimeout: opts.connectTimeoutMs ?? 30_000,
+      handshakeTimeout: this.opts.connectTimeoutMs ?? 30_000,
       maxPayload: 64 * 1024 * 1024,
     });
     ws.binaryType = 'nodebuffer';
     this.ws = ws;
-    if (opts.onOutput) this.on('output', opts.onOutput);
 
-    return new Promise<ShellClient>((resolve, reject) => {
+    return new Promise<void>((resolve, reject) => {
       let settled = false;
       const fail = (err: Error) => {
         if (settled) return;
@@ -201,25 +238,92 @@ export class ShellClient extends EventEmitter {
           this.session = String(hello.session);
           this.mode = hello.mode === 'pty' ? 'pty' : 'command';
           this.offset = Number(hello.offset) || 0;
-          this.replayEnd = Number(hello.liveOffset) || this.offset;
+          // After a re-attach, output from where this client had got to belongs to the command in flight.
+          if (opts === this.opts) this.replayEnd = Number(hello.liveOffset) || this.offset;
           settled = true;
-          resolve(this);
+          resolve();
           return;
         }
         this.onFrame(data, isBinary);
       });
       ws.on('close', (code: number, reason: Buffer) => {
-        this.closed = true;
-        this.closeCode = code;
-        this.closeReason = reason.toString('utf8');
-        if (!settled) fail(new WarrenError('UNAVAILABLE', `shell closed during the handshake (${code} ${this.closeReason})`));
-        const active = this.active;
-        this.active = null;
-        if (active) active.reject(closedError(code, this.closeReason));
-        this.emit('close', code, this.closeReason);
-        this.resolveClosed();
+        if (!settled) {
+          fail(new WarrenError('UNAVAILABLE', `shell closed during the handshake (${code} ${reason.toString('utf8')})`));
+          return;
+        }
+        this.onSocketClose(ws, code, reason.toString('utf8'));
       });
     });
+  }
+
+  private onSocketClose(ws: WebSocket, code: number, reason: string): void {
+    if (ws !== this.ws) return;
+    const resumable = !this.ending && this.exit === null && this.opts.reconnect !== false && this.session !== '' && RESUMABLE_CLOSE.has(code);
+    if (resumable) {
+      this.reattaching = this.reattach(code, reason).finally(() => (this.reattaching = null));
+      return;
+    }
+    this.ended(code, reason);
+  }
+
+  /** The socket is gone for good: fail what waits, tell the listeners. */
+  private ended(code: number, reason: string): void {
+    this.closed = true;
+    this.closeCode = code;
+    this.closeReason = reason;
+    const active = this.active;
+    this.active = null;
+    if (active) active.reject(closedError(code, reason));
+    this.emit('close', code, reason);
+    this.resolveClosed();
+  }
+
+  /**
+   * Attach to the same session again from the last offset received, for up to the reconnect
+   * window, and send the command in flight again: as a resume (the shell runs it only if the
+   * first message never reached it), or with its idempotency key (the gateway answers the first
+   * run's result).
+   */
+  private async reattach(code: number, reason: string): Promise<void> {
+    const deadline = Date.now() + (this.opts.reconnectWindowMs ?? 15_000);
+    let delay = 50;
+    let attempts = 0;
+    for (;;) {
+      if (this.ending) {
+        this.ended(code, reason);
+        return;
+      }
+      attempts++;
+      try {
+        const again: ShellOptions = { mode: this.mode, session: this.session, offset: this.offset };
+        const from = this.offset;
+        await this.open(again);
+        if (this.ending) {
+          this.ws.close(1000, 'detach');
+          return;
+        }
+        if (this.active !== null) {
+          // output at or after where this client had got to is the command's own
+          this.replayEnd = from;
+          const msg = this.active.msg;
+          this.ws.send(JSON.stringify(msg.idempotencyKey === undefined ? { ...msg, resume: true } : msg));
+        } else {
+          this.replayEnd = from;
+        }
+        this.emit('reconnect', { code, attempts });
+        return;
+      } catch (err) {
+        const e = err as WarrenError;
+        // the session or the sandbox is gone, or this token may no longer attach: nothing to resume
+        const final = e instanceof WarrenError && e.status >= 400 && e.status < 500;
+        if (final || this.ending || Date.now() + delay > deadline) {
+          this.ended(code, reason);
+          return;
+        }
+        await new Promise((r) => setTimeout(r, delay));
+        delay = Math.min(delay * 2, 1000);
+      }
+    }
   }
 
   private onFrame(data: Buffer, isBinary: boolean): void {
@@ -315,7 +419,10 @@ export class ShellClient extends EventEmitter {
    * and variables persists between runs). Runs are queued one at a time.
    */
   run(cmd: string, opts: RunOptions = {}): Promise<CommandOutcome> {
-    const next = this.queue.then(() => this.runNow(cmd, opts));
+    const next = this.queue.then(async () => {
+      if (this.reattaching !== null) await this.reattaching;
+      return this.runNow(cmd, opts);
+    });
     this.queue = next.catch(() => undefined);
     return next;
   }
@@ -323,10 +430,10 @@ export class ShellClient extends EventEmitter {
   private runNow(cmd: string, opts: RunOptions): Promise<CommandOutcome> {
     return new Promise<CommandOutcome>((resolve, reject) => {
       const id = `${this.idPrefix}${this.nextId++}`;
-      this.active = { id, stdout: [], stderr: [], lost: 0, resolve, reject };
       const msg: Record<string, unknown> = { type: 'run', id, cmd };
       if (opts.timeoutMs !== undefined) msg.timeoutMs = opts.timeoutMs;
       if (opts.idempotencyKey !== undefined) msg.idempotencyKey = opts.idempotencyKey;
+      this.active = { id, stdout: [], stderr: [], lost: 0, resolve, reject, msg };
       try {
         this.sendJson(msg);
       } catch (err) {
@@ -353,6 +460,7 @@ export class ShellClient extends EventEmitter {
   /** End the session (its shell is killed) and wait for the socket to close. */
   async close(): Promise<ShellExit | null> {
     if (!this.closed) {
+      this.ending = true;
       try {
         this.sendJson({ type: 'close' });
       } catch {
@@ -368,6 +476,7 @@ export class ShellClient extends EventEmitter {
   /** Drop this connection; the session keeps running. Re-attach with `{ session, offset }`. */
   async detach(): Promise<void> {
     if (!this.closed) {
+      this.ending = true;
       this.ws.close(1000, 'detach');
       const timer = setTimeout(() => this.ws.terminate(), 5_000);
       await this.closedPromise;

@@ -759,7 +759,7 @@ export class ShimNode {
       onOutput: (l) => att.onOutput(l),
       onCommandDone: (l) => att.onCommandDone(l),
       onExit: (l) => att.onExit(l),
-      run: (commandId, command, timeoutMs) =>
+      run: (commandId, command, timeoutMs, resume) =>
         new Promise<CommandResult>((resolve, reject) => {
           inOrder((wakeError) => {
             if (wakeError !== null) return reject(wakeError);
@@ -767,7 +767,7 @@ export class ShimNode {
             // att.run sends its frames before it returns: the next step cannot overtake them
             let running: Promise<CommandResult>;
             try {
-              running = att.run(commandId, command, timeoutMs);
+              running = att.run(commandId, command, timeoutMs, resume);
             } catch (err) {
               end();
               return reject(err);
@@ -780,6 +780,7 @@ export class ShimNode {
       signal: (signal) => send(() => att.signal(signal)),
       detach: () => att.detach(),
       onLost: (l) => att.onLost?.(l),
+      onDisconnect: (l) => att.onDisconnect?.(l),
       pauseOutput: () => att.pauseOutput?.(),
       resumeOutput: () => att.resumeOutput?.(),
       recentStatus: async (commandId, after) => (att.recentStatus ? att.recentStatus(commandId, after) : null),

@@ -566,8 +566,12 @@ export interface SessionAttachment {
   onOutput(listener: (out: SessionOutput) => void): void;
   onCommandDone(listener: (res: CommandResult) => void): void;
   onExit(listener: (status: { exitCode: number | null; signal: number | null }) => void): void;
-  /** Command mode: run one command; output streams through onOutput; resolves with its exit code. */
-  run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult>;
+  /**
+   * Command mode: run one command; output streams through onOutput; resolves with its exit code.
+   * `resume`: the command may have been sent already over a connection that was lost; the shell
+   * runs it only if its last command is not `commandId`, else reports that one's status again.
+   */
+  run(commandId: string, command: string, timeoutMs?: number, resume?: boolean): Promise<CommandResult>;
   /** PTY mode: raw bytes to the terminal. */
   write(data: Buffer | string): void;
   resize(cols: number, rows: number): void;
@@ -580,6 +584,11 @@ export interface SessionAttachment {
   /** Back-pressure: take no more output until resumeOutput(); the holder keeps it in its bounded ring meanwhile. */
   pauseOutput?(): void;
   resumeOutput?(): void;
+  /**
+   * The attachment broke without a detach or an exit (its connection to the node was lost and
+   * could not be made again): no more output comes; re-attach from the last offset seen.
+   */
+  onDisconnect?(listener: (reason: string) => void): void;
   /** Command mode: stop the running command as its timeout would (also one another attachment sent). */
   abortCommand?(): void;
   /** How command `commandId` (whose status line ends past offset `after`) ended, from the holder's last 16 status lines; null when not (yet) known. */

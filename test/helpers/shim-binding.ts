@@ -24,6 +24,8 @@ export interface BoundShim {
   shim: Shim;
   /** Stops serving the node (remote); the node itself stays open. */
   close(): Promise<void>;
+  /** Cuts the gateway's stream connections to the node as a network failure would; null in process (there are none). */
+  cutStreams: (() => Promise<number>) | null;
 }
 
 let remoteCount = 0;
@@ -42,7 +44,7 @@ export function clusterBindings(): number {
 export async function bindShim(node: ShimNode, mode = process.env.WARREN_TEST_SHIM): Promise<BoundShim> {
   const local = new LocalShim(node);
   if (mode === 'cluster') return bindCluster(node, local);
-  if (mode !== 'remote') return { shim: local, close: async () => undefined };
+  if (mode !== 'remote') return { shim: local, close: async () => undefined, cutStreams: null };
   remoteCount++;
   const token = randomBytes(24).toString('hex');
   const server = await serveShim({ shim: local, token, host: '127.0.0.1', port: 0 });
@@ -59,6 +61,7 @@ export async function bindShim(node: ShimNode, mode = process.env.WARREN_TEST_SH
       await shim.close();
       await server.close();
     },
+    cutStreams: async () => shim.cutStreams(),
   };
 }
 
@@ -128,5 +131,6 @@ async function bindCluster(node: ShimNode, local: LocalShim): Promise<BoundShim>
       await shim.close();
       await server.close();
     },
+    cutStreams: async () => (await shim.node(record())).cutStreams(),
   };
 }

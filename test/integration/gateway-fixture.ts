@@ -28,6 +28,8 @@ export interface GatewayFixture {
   admin: WarrenClient;
   shim: ShimNode;
   dataDir: string;
+  /** Cuts the gateway's stream connections to its node as a network failure would; null when the gateway holds the node in process. */
+  cutNodeStreams: (() => Promise<number>) | null;
   /** A fresh account with its own client. */
   account(role?: Role): { id: string; token: string; client: WarrenClient };
 }
@@ -89,6 +91,7 @@ export async function withGateway(t: ExecutionContext, fn: (f: GatewayFixture) =
       admin,
       shim,
       dataDir,
+      cutNodeStreams: bound.cutStreams,
       account(role: Role = 'runtime') {
         const { account, token } = auth.createAccount(`t-${role}-${clients.length}`, role);
         const client = new WarrenClient({ url, token });

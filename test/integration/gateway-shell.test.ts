@@ -289,7 +289,18 @@ async function ptyConn(t: ExecutionContext, url: string, token: string, id: stri
     while (!text().includes(needle)) {
       if (Date.now() > deadline) {
         const frames = c.frames.map((f) => (Buffer.isBuffer(f) ? `binary ${f.length} B` : JSON.stringify(f).slice(0, 200))).join('; ');
-        throw new Error(`no ${JSON.stringify(needle)} in pty output: ${JSON.stringify(text())}; frames: ${frames}`);
+        // and what the session itself holds, from its first byte, through a second attachment
+        const hello = c.frames.find((f): f is Record<string, any> => !Buffer.isBuffer(f) && f.type === 'hello');
+        let held = '(no hello)';
+        if (hello !== undefined) {
+          const again = await open(wsUrl(url, id, `?session=${hello.session}&offset=0`), { token });
+          if (again.ok) {
+            await elapse(2000, 'the replay of the whole session');
+            held = JSON.stringify(Buffer.concat(again.conn.frames.filter((f): f is Buffer => Buffer.isBuffer(f))).toString('utf8'));
+            again.conn.ws.close();
+          } else held = `(re-attach failed: ${again.status} ${JSON.stringify(again.body)})`;
+        }
+        throw new Error(`no ${JSON.stringify(needle)} in pty output: ${JSON.stringify(text())}; frames: ${frames}; the session holds ${held}`);
       }
       await c.next(() => true, 10_000).catch(() => undefined);
     }
@@ -408,6 +419,82 @@ test.serial('back-pressure: a client that stops reading is dropped with 4429 and
     await again.closed;
     await sb.delete();
   }, { shell: { stallTimeoutMs: 1000 } });
+});
+
+/** The TCP connection under an SDK shell, cut as a network failure would (no close frame). */
+function cutClient(sh: object): void {
+  (sh as { ws: { _socket: { destroy(): void } } }).ws._socket.destroy();
+}
+
+test('a client connection that breaks mid-command: the SDK attaches again and the command completes, once, with all its output', async (t) => {
+  await withGateway(t, async ({ admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const sh = await sb.shell();
+    const reconnects: number[] = [];
+    sh.on('reconnect', (r: { code: number }) => reconnects.push(r.code));
+    await sh.run('cd /tmp; echo 0 > runs; count() { n=$(cat /tmp/runs); echo $((n+1)) > /tmp/runs; }');
+    // in flight: the command is running when its connection breaks
+    let started = false;
+    sh.on('output', (o: { data: Buffer }) => (started ||= o.data.toString().includes('start')));
+    const running = sh.run('count; echo start; sleep 0.5; echo end');
+    await waitUntil(() => started, 30_000, 'the command to start');
+    cutClient(sh);
+    const r = await running;
+    t.deepEqual([r.exitCode, r.stdout], [0, 'start\nend\n']);
+    t.deepEqual(reconnects, [1006]);
+    t.is((await sh.run('cat /tmp/runs')).stdout, '1\n', 'the command ran once');
+    // lost: the message never left this client; the run sent again after the re-attach runs it
+    const ws = (sh as unknown as { ws: WebSocket }).ws;
+    ws.send = (() => cutClient(sh)) as typeof ws.send;
+    const lost = await sh.run('count; echo ran');
+    t.deepEqual([lost.exitCode, lost.stdout], [0, 'ran\n']);
+    t.deepEqual(reconnects, [1006, 1006]);
+    t.is((await sh.run('cat /tmp/runs')).stdout, '2\n', 'the command ran once');
+    // a command that ends while no connection is open: its done comes with the replay
+    const quick = sh.run('count; echo quick');
+    await waitUntil(async () => (await sb.readFile('/tmp/runs')).toString() === '3\n', 30_000, 'the quick command to run');
+    cutClient(sh);
+    const q = await quick;
+    t.deepEqual([q.exitCode, q.stdout], [0, 'quick\n']);
+    t.is((await sh.run('cat /tmp/runs; echo $PWD')).stdout, '3\n/tmp\n', 'once, in the same shell');
+    await sh.close();
+    await sb.delete();
+  });
+});
+
+// Over the shim protocol only (the remote and cluster-bound copies of this file).
+const overProtocol = testUnless(skip ?? (process.env.WARREN_TEST_SHIM === 'remote' || process.env.WARREN_TEST_SHIM === 'cluster' ? null : 'in process: the gateway holds the node itself, there is no connection to cut'));
+
+overProtocol('the gateway\'s connection to the node breaks mid-command: the gateway attaches again and the client sees nothing of it', async (t) => {
+  await withGateway(t, async ({ admin, cutNodeStreams }) => {
+    if (cutNodeStreams === null) throw new Error('the gateway of this file is not bound over the shim protocol');
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const sh = await sb.shell();
+    const reconnects: number[] = [];
+    sh.on('reconnect', (r: { code: number }) => reconnects.push(r.code));
+    let started = false;
+    sh.on('output', (o: { data: Buffer }) => (started ||= o.data.toString().includes('start')));
+    const running = sh.run('echo run >> /tmp/runs; echo start; sleep 0.5; echo end');
+    await waitUntil(() => started, 30_000, 'the command to start');
+    t.true((await cutNodeStreams()) >= 1, 'the session\'s stream to the node was cut');
+    const r = await running;
+    t.deepEqual([r.exitCode, r.stdout], [0, 'start\nend\n']);
+    // runs asked for right after the cut wait for the new connection
+    await cutNodeStreams();
+    const next = await sh.run('wc -l < /tmp/runs; echo after');
+    t.deepEqual([next.exitCode, next.stdout.replace(/ /g, '')], [0, '1\nafter\n']);
+    t.deepEqual(reconnects, [], 'the client\'s own connection never broke');
+    // pty: input typed while the connection is made again reaches the terminal
+    const pty = await sb.shell({ mode: 'pty' });
+    const screen: Buffer[] = [];
+    pty.on('output', (o: { data: Buffer }) => screen.push(o.data));
+    await cutNodeStreams();
+    pty.write('echo pty-$((6*7))\r');
+    await waitUntil(() => Buffer.concat(screen).toString().includes('pty-42'), 30_000, 'the pty to answer');
+    await pty.close();
+    await sh.close();
+    await sb.delete();
+  });
 });
 
 /**

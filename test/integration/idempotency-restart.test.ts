@@ -140,14 +140,14 @@ it('idempotency keys: a retry after a gateway kill -9 never runs the command twi
       () => 'answered',
       (err: { code?: string }) => err.code,
     );
-    const shell = await sb.shell({ mode: 'command' });
+    const shell = await sb.shell({ mode: 'command', reconnect: false });
     await shell.run('cd /tmp');
     const sessionId = shell.session;
     const offset = shell.offset;
     const shellCmd = 'echo run >> /tmp/shell-runs; sleep 1.5; echo shell-out; echo shell-err >&2; (exit 7)';
     const pendingShell = shell.run(shellCmd, { idempotencyKey: 'shell-1' }).catch((err: { code?: string }) => err.code);
     // A keyed shell command with a timeout that runs past the restart: the timeout still holds.
-    const slow = await sb.shell({ mode: 'command' });
+    const slow = await sb.shell({ mode: 'command', reconnect: false });
     const slowCmd = 'echo run >> /tmp/slow-runs; sleep 30; echo never';
     const pendingSlow = slow.run(slowCmd, { idempotencyKey: 'shell-timeout', timeoutMs: 2500 }).catch((err: { code?: string }) => err.code);
     await waitFor(

@@ -43,7 +43,8 @@ it(`gateway kill -9 and restart keeps sandboxes and sessions`, async (t) => {
 
     const sb = await client.createSandbox({ image: 'busybox', labels: { test: 'crash' } });
     await sb.exec('echo persisted > /tmp/state; (while :; do date +%s >> /tmp/ticks; sleep 0.2; done &) ; true');
-    const shell = await sb.shell({ mode: 'command' });
+    // reconnect: false: this test re-attaches by hand after the kill, as a client of its own would
+    const shell = await sb.shell({ mode: 'command', reconnect: false });
     await step('the first command', shell.run('cd /tmp && export CRASH=yes'));
     const sessionId = shell.session;
     const offset = shell.offset;

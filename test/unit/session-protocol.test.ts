@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process';
 import test from 'ava';
 import { WarrenError } from '../../src/errors';
 import {
@@ -125,12 +126,31 @@ test('command ids, quoting and the command wrapper', (t) => {
   const w = commandWrapper('c1', "echo 'a'\necho $HOME");
   t.is(
     w,
-    `command trap 'command break 999999 2>/dev/null' WINCH; for _ in 1; do command eval 'echo '\\''a'\\''\necho $HOME'; done </dev/null 3>&-; ` +
-      `command printf 'c1 %d\\n' "$?" >&3\n`,
+    `command trap 'command break 999999 2>/dev/null' WINCH; __warren_cmd=c1; for _ in 1; do command eval 'echo '\\''a'\\''\necho $HOME'; done </dev/null 3>&-; ` +
+      `__warren_rc=$?; command printf 'c1 %d\\n' "$__warren_rc" >&3\n`,
   );
   const err = t.throws(() => commandWrapper('c1', 'echo \0x'), { instanceOf: WarrenError });
   t.is(err?.code, 'INVALID_ARGUMENT');
   t.throws(() => commandWrapper('bad id', 'true'), { instanceOf: WarrenError });
+});
+
+// The shells a session may run: Debian's default image (bash), dash, and busybox images (ash).
+const SHELLS = [['bash'], ['dash'], ['busybox', 'sh']].filter(([cmd]) => spawnSync('sh', ['-c', `command -v ${cmd}`]).status === 0);
+
+test('a resumed command runs only if the shell did not start it, and repeats its status otherwise', (t) => {
+  t.true(SHELLS.length > 0, 'no shell to try the wrapper in');
+  const lines =
+    commandWrapper('c1', 'echo ran-c1; false') +
+    commandWrapper('c1', 'echo ran-c1-again', true) +
+    commandWrapper('c2', 'echo ran-c2; f() { return 3; }; f', true) +
+    commandWrapper('c2', 'echo ran-c2-again', true) +
+    commandWrapper('c1', 'echo ran-c1-third', true);
+  for (const sh of SHELLS) {
+    // fd 3 is the status pipe, as in a session
+    const r = spawnSync(sh[0]!, sh.slice(1), { input: lines, stdio: ['pipe', 'pipe', 'pipe', 'pipe'], encoding: 'utf8' });
+    t.is(r.stdout, 'ran-c1\nran-c2\nran-c1-third\n', `${sh.join(' ')}: what ran`);
+    t.is((r.output[3] as string | null) ?? '', 'c1 1\nc1 1\nc2 3\nc2 3\nc1 0\n', `${sh.join(' ')}: the status lines`);
+  }
 });
 
 test('status lines', (t) => {

@@ -52,6 +52,7 @@ export class RemoteShim implements Shim {
   private readonly base: string;
   private readonly auth: string;
   private readonly sockets = new Set<WebSocket>();
+  private closed = false;
 
   private constructor(
     opts: RemoteShimOptions,
@@ -435,9 +436,16 @@ export class RemoteShim implements Shim {
     return this.session('attachSession', [id, sessionId, fromOffset]);
   }
   private async session(method: string, args: Args): Promise<SessionAttachment> {
-    const ch = this.openWs(method, args);
-    const first = await this.firstFrame(ch, method);
-    return new RemoteSession(ch, first.info as SessionInfo, this.nodeId);
+    const open = async (m: string, a: Args) => {
+      if (this.closed) throw new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the gateway's connection to the node is closed`, { closed: true });
+      const ch = this.openWs(m, a);
+      const first = await this.firstFrame(ch, m);
+      return { ch, info: first.info as SessionInfo };
+    };
+    const { ch, info } = await open(method, args);
+    // An attachment replays from the offset asked; a new session's output starts at 0.
+    const from = method === 'attachSession' && typeof args[2] === 'number' ? args[2] : 0;
+    return new RemoteSession(ch, info, this.nodeId, from, (fromOffset) => open('attachSession', [info.sandboxId, info.id, fromOffset]).then((r) => r.ch));
   }
   listSessions(id: string) {
     return this.call<SessionInfo[]>('listSessions', [id]);
@@ -515,10 +523,22 @@ export class RemoteShim implements Shim {
     return this.call<Awaited<ReturnType<NonNullable<Shim['layerStates']>>>>('layerStates', [digests]);
   }
   /**
+   * Cuts every stream connection to the node (exec streams, sessions, watches, VNC) as a network
+   * failure would, without a close frame; the shim stays usable. Sessions attach again by
+   * themselves, the other streams end. For failure drills and tests; returns how many were cut.
+   */
+  cutStreams(): number {
+    const n = this.sockets.size;
+    for (const ws of this.sockets) ws.terminate();
+    return n;
+  }
+
+  /**
    * Drops this gateway's connections to the node, streams included (the node then kills their
    * execs and detaches their sessions); the node itself goes on.
    */
   async close() {
+    this.closed = true;
     for (const ws of this.sockets) ws.terminate();
     await this.agent.destroy();
   }
@@ -567,25 +587,63 @@ class RemoteFnCall implements FnCallApi {
   }
 }
 
-/** A session attachment whose session lives on the node; this end keeps the listener semantics of ShellSession. */
+/** How long a session attachment tries to reach its node again after its connection broke. */
+const RECONNECT_WINDOW_MS = 10_000;
+/** Frames (input, resizes, signals) kept for the node while the connection is made again. */
+const OUTBOX_MAX_BYTES = 1024 * 1024;
+
+interface PendingAsk {
+  ok: (v: unknown) => void;
+  err: (e: unknown) => void;
+  /** A run: sent again after a lost connection (as a resume when it may have reached the node). */
+  run?: { commandId: string; command: string; timeoutMs?: number; sent: boolean };
+}
+
+/**
+ * A session attachment whose session lives on the node; this end keeps the
+ * listener semantics of ShellSession. The session outlives this connection:
+ * when the connection breaks without a detach, an exit or a close, it is made
+ * again (for up to RECONNECT_WINDOW_MS) from the last offset passed on, so
+ * the listeners see neither a gap nor a repeat; input sent meanwhile is kept
+ * (bounded) and a run in flight is sent again as a resume, which the shell
+ * runs only if the first one never reached it. An attachment that cannot be
+ * made again tells its onDisconnect listeners.
+ */
 class RemoteSession implements SessionAttachment {
   private outL: Array<(o: SessionOutput) => void> = [];
   private doneL: Array<(r: CommandResult) => void> = [];
   private exitL: Array<(s: { exitCode: number | null; signal: number | null }) => void> = [];
   private lostL: Array<(bytes: number, next: number) => void> = [];
+  private discL: Array<(reason: string) => void> = [];
   private queuedOut: SessionOutput[] = [];
   private queuedDone: CommandResult[] = [];
   private exitStatus: { exitCode: number | null; signal: number | null } | null = null;
   private rid = 0;
-  private readonly pending = new Map<number, { ok: (v: unknown) => void; err: (e: unknown) => void }>();
-
-  private readonly ws: WebSocket;
+  private readonly pending = new Map<number, PendingAsk>();
+  private ws!: WebSocket;
+  /** End of the output passed on to the listeners: a new connection replays from here. */
+  private seen: number;
+  /** detach() or close() was called: the connection's end is ours. */
+  private ending = false;
+  /** The connection broke and is being made again: frames wait in the outbox. */
+  private outbox: string[] | null = null;
+  private outboxBytes = 0;
+  /** pauseOutput() is in force (sent again on a new connection). */
+  private paused = false;
+  private broken: string | null = null;
 
   constructor(
     ch: WsChannel,
     readonly info: SessionInfo,
     private readonly nodeId: string,
+    from: number,
+    private readonly reopen: (fromOffset: number) => Promise<WsChannel>,
   ) {
+    this.seen = from;
+    this.bind(ch);
+  }
+
+  private bind(ch: WsChannel): void {
     const ws = (this.ws = ch.ws);
     ch.onMessage((data: Buffer, isBinary: boolean) => {
       const f = isBinary ? null : parseFrame(data);
@@ -593,7 +651,16 @@ class RemoteSession implements SessionAttachment {
       if ('out' in f) {
         const o = f.out as { stream?: unknown; offset?: unknown; d?: unknown };
         if ((o.stream !== 'stdout' && o.stream !== 'stderr' && o.stream !== 'pty') || typeof o.offset !== 'number' || typeof o.d !== 'string') return ws.terminate();
-        const out: SessionOutput = { stream: o.stream, offset: o.offset, data: Buffer.from(o.d, 'base64') };
+        let data = Buffer.from(o.d, 'base64');
+        let offset = o.offset;
+        // a new connection's replay may begin before what was passed on already
+        if (offset + data.length <= this.seen && data.length > 0) return;
+        if (offset < this.seen) {
+          data = data.subarray(this.seen - offset);
+          offset = this.seen;
+        }
+        this.seen = offset + data.length;
+        const out: SessionOutput = { stream: o.stream, offset, data };
         if (this.outL.length === 0) this.queuedOut.push(out);
         else for (const l of this.outL) l(out);
       } else if ('done' in f) {
@@ -605,6 +672,7 @@ class RemoteSession implements SessionAttachment {
         for (const l of this.exitL) l(this.exitStatus);
       } else if ('lost' in f) {
         const lost = f.lost as { bytes: number; next: number };
+        if (typeof lost.next === 'number' && lost.next > this.seen) this.seen = lost.next;
         for (const l of this.lostL) l(lost.bytes, lost.next);
       } else if ('rid' in f) {
         const p = this.pending.get(Number(f.rid));
@@ -615,18 +683,95 @@ class RemoteSession implements SessionAttachment {
       }
     });
     ws.on('error', () => undefined);
-    ws.once('close', () => {
-      for (const p of this.pending.values()) p.err(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection closed`));
-      this.pending.clear();
-    });
+    ws.once('close', () => this.onClose(ws));
+  }
+
+  private onClose(ws: WebSocket): void {
+    if (ws !== this.ws) return;
+    if (this.ending || this.exitStatus !== null) return this.failPending(`node ${this.nodeId}: the session connection closed`);
+    // Lost. Runs are sent again on the new connection; any other answer is gone with this one.
+    for (const [rid, p] of this.pending) {
+      if (p.run) continue;
+      this.pending.delete(rid);
+      p.err(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection was lost before the answer came`));
+    }
+    this.outbox = [];
+    this.outboxBytes = 0;
+    void this.reconnect();
+  }
+
+  private async reconnect(): Promise<void> {
+    const deadline = Date.now() + RECONNECT_WINDOW_MS;
+    let delay = 25;
+    let why = 'the connection to the node broke';
+    while (!this.ending) {
+      try {
+        const ch = await this.reopen(this.seen);
+        if (this.ending) {
+          ch.ws.close(1000);
+          return;
+        }
+        this.bind(ch);
+        const queued = this.outbox ?? [];
+        this.outbox = null;
+        this.outboxBytes = 0;
+        if (this.paused) this.send({ op: 'pause' });
+        // in the order they were first asked for: runs that may have reached the node went before
+        // anything of the outbox, runs asked for during the outage after it
+        const runs = [...this.pending].filter(([, p]) => p.run !== undefined);
+        for (const [rid] of runs) this.pending.delete(rid);
+        for (const [, p] of runs) if (p.run!.sent) this.sendRun(p);
+        for (const text of queued) this.ws.send(text);
+        for (const [, p] of runs) if (!p.run!.sent) this.sendRun(p);
+        return;
+      } catch (err) {
+        const e = err instanceof WarrenError ? err : new WarrenError('UNAVAILABLE', String(err));
+        why = e.message;
+        // gone for good: the session ended, the sandbox went, or this gateway let go of the node
+        if (e.code === 'SESSION_NOT_FOUND' || e.code === 'SANDBOX_NOT_FOUND' || (e.details as { closed?: unknown } | undefined)?.closed === true) break;
+        if (Date.now() + delay > deadline) break;
+        await new Promise((r) => setTimeout(r, delay));
+        delay = Math.min(delay * 2, 1000);
+      }
+    }
+    if (this.ending) return this.failPending(`node ${this.nodeId}: the session was detached`);
+    this.broken = `node ${this.nodeId}: the session connection was lost and could not be made again (${why})`;
+    this.outbox = null;
+    this.failPending(this.broken);
+    for (const l of this.discL) l(this.broken);
+  }
+
+  private failPending(message: string): void {
+    const all = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of all) p.err(new WarrenError('UNAVAILABLE', message));
   }
 
   private send(frame: Record<string, unknown>): void {
-    if (this.ws.readyState === this.ws.OPEN) this.ws.send(JSON.stringify(frame));
+    const text = JSON.stringify(frame);
+    if (this.outbox !== null) {
+      // a frame that does not fit is dropped, as it would be on a connection that broke mid-send
+      if (this.outboxBytes + text.length <= OUTBOX_MAX_BYTES) {
+        this.outbox.push(text);
+        this.outboxBytes += text.length;
+      }
+      return;
+    }
+    if (this.ws.readyState === this.ws.OPEN) this.ws.send(text);
+  }
+
+  private sendRun(p: PendingAsk): void {
+    const r = p.run!;
+    const rid = ++this.rid;
+    this.pending.set(rid, p);
+    const resume = r.sent;
+    r.sent = true;
+    this.ws.send(JSON.stringify({ op: 'run', rid, commandId: r.commandId, command: r.command, ...(r.timeoutMs !== undefined ? { timeoutMs: r.timeoutMs } : {}), ...(resume ? { resume: true } : {}) }));
   }
 
   private ask<T>(frame: Record<string, unknown>): Promise<T> {
-    if (this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
+    if (this.broken !== null) return Promise.reject(new WarrenError('UNAVAILABLE', this.broken));
+    if (this.outbox === null && this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
     const rid = ++this.rid;
     return new Promise<T>((ok, err) => {
       this.pending.set(rid, { ok: ok as (v: unknown) => void, err });
@@ -654,8 +799,20 @@ class RemoteSession implements SessionAttachment {
   onLost(listener: (bytes: number, nextOffset: number) => void): void {
     this.lostL.push(listener);
   }
-  run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult> {
-    return this.ask<CommandResult>({ op: 'run', commandId, command, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
+  onDisconnect(listener: (reason: string) => void): void {
+    this.discL.push(listener);
+    const why = this.broken;
+    if (why !== null) queueMicrotask(() => listener(why));
+  }
+  run(commandId: string, command: string, timeoutMs?: number, resume = false): Promise<CommandResult> {
+    if (this.broken !== null) return Promise.reject(new WarrenError('UNAVAILABLE', this.broken));
+    if (this.outbox === null && this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
+    return new Promise<CommandResult>((ok, err) => {
+      const p: PendingAsk = { ok: ok as (v: unknown) => void, err, run: { commandId, command, timeoutMs, sent: resume } };
+      // while the connection is made again, the run waits and goes out on the new one
+      if (this.outbox !== null) this.pending.set(++this.rid, p);
+      else this.sendRun(p);
+    });
   }
   write(data: Buffer | string): void {
     this.send({ op: 'write', d: Buffer.from(data).toString('base64') });
@@ -667,16 +824,24 @@ class RemoteSession implements SessionAttachment {
     this.send({ op: 'signal', signal });
   }
   detach(): void {
+    this.ending = true;
     this.ws.close(1000);
   }
   async close(): Promise<void> {
-    await this.ask({ op: 'close' });
-    this.ws.close(1000);
+    // the session is ending: a connection lost now is not made again
+    this.ending = true;
+    try {
+      await this.ask({ op: 'close' });
+    } finally {
+      this.ws.close(1000);
+    }
   }
   pauseOutput(): void {
+    this.paused = true;
     this.send({ op: 'pause' });
   }
   resumeOutput(): void {
+    this.paused = false;
     this.send({ op: 'resume' });
   }
   abortCommand(): void {

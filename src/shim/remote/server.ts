@@ -337,7 +337,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
         switch (msg.op) {
           case 'run':
             if (typeof msg.commandId !== 'string' || typeof msg.command !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'run: commandId and command are strings');
-            reply(msg.rid, att.run(msg.commandId, msg.command, typeof msg.timeoutMs === 'number' ? msg.timeoutMs : undefined));
+            reply(msg.rid, att.run(msg.commandId, msg.command, typeof msg.timeoutMs === 'number' ? msg.timeoutMs : undefined, msg.resume === true));
             break;
           case 'write':
             if (typeof msg.d !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'write: d is base64 text');

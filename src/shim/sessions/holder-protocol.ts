@@ -255,9 +255,9 @@ export function shellQuote(text: string): string {
 /**
  * The line written to the shell's stdin for one command:
  *
- *   command trap 'command break 999999 2>/dev/null' WINCH;
+ *   command trap 'command break 999999 2>/dev/null' WINCH; __warren_cmd=<id>;
  *   for _ in 1; do command eval '<command>'; done </dev/null 3>&-;
- *   command printf '<id> %d\n' "$?" >&3
+ *   __warren_rc=$?; command printf '<id> %d\n' "$__warren_rc" >&3
  *
  * The command runs in the current shell (cwd, env, functions, `declare`d
  * variables and jobs persist), with stdin from /dev/null and fd 3 closed (so
@@ -267,15 +267,25 @@ export function shellQuote(text: string): string {
  * the rest of the command is skipped, even a builtin-only loop. `command`
  * keeps user functions named eval/printf/trap/break out of the way (and,
  * unlike bash's `builtin`, works in dash and busybox ash too).
+ *
+ * The shell remembers the id and status of the last command it started
+ * (`__warren_cmd`, `__warren_rc`). A `resume` line is sent again after a
+ * connection was lost with the command in flight, when nobody can tell
+ * whether the first line reached the shell: it runs the command only if the
+ * shell's last command is not this id, and otherwise repeats that command's
+ * status line. The shell reads its lines one at a time, so a resume line that
+ * arrives while the first is still running is read after it has ended: the
+ * command runs exactly once either way.
  */
-export function commandWrapper(commandId: string, command: string): string {
+export function commandWrapper(commandId: string, command: string, resume = false): string {
   validateCommandId(commandId);
   if (typeof command !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'command must be a string');
   if (command.includes('\0')) throw new WarrenError('INVALID_ARGUMENT', 'command must not contain NUL bytes');
-  return (
-    `command trap 'command break 999999 2>/dev/null' WINCH; for _ in 1; do command eval ${shellQuote(command)}; done </dev/null 3>&-; ` +
-    `command printf '${commandId} %d\\n' "$?" >&3\n`
-  );
+  const run =
+    `command trap 'command break 999999 2>/dev/null' WINCH; __warren_cmd=${commandId}; for _ in 1; do command eval ${shellQuote(command)}; done </dev/null 3>&-; ` +
+    `__warren_rc=$?; command printf '${commandId} %d\\n' "$__warren_rc" >&3`;
+  if (!resume) return `${run}\n`;
+  return `if command [ "\${__warren_cmd-}" = ${commandId} ]; then command printf '${commandId} %d\\n' "\${__warren_rc-0}" >&3; else ${run}; fi\n`;
 }
 
 /** Parse one status line ("<id> <code>"); null when it is not one. */

@@ -205,9 +205,9 @@ export class ShellSession implements SessionAttachment {
     return found;
   }
 
-  async run(commandId: string, command: string, timeoutMs?: number): Promise<CommandResult> {
+  async run(commandId: string, command: string, timeoutMs?: number, resume = false): Promise<CommandResult> {
     if (this.info.mode !== 'command') throw new WarrenError('INVALID_ARGUMENT', 'run() needs a command-mode session; use write() on a pty session');
-    const line = commandWrapper(commandId, command); // validates id and NUL bytes
+    const line = commandWrapper(commandId, command, resume); // validates id and NUL bytes
     if (Buffer.byteLength(line) > MAX_COMMAND_BYTES) throw new WarrenError('PAYLOAD_TOO_LARGE', `command is longer than ${MAX_COMMAND_BYTES} bytes`);
     if (timeoutMs !== undefined && (!Number.isInteger(timeoutMs) || timeoutMs < 1 || timeoutMs > MAX_TIMEOUT_MS)) {
       throw new WarrenError('INVALID_ARGUMENT', `timeoutMs must be an integer in 1..${MAX_TIMEOUT_MS}, got ${timeoutMs}`);
@@ -219,7 +219,9 @@ export class ShellSession implements SessionAttachment {
     return new Promise<CommandResult>((resolve, reject) => {
       const p: PendingRun = { commandId, startOffset: this.nextOff, timedOut: false, resolve, reject, timer: undefined, grace: undefined };
       this.pending = p;
-      this.client.sendFrames(encodeMark(), encodeInput(line));
+      // A resumed command may be running already: a MARK now would hide its processes from signals.
+      if (resume) this.client.sendFrames(encodeInput(line));
+      else this.client.sendFrames(encodeMark(), encodeInput(line));
       if (timeoutMs !== undefined) p.timer = setTimeout(() => this.onTimeout(p), timeoutMs);
     });
   }
