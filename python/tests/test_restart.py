@@ -4,6 +4,7 @@ and port, re-attach to the session by id and find its state and unread output.""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Iterator
 
 import pytest
@@ -26,7 +27,8 @@ def node() -> Iterator[WarrenServer]:
 def test_reattach_after_gateway_kill9_and_restart(node: WarrenServer) -> None:
     with node.client() as c:
         sb = c.create_sandbox(image="default")
-        sh = sb.shell()
+        # reconnect=False: this test re-attaches by hand, as a client of its own would
+        sh = sb.shell(reconnect=False)
         sh.run("mkdir -p /work/r; cd /work/r; export ROUND=1; sleep 600 &")
         assert sh.run("jobs").stdout.strip() != ""
         sid, off = sh.session, sh.offset
@@ -51,6 +53,38 @@ def test_reattach_after_gateway_kill9_and_restart(node: WarrenServer) -> None:
         assert third.run("echo back").stdout == "back\n"
         assert b"while-detached" in b"".join(replay)
         third.close()
+        sb.delete()
+
+
+def test_command_in_flight_survives_a_gateway_kill9_and_restart(node: WarrenServer) -> None:
+    """The SDK attaches again by itself once the gateway is back on its address, and the command
+    that was running when the gateway died completes, once, with all its output."""
+    with node.client() as c:
+        sb = c.create_sandbox(image="default")
+        sh = sb.shell(reconnect_window=300)
+        sh.run("cd /tmp; echo 0 > runs")
+        result: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                result["r"] = sh.run("n=$(cat runs); echo $((n+1)) > runs; echo started; sleep 2; echo done-$PWD")
+            except Exception as e:  # reported below
+                result["e"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert wait_for(lambda: sb.exec("cat /tmp/runs").stdout == "1\n", timeout=30), "the command to start"
+        node.kill9()
+        node.start()
+        t.join(timeout=300)
+        assert not t.is_alive(), "the run to end"
+        assert "e" not in result, result.get("e")
+        r = result["r"]
+        assert isinstance(r, warren.CommandResult)
+        assert (r.exit_code, r.stdout) == (0, "started\ndone-/tmp\n")
+        assert sh.reconnects >= 1
+        assert sh.run("cat runs").stdout == "1\n", "the command ran once"
+        sh.close()
         sb.delete()
 
 

@@ -358,11 +358,16 @@ class AsyncSandbox:
         rows: Optional[int] = None,
         connect_timeout: float = 30.0,
         on_output: Optional[OutputCallback] = None,
+        reconnect: bool = True,
+        reconnect_window: float = 15.0,
     ) -> AsyncShellSession:
         """Open a shell session (``mode``: ``"command"`` default, or ``"pty"``), or with ``session``
-        re-attach to one, replaying its output from ``offset`` (default: all still buffered)."""
+        re-attach to one, replaying its output from ``offset`` (default: all still buffered).
+        ``reconnect``: attach again by itself after a lost connection (trying for
+        ``reconnect_window`` seconds) and resume the command in flight (docs/shell-protocol.md,
+        "Lost connections")."""
         q = w.shell_query(mode, session, offset, cols, rows)
-        return await AsyncShellSession.connect(self._c.url, self.id, self._c.token, q, connect_timeout=connect_timeout, on_output=on_output)
+        return await AsyncShellSession.connect(self._c.url, self.id, self._c.token, q, connect_timeout=connect_timeout, on_output=on_output, reconnect=reconnect, reconnect_window=reconnect_window)
 
     # ---- lifecycle
 

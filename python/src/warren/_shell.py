@@ -52,6 +52,9 @@ RUN_GRACE = 30.0
 ABORT_WAIT = 10.0
 # Output kept for read() when nobody consumes it, beyond which the oldest is dropped (counted).
 READ_BUFFER_BYTES = 16 * 1024 * 1024
+# Close codes after which the session is still there to attach to again (docs/shell-protocol.md,
+# "Lost connections"): no close frame, the gateway going away or failing, the node unreachable.
+RESUMABLE_CLOSE = frozenset({1001, 1006, 1011, 1012, 1013, 4500})
 
 
 class _ErrorBodyProtocol(WebSocketClientProtocol):
@@ -72,14 +75,16 @@ class _ErrorBodyProtocol(WebSocketClientProtocol):
 
 
 class _Run:
-    __slots__ = ("id", "future", "stdout", "stderr", "on_output")
+    __slots__ = ("id", "future", "stdout", "stderr", "on_output", "msg")
 
-    def __init__(self, rid: str, future: "asyncio.Future[CommandResult]", on_output: Optional[OutputCallback]) -> None:
+    def __init__(self, rid: str, future: "asyncio.Future[CommandResult]", on_output: Optional[OutputCallback], msg: Dict[str, Any]) -> None:
         self.id = rid
         self.future = future
         self.stdout: List[bytes] = []
         self.stderr: List[bytes] = []
         self.on_output = on_output
+        # sent again after a re-attach: as a resume, or with its idempotency key
+        self.msg = msg
 
 
 def _ws_url(http_url: str) -> str:
@@ -130,6 +135,17 @@ class AsyncShellSession:
         self._data_event = asyncio.Event()
         self._closed = asyncio.Event()
         self._pongs: Dict[str, "asyncio.Future[None]"] = {}
+        self._url = ""
+        self._headers: Dict[str, str] = {}
+        self._connect_timeout = 30.0
+        self._reconnect = True
+        self._reconnect_window = 15.0
+        # detach() or close() was called: the socket's end is ours
+        self._ending = False
+        # set while a socket is open; cleared while the session is being attached again
+        self._live = asyncio.Event()
+        # times the session was attached again after a lost connection
+        self.reconnects = 0
 
     # ---- connecting
 
@@ -143,21 +159,43 @@ class AsyncShellSession:
         *,
         connect_timeout: float = 30.0,
         on_output: Optional[OutputCallback] = None,
+        reconnect: bool = True,
+        reconnect_window: float = 15.0,
     ) -> "AsyncShellSession":
-        from urllib.parse import quote, urlencode
+        """``reconnect``: attach again by itself when the connection breaks (no close frame, the
+        gateway going away, the gateway losing the session's node), from the last offset
+        received, and resume the command in flight: it runs exactly once (docs/shell-protocol.md,
+        "Lost connections"). Tried for ``reconnect_window`` seconds."""
+        from urllib.parse import quote
 
         self = cls()
         self.sandbox_id = sandbox_id
         self._on_output = on_output
-        url = f"{_ws_url(http_url)}/v1/sandboxes/{quote(sandbox_id, safe='')}/shell"
-        if query:
-            url += "?" + urlencode(query)
-        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._url = f"{_ws_url(http_url)}/v1/sandboxes/{quote(sandbox_id, safe='')}/shell"
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._connect_timeout = connect_timeout
+        self._reconnect = reconnect
+        self._reconnect_window = reconnect_window
+        hello = await self._open(query)
+        self.session = str(hello.get("session", ""))
+        self.mode = "pty" if hello.get("mode") == "pty" else "command"
+        self.offset = int(hello.get("offset") or 0)
+        self._replay_end = int(hello.get("liveOffset") or self.offset)
+        self._buffering = self.mode == "pty"
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        return self
+
+    async def _open(self, query: List[Tuple[str, str]]) -> Dict[str, Any]:
+        """One socket, up to its hello (which is returned); it becomes this session's socket."""
+        from urllib.parse import urlencode
+
+        url = self._url + ("?" + urlencode(query) if query else "")
+        connect_timeout = self._connect_timeout
         try:
             ws = await websockets.connect(  # type: ignore[attr-defined]
                 url,
                 create_protocol=_ErrorBodyProtocol,
-                extra_headers=headers,
+                extra_headers=self._headers,
                 open_timeout=connect_timeout,
                 compression=None,
                 max_size=64 * 1024 * 1024,
@@ -168,10 +206,9 @@ class AsyncShellSession:
         except WarrenError:
             raise
         except asyncio.TimeoutError:
-            raise WarrenTimeoutError("TIMEOUT", f"shell handshake with {http_url} did not finish in {connect_timeout}s") from None
+            raise WarrenTimeoutError("TIMEOUT", f"shell handshake with {self._url} did not finish in {connect_timeout}s") from None
         except (OSError, websockets.exceptions.WebSocketException) as e:
-            raise UnavailableError("UNAVAILABLE", f"shell connection to {http_url} failed: {type(e).__name__} {e}") from None
-        self._ws = ws
+            raise UnavailableError("UNAVAILABLE", f"shell connection to {self._url} failed: {type(e).__name__} {e}") from None
         try:
             first = await asyncio.wait_for(ws.recv(), connect_timeout)
             hello = json.loads(first) if isinstance(first, str) else None
@@ -189,13 +226,51 @@ class AsyncShellSession:
             if isinstance(hello, dict) and hello.get("type") == "error":
                 raise error_from_code(str(hello.get("code", "INTERNAL")), str(hello.get("message", "")))
             raise WarrenError("INTERNAL", f"shell: expected hello, got {first!r:.200}")
-        self.session = str(hello.get("session", ""))
-        self.mode = "pty" if hello.get("mode") == "pty" else "command"
-        self.offset = int(hello.get("offset") or 0)
-        self._replay_end = int(hello.get("liveOffset") or self.offset)
-        self._buffering = self.mode == "pty"
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
-        return self
+        self._ws = ws
+        self._live.set()
+        return hello
+
+    def _resumable(self, code: Optional[int]) -> bool:
+        return self._reconnect and not self._ending and self.exit is None and self.session != "" and code in RESUMABLE_CLOSE
+
+    async def _reattach(self) -> bool:
+        """Attach to the same session again from the last offset received, and send the command
+        in flight again. False when the session cannot be reached within the window."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._reconnect_window
+        delay = 0.05
+        while not self._ending:
+            start = self.offset
+            try:
+                await self._open([("mode", self.mode), ("session", self.session), ("offset", str(start))])
+            except (UnavailableError, OSError):
+                # unreachable for now (a gateway restarting, a network blip): try again
+                if loop.time() + delay > deadline:
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            except WarrenError:
+                # the session or the sandbox is gone, or this token may no longer attach
+                return False
+            if self._ending:
+                await self._shutdown_socket()
+                return False
+            # output from where this client had got to is the command in flight's own
+            self._replay_end = start
+            self.reconnects += 1
+            run = self._active
+            if run is not None and not run.future.done():
+                msg = dict(run.msg)
+                if "idempotencyKey" not in msg:
+                    msg["resume"] = True
+                try:
+                    assert self._ws is not None
+                    await self._ws.send(json.dumps(msg, separators=(",", ":")))
+                except websockets.exceptions.ConnectionClosed:
+                    pass  # the reader sees this socket end too, and tries again
+            return True
+        return False
 
     # ---- reading
 
@@ -203,14 +278,21 @@ class AsyncShellSession:
         ws = self._ws
         assert ws is not None
         try:
-            async for msg in ws:
-                if isinstance(msg, bytes):
-                    self._emit(ShellOutput("pty", self.offset, msg))
-                    self.offset += len(msg)
-                else:
-                    self._on_frame(msg)
-        except websockets.exceptions.ConnectionClosed:
-            pass
+            while True:
+                try:
+                    async for msg in ws:
+                        if isinstance(msg, bytes):
+                            self._emit(ShellOutput("pty", self.offset, msg))
+                            self.offset += len(msg)
+                        else:
+                            self._on_frame(msg)
+                except websockets.exceptions.ConnectionClosed:
+                    pass
+                self._live.clear()
+                if not self._resumable(ws.close_code) or not await self._reattach():
+                    break
+                assert self._ws is not None
+                ws = self._ws
         except Exception as e:  # pragma: no cover - a bug here must not hang runs
             self._fail_active(WarrenError("INTERNAL", f"shell reader failed: {e!r}"))
         finally:
@@ -318,6 +400,15 @@ class AsyncShellSession:
         return self._closed.is_set()
 
     async def _send(self, obj: Union[Mapping[str, Any], bytes]) -> None:
+        if not self._live.is_set() and not self._closed.is_set():
+            # being attached again: what is sent goes on the new connection
+            closed = asyncio.ensure_future(self._closed.wait())
+            live = asyncio.ensure_future(self._live.wait())
+            try:
+                await asyncio.wait({closed, live}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closed.cancel()
+                live.cancel()
         ws = self._ws
         if ws is None or self._closed.is_set():
             raise UnavailableError("UNAVAILABLE", "shell connection is closed")
@@ -354,7 +445,7 @@ class AsyncShellSession:
             rid = f"{self._id_prefix}{self._next_id}"
             self._next_id += 1
             msg["id"] = rid
-            run = _Run(rid, asyncio.get_running_loop().create_future(), on_output)
+            run = _Run(rid, asyncio.get_running_loop().create_future(), on_output, msg)
             self._active = run
             try:
                 await self._send(msg)
@@ -451,6 +542,7 @@ class AsyncShellSession:
 
     async def close(self, timeout: float = 10.0) -> Optional[ShellExit]:
         """End the session (its shell is killed) and wait for the socket to close."""
+        self._ending = True
         if not self._closed.is_set():
             try:
                 await self._send({"type": "close"})
@@ -462,9 +554,19 @@ class AsyncShellSession:
 
     async def detach(self) -> None:
         """Drop this connection only; the session keeps running (re-attach with session, offset)."""
+        self._ending = True
         await self._shutdown()
 
     async def _shutdown(self) -> None:
+        self._ending = True
+        await self._shutdown_socket()
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reader), 5.0)
+            except (asyncio.TimeoutError, Exception):
+                self._reader.cancel()
+
+    async def _shutdown_socket(self) -> None:
         ws = self._ws
         if ws is not None:
             try:
@@ -474,11 +576,6 @@ class AsyncShellSession:
                 raise
             except Exception:
                 ws.transport.abort()
-        if self._reader is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._reader), 5.0)
-            except (asyncio.TimeoutError, Exception):
-                self._reader.cancel()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
