@@ -64,7 +64,7 @@ commands:
   rm ID...
   image ls [--json] | image import NAME PATH [--kind K] | image build NAME [--suite S] [--include PKG]...
   image push IMAGE HOST[:PORT]/REPO[:TAG] | image pull HOST[:PORT]/REPO[:TAG] [--name N] [--lazy|--eager]
-  image stage IMAGE --registry HOST[:PORT]/REPO | image layers [DIGEST]... [--json]
+  image stage IMAGE --registry HOST[:PORT]/REPO | image rm NAME | image layers [DIGEST]... [--json]
   account create NAME [--role admin|builder|runtime]
   doctor [--json]                                  what this node's kernel supports and which enforcer is active
   policy validate [DIR] | apply | show             the security policy (docs/security.md)
@@ -618,6 +618,14 @@ async function cmdImage(args: string[], io: Io): Promise<number> {
         progress.finish();
         if (values.json) io.out(`${JSON.stringify(r, null, 2)}\n`);
         else io.out(`${r.ref}@${r.manifestDigest} (${r.layers.filter((l) => l.uploaded).length}/${r.layers.length} layers uploaded, ${humanBytes(r.bytesUploaded)})\n`);
+        return 0;
+      }
+      case 'rm': {
+        const [name] = positionals;
+        if (name === undefined || positionals.length > 1) throw new UsageError('usage: warren image rm NAME');
+        const r = await client.images.delete(name);
+        if (values.json) io.out(`${JSON.stringify(r, null, 2)}\n`);
+        else io.out(`${r.name} removed (${r.removedLayers.length} layer${r.removedLayers.length === 1 ? '' : 's'} deleted)\n`);
         return 0;
       }
       case 'stage': {

@@ -35,6 +35,8 @@ import type {
   FileEntry,
   FnCallApi,
   ImageInfo,
+  ImagePushResult,
+  ImageRemoval,
   ImportImageRequest,
   ImportProgress,
   LiveExec,
@@ -94,6 +96,8 @@ export interface ClusterShimOptions {
   usageOf: (owner: string) => SandboxUsage;
   /** How long a node may take to answer its part of a list before it is left out as unreachable (default 5 s). */
   fanOutTimeoutMs?: number;
+  /** Told of every image staged through this shim: the cluster records its layers as staged and lazy nodes pull it. */
+  recordStaged?: (r: ImagePushResult) => Promise<void>;
   log: (line: string) => void;
 }
 
@@ -432,6 +436,54 @@ export class ClusterShim implements Shim {
       }
     }
     return (results[0] as PromiseFulfilledResult<ImageInfo>).value;
+  }
+
+  /**
+   * Staging pushes the image from an on-prem node that holds it into the
+   * overflow pool's registry, then records it: its layers count as staged for
+   * placement, and nodes that load layers on demand pull it (its metadata;
+   * the data comes on read).
+   */
+  async stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult> {
+    const live = this.opts.members.live();
+    const holders = live.filter((n) => n.images.some((i) => imageMatches(i, req.image)));
+    const from = holders.find((n) => n.pool === 'onprem' && !n.lazy) ?? holders[0];
+    if (from === undefined) throw new WarrenError('IMAGE_NOT_FOUND', `no node of the cluster holds image ${req.image}`, { ref: req.image });
+    const shim = await this.node(from);
+    if (shim.stageImage === undefined) throw new WarrenError('NOT_SUPPORTED', `node ${from.id} cannot stage images`, { node: from.id });
+    const r = await shim.stageImage(req, onProgress);
+    await this.opts.recordStaged?.(r);
+    return r;
+  }
+
+  /**
+   * Removal runs on every live node whose record holds the image. Each node
+   * refuses while its own sandboxes use it (IMAGE_IN_USE, naming the node);
+   * the nodes that had no such sandbox have removed it by then.
+   */
+  async removeImage(name: string): Promise<ImageRemoval> {
+    const holders = this.opts.members.live().filter((n) => n.images.some((i) => imageMatches(i, name)));
+    if (holders.length === 0) throw new WarrenError('IMAGE_NOT_FOUND', `image ${JSON.stringify(name)} not found on any node`, { ref: name });
+    const results = await Promise.allSettled(
+      holders.map(async (rec) => {
+        const s = await this.node(rec);
+        if (s.removeImage === undefined) throw new WarrenError('NOT_SUPPORTED', `node ${rec.id} cannot remove images`, { node: rec.id });
+        return s.removeImage(name);
+      }),
+    );
+    const removed = new Set<string>();
+    let removedName = name;
+    for (const [i, r] of results.entries()) {
+      if (r.status === 'rejected') {
+        const e = asWarrenError(r.reason);
+        // a node whose record was older than the removal has nothing left to remove
+        if (e.code === 'IMAGE_NOT_FOUND') continue;
+        throw new WarrenError(e.code, `node ${holders[i]!.id}: ${e.message}`, { ...(e.details ?? {}), node: holders[i]!.id });
+      }
+      removedName = r.value.name;
+      for (const d of r.value.removedLayers) removed.add(d);
+    }
+    return { name: removedName, removedLayers: [...removed].sort() };
   }
 
   /** A node that can check `refs` for `principal`: one whose record holds the image, else any live one. */

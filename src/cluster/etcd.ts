@@ -59,10 +59,23 @@ export const keys = {
   /** Layers staged in the overflow pool's registry (written by the registry staging). */
   overflowStaged: (digest: string) => `${PREFIX}overflow/staged/${digest}`,
   overflowStagedAll: `${PREFIX}overflow/staged/`,
+  /** An image staged for the overflow pool (signed: name, registry ref, layers): lazy nodes pull it. */
+  overflowImage: (name: string) => `${PREFIX}overflow/images/${encodeURIComponent(name)}`,
+  overflowImages: `${PREFIX}overflow/images/`,
   policy: `${PREFIX}policy/bundle`,
   policyStatus: (node: string) => `${PREFIX}policy/status/${node}`,
   settings: `${PREFIX}settings`,
 };
+
+/** What keys.overflowImage holds, signed with the cluster credential. */
+export interface StagedImage {
+  image: string;
+  /** Where it was staged: host/repository:tag. */
+  ref: string;
+  manifestDigest: string;
+  layers: string[];
+  at: number;
+}
 
 export function openEtcd(cfg: EtcdConfig): Etcd3 {
   if (cfg.endpoints.length === 0) throw new WarrenError('INVALID_ARGUMENT', 'no etcd endpoint given (--etcd URL[,URL...])');

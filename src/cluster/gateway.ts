@@ -34,7 +34,7 @@ import { validateCreateRequest, validatePlacementAsk } from '../validation';
 import { ClusterAccounts } from './accounts';
 import { ClusterShim } from './cluster-shim';
 import type { ClusterCredential } from './credential';
-import { type EtcdConfig, keys, openEtcd, parseJson, readPrefix, store } from './etcd';
+import { type EtcdConfig, type StagedImage, keys, openEtcd, parseJson, readPrefix, store } from './etcd';
 import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type ShareRef, isTerminal, jobStatus, validateJobRequest } from './jobs';
 import { Membership } from './membership';
 import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
@@ -146,6 +146,14 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
 
 
   const shimOpts: ConstructorParameters<typeof ClusterShim>[0] = { members, credential, usageOf: usage, log };
+  // The layers first: by the time a lazy node sees the image and pulls it, placement counts them as staged.
+  shimOpts.recordStaged = (r) =>
+    store('stage record', async () => {
+      const layers = r.layers.map((l) => l.digest);
+      await Promise.all(layers.map((d) => etcd.put(keys.overflowStaged(d)).value(r.ref).exec()));
+      const staged: StagedImage = { image: r.image, ref: r.ref, manifestDigest: r.manifestDigest, layers, at: Date.now() };
+      await etcd.put(keys.overflowImage(r.image)).value(JSON.stringify(credential.sign(staged))).exec();
+    });
   if (opts.k !== undefined) shimOpts.k = opts.k;
   if (opts.overflowThreshold !== undefined) shimOpts.overflowThreshold = opts.overflowThreshold;
   const shim = new ClusterShim(shimOpts);

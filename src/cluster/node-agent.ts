@@ -27,7 +27,7 @@ import { BUNDLED_POLICY_DIR, policyStore } from '../security/confinement';
 import type { ShimNode } from '../shim/node';
 import type { BackendName, Principal, SandboxInfo, SandboxSpec, Shim } from '../shim/types';
 import type { ClusterCredential } from './credential';
-import { keys, nextRevision, parseJson, readPrefix } from './etcd';
+import { type StagedImage, keys, nextRevision, parseJson, readPrefix } from './etcd';
 import type { NodeRecord, Pool } from './placement';
 
 export interface NodeAgentOptions {
@@ -241,6 +241,8 @@ export class NodeAgent {
   private readonly epochFile: string;
   private registering: Promise<void> | null = null;
   private policyRev = '';
+  /** Staged images are pulled one at a time, in the order they were staged. */
+  private pulls: Promise<void> = Promise.resolve();
 
   constructor(private readonly opts: NodeAgentOptions) {
     this.etcd = opts.etcd;
@@ -314,6 +316,7 @@ export class NodeAgent {
     this.heartbeat.unref();
     await this.watchShares();
     await this.watchPolicy();
+    if (this.opts.lazyLayers?.()) await this.watchStaged();
   }
 
   private saveEpoch(): void {
@@ -724,6 +727,46 @@ export class NodeAgent {
       this.log(`cluster: policy ${bundle.rev} rejected, the last good one stays: ${(err as Error).message}`);
     }
     await this.etcd.put(keys.policyStatus(this.nodeId)).value(JSON.stringify(status)).exec().catch(() => undefined);
+  }
+
+  // ------------------------------------------------------------------ staged images
+
+  /**
+   * A node that mounts layers on demand pulls every image staged for the
+   * overflow pool as it is staged: the metadata now (a few KiB per layer),
+   * the data when a sandbox reads it. It then lists the image, so placement
+   * sends it the requests for it like any holder.
+   */
+  private async watchStaged(): Promise<void> {
+    const res = await readPrefix(this.etcd, keys.overflowImages);
+    for (const kv of res.kvs) this.onStaged(kv.value);
+    const w = await this.etcd.watch().prefix(keys.overflowImages).startRevision(nextRevision(res.revision)).create();
+    w.on('put', (kv) => this.onStaged(kv.value.toString('utf8')));
+    this.watchers.push(w);
+  }
+
+  private onStaged(value: string): void {
+    const rec = this.opts.credential.verify(parseJson<StagedImage & { sig: string }>(value));
+    if (rec === null || typeof rec.image !== 'string' || typeof rec.ref !== 'string' || !Array.isArray(rec.layers)) {
+      this.log('cluster: a staged image record without a valid signature is ignored');
+      return;
+    }
+    this.pulls = this.pulls.then(() => this.pullStaged(rec));
+  }
+
+  private async pullStaged(rec: StagedImage): Promise<void> {
+    if (this.closed) return;
+    const held = this.opts.shim.listImages().find((i) => i.name === rec.image);
+    const layersOf = (layers: string[], digest: string) => (layers.length > 0 ? layers : [digest]).join(',');
+    if (held !== undefined && layersOf(held.layers, held.digest) === rec.layers.join(',')) return;
+    try {
+      const img = await this.opts.shim.importImage({ name: rec.image, source: { type: 'registry', ref: rec.ref, mode: 'lazy' } });
+      this.log(`cluster: staged image ${rec.image} pulled from ${rec.ref} (layers on demand)`);
+      if (layersOf(img.layers, img.digest) !== rec.layers.join(',')) this.log(`cluster: staged image ${rec.image} at ${rec.ref} does not have the layers its record names`);
+      await this.putRecord().catch(() => undefined);
+    } catch (err) {
+      this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${(err as Error).message}`);
+    }
   }
 
   async close(): Promise<void> {

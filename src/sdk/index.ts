@@ -690,6 +690,11 @@ export class ImagesApi {
     return this.post({ image, repository }, opts.onProgress, '/v1/images/stage', 'push');
   }
 
+  /** Remove an image, and its layers no other image uses (IMAGE_IN_USE while a sandbox uses it). */
+  delete(name: string): Promise<{ name: string; removedLayers: string[] }> {
+    return this.client.requestJson('DELETE', `/v1/images/${encodeURIComponent(name)}`);
+  }
+
   /** Which layers the node holds ('local'), can mount from a registry ('lazy'), or lacks ('absent'). */
   async layers(digests?: string[]): Promise<Array<{ digest: string; state: 'local' | 'lazy' | 'absent'; mounted: boolean }>> {
     const q = digests && digests.length > 0 ? `?digests=${encodeURIComponent(digests.join(','))}` : '';

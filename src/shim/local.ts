@@ -221,6 +221,9 @@ export class LocalShim implements Shim {
   stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void) {
     return this.node.stageImage(req, onProgress);
   }
+  removeImage(name: string) {
+    return this.node.removeImage(name);
+  }
   async layerStates(digests?: string[]) {
     return this.node.layerStates(digests);
   }

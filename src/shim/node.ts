@@ -46,6 +46,7 @@ import type {
   DirWatch,
   FileEntry,
   ImageInfo,
+  ImageRemoval,
   ImportProgress,
   LiveExec,
   OpenSessionOptions,
@@ -921,6 +922,11 @@ export class ShimNode {
   /** Stage an image into an overflow pool's registry repository (host[:port]/repo). */
   stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<PushResult> {
     return stageImage(this.layers, req.image, req.repository, onProgress ? { onProgress } : {});
+  }
+
+  /** Remove an image; its layers no other image uses go with it (IMAGE_IN_USE while a sandbox holds one). */
+  removeImage(name: string): Promise<ImageRemoval> {
+    return this.layers.removeImage(name);
   }
 
   /** Which layers this node holds ('local'), can mount from a registry ('lazy'), or lacks ('absent'). */

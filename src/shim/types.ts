@@ -731,8 +731,16 @@ export interface Shim {
   stageImage?(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult>;
   /** Which layers the node holds and how (all, or those of `digests`). */
   layerStates?(digests?: string[]): Promise<LayerState[]>;
+  /** Remove an image and its layers no other image uses; IMAGE_IN_USE while a sandbox holds one of them. */
+  removeImage?(name: string): Promise<ImageRemoval>;
 
   close(): Promise<void>;
+}
+
+export interface ImageRemoval {
+  name: string;
+  /** Layers deleted with it (those no other image of the node uses). */
+  removedLayers: string[];
 }
 
 export interface LayerState {

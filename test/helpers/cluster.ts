@@ -213,6 +213,8 @@ export interface NodeOptions {
   createWindow?: number;
   /** Sandbox networking on the node's own bridge (else the node runs with --no-network). */
   network?: NodeNetwork;
+  /** The node mounts layers it lacks from a registry on demand (--lazy-layers): it pulls what is staged for the overflow pool. */
+  lazyLayers?: boolean;
 }
 
 export interface NodeNetwork {
@@ -254,6 +256,7 @@ export class ClusterFixture {
     args.push('--pool', o.pool ?? 'onprem', '--max-sandboxes', String(o.maxSandboxes ?? 1000), '--lease-ttl', String(o.leaseTtlS ?? 5));
     if (o.createWindow !== undefined) args.push('--create-window', String(o.createWindow));
     for (const [k, v] of Object.entries(o.labels ?? {})) args.push('--node-label', `${k}=${v}`);
+    if (o.lazyLayers) args.push('--lazy-layers');
     return args;
   }
 

@@ -8,7 +8,8 @@
  * SIGSTOP of a node, a gateway restart.
  */
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
 import type { TestFn } from 'ava';
@@ -17,9 +18,12 @@ import { Etcd3 } from 'etcd3';
 import { BUNDLED_POLICY_DIR } from '../../src/security/confinement';
 import { RemoteShim } from '../../src/shim/remote/client';
 import { type JobEvent, type JobStatus, WarrenClient, WarrenError } from '../../src/sdk';
+import { lazyUnavailableReason } from '../../src/shim/layers/lazy';
 import { ClusterFixture, type NodeNetwork, etcdReason, stopChild } from '../helpers/cluster';
+import { type CountingProxy, type TestRegistry, registryReason, startCountingProxy, startRegistry } from '../helpers/registry';
 import { type Internet, egressSkipReason, SERVICE_PORT, startInternet } from '../helpers/network';
 import { testUnless } from '../helpers/skip';
+import { busyboxRootfs } from '../helpers/warren';
 import { waitFor, waitForValue } from '../helpers/wait';
 
 const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
@@ -32,6 +36,13 @@ const netTest = testUnless(netReason, anyTest as TestFn<unknown>);
 const tag = process.pid.toString(36);
 let internet: Internet | null = null;
 
+// The overflow node loads layers on demand from a registry where this machine can (FUSE and
+// docker-registry); the staging test is skipped with the reason otherwise.
+const lazyReason = etcdReason ?? registryReason ?? lazyUnavailableReason();
+const lazyTest = testUnless(lazyReason, anyTest as TestFn<unknown>);
+let registry: TestRegistry | null = null;
+let proxy: CountingProxy | null = null;
+
 let f: ClusterFixture;
 
 function nodeNetwork(i: number): NodeNetwork | undefined {
@@ -41,6 +52,10 @@ function nodeNetwork(i: number): NodeNetwork | undefined {
 
 test.before(async () => {
   if (netReason === null) internet = await startInternet(tag);
+  if (lazyReason === null) {
+    registry = await startRegistry();
+    proxy = await startCountingProxy(registry.host);
+  }
   f = new ClusterFixture();
   await f.startEtcd(3);
   await f.startGateway();
@@ -49,7 +64,7 @@ test.before(async () => {
   await Promise.all([
     f.startNode('n1', { labels: { zone: 'a' }, maxSandboxes: 1200, ...(net1 ? { network: net1 } : {}) }),
     f.startNode('n2', { labels: { zone: 'b' }, maxSandboxes: 1200, ...(net2 ? { network: net2 } : {}) }),
-    f.startNode('n3', { pool: 'overflow', maxSandboxes: 1000 }),
+    f.startNode('n3', { pool: 'overflow', maxSandboxes: 1000, lazyLayers: lazyReason === null }),
   ]);
   await f.waitNodes(['n1', 'n2', 'n3']);
 });
@@ -57,6 +72,8 @@ test.before(async () => {
 test.after.always(async () => {
   await f?.close();
   await internet?.close();
+  await proxy?.close();
+  await registry?.stop();
 });
 
 async function withClients<T>(fn: (a: WarrenClient, b: WarrenClient) => Promise<T>): Promise<T> {
@@ -450,6 +467,52 @@ test.serial('FnCall through the cluster: a pool lands on one node, and either ga
     }
     t.is(await codeOf(b.functions.invoke('cl-echo', { cmd: ['true'] })), 'NOT_FOUND');
   });
+});
+
+lazyTest.serial('an image staged through a gateway is pulled by the overflow node, which then serves it alone, fetching a small part of its layer', async (t) => {
+  // An image only n1 holds: busybox and 16 MiB of random data, with a small file to read.
+  const dir = join(f.root, 'stagee');
+  execFileSync('cp', ['-a', `${await busyboxRootfs()}/.`, dir]);
+  mkdirSync(join(dir, 'data'), { recursive: true });
+  writeFileSync(join(dir, 'data/big.bin'), randomBytes(16 << 20));
+  writeFileSync(join(dir, 'data/small.txt'), 'staged and read on demand\n');
+  const n1 = new WarrenClient({ url: f.node('n1').url, token: f.node('n1').adminToken });
+  const n3 = new WarrenClient({ url: f.node('n3').url, token: f.node('n3').adminToken });
+  const etcd = new Etcd3({ hosts: f.etcd.endpoints });
+  try {
+    const img = await n1.images.import('stagee', dir);
+    await withClients(async (a, b) => {
+      await waitForValue(() => a.clusterNodes(), (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes('stagee')), 20_000, 'n1 to report the image', 100);
+      const staged = await a.images.stage('stagee', `${proxy!.host}/overflow`);
+      t.deepEqual(staged.layers.map((l) => l.digest), img.layers.length > 0 ? img.layers : [img.digest]);
+      // n3 loads layers on demand: it pulls what is staged (metadata only) and lists the image
+      await waitForValue(() => b.clusterNodes(), (r) => r.nodes.some((n) => n.id === 'n3' && n.images.includes('stagee')), 30_000, 'n3 to pull the staged image', 100);
+      t.true((await n3.images.list()).some((i) => i.name === 'stagee'));
+      // n1 lets the image go: no on-prem node holds it, so the overflow node serves it
+      await n1.images.delete('stagee');
+      await waitForValue(() => a.clusterNodes(), (r) => !r.nodes.some((n) => n.id === 'n1' && n.images.includes('stagee')), 20_000, 'n1 to drop the image', 100);
+      await proxy!.reset();
+      const sb = await b.createSandbox({ image: 'stagee' });
+      try {
+        t.true(sb.id.startsWith('n3-'), `placed on ${sb.id}`);
+        t.is((await sb.exec(['cat', '/data/small.txt'])).stdout, 'staged and read on demand\n');
+        const c = await proxy!.counts();
+        const layerBytes = staged.layers.reduce((n, l) => n + l.size, 0);
+        t.log(`fetched ${c.blobBytes} of ${layerBytes} layer bytes to start the sandbox and read the file`);
+        t.true(c.blobBytes > 0 && c.blobBytes < layerBytes * 0.25, `fetched ${c.blobBytes} of ${layerBytes}`);
+      } finally {
+        await sb.delete();
+      }
+    });
+  } finally {
+    // the rest of this file runs without a staged image
+    await etcd.delete().prefix('/warren/overflow/').exec();
+    await n3.images.delete('stagee').catch(() => undefined);
+    await n1.images.delete('stagee').catch(() => undefined);
+    etcd.close();
+    await n1.close();
+    await n3.close();
+  }
 });
 
 test.serial('losing one of three etcd members, the leader, changes nothing visible', async (t) => {

@@ -304,6 +304,40 @@ test('exec: stdin, env, cwd, timeouts, argv vs shell string', async (t) => {
   });
 });
 
+test('images: removal is refused while a sandbox uses the image, then takes it out of the list; layers other images use stay', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin, account }) => {
+    const { busyboxRootfs } = await import('../helpers/warren');
+    await admin.images.import('bb-gone', await busyboxRootfs());
+    const sb = await admin.createSandbox({ image: 'bb-gone' });
+    const codeOf = async (p: Promise<unknown>) => (await p.then(() => 'none', (e: WarrenError) => e.code)) as string;
+    t.is(await codeOf(admin.images.delete('bb-gone')), 'IMAGE_IN_USE');
+    t.is((await sb.exec(['echo', 'still-here'])).stdout, 'still-here\n', 'the refused removal left the sandbox alone');
+    await sb.delete();
+    const runtime = account('runtime').client;
+    t.is(await codeOf(runtime.images.delete('bb-gone')), 'FORBIDDEN');
+    const removed = await admin.images.delete('bb-gone');
+    t.is(removed.name, 'bb-gone');
+    // the same content as busybox: its layer is busybox's too and stays
+    t.deepEqual(removed.removedLayers, []);
+    t.false((await admin.images.list()).some((i) => i.name === 'bb-gone'));
+    t.is(await codeOf(admin.images.delete('bb-gone')), 'IMAGE_NOT_FOUND');
+    const other = await admin.createSandbox({ image: 'busybox' });
+    t.is((await other.exec(['true'])).exitCode, 0);
+    await other.delete();
+    const refused: Array<[string, string]> = [
+      ['UPPER', 'INVALID_ID'],
+      ['a%2F..%2Fb', 'INVALID_ID'],
+      ['%E0%A4%A', 'INVALID_ARGUMENT'],
+      [`sha256:${'0'.repeat(64)}`, 'INVALID_ARGUMENT'],
+    ];
+    for (const [bad, code] of refused) {
+      const res = await rawRequest(url, { method: 'DELETE', path: `/v1/images/${bad}`, token: adminToken });
+      t.is(res.status, 400, `${bad}: ${res.text}`);
+      t.is(JSON.parse(res.text).error.code, code, bad);
+    }
+  });
+});
+
 test('images: list, and an import streamed as NDJSON progress ending in done', async (t) => {
   await withGateway(t, async ({ url, adminToken, admin }) => {
     const images = await admin.images.list();

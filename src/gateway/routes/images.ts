@@ -5,7 +5,8 @@
  * `error` line (see ndjson.ts). Errors found before the work starts (validation,
  * permissions) are ordinary JSON error responses. The work keeps going if the
  * client disconnects. `GET /v1/images/layers` says which layers this node holds
- * ('local'), can mount from a registry ('lazy'), or lacks.
+ * ('local'), can mount from a registry ('lazy'), or lacks. `DELETE
+ * /v1/images/:name` removes an image (409 IMAGE_IN_USE while a sandbox uses it).
  */
 import type { Response, Server } from 'hyper-express';
 import { WarrenError } from '../../errors';
@@ -14,7 +15,7 @@ import { principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { endChunked, publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
 import { NDJSON_CONTENT_TYPE, doneEvent, errorEvent, ndjsonLine, progressEvent, type ProgressEvent } from '../ndjson';
-import { validateImageRequest, validatePushRequest, validateStageRequest } from '../../validation';
+import { validateImageRef, validateImageRequest, validatePushRequest, validateStageRequest } from '../../validation';
 
 /** Stream progress lines of `work` and end with its result (`done`) or error. */
 async function streamWork<T>(res: Response, ctx: GatewayContext, start: string, work: (onProgress: (p: ImportProgress) => void) => Promise<T>, done: (r: T) => ProgressEvent): Promise<void> {
@@ -69,6 +70,26 @@ export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
       if (body.source.type !== 'debootstrap') requirePermission(account, 'importHostPaths');
       const start = body.source.type === 'registry' ? `pulling ${body.source.ref} as ${body.name}` : `importing ${body.name}`;
       await streamWork(res, ctx, start, (p) => ctx.shim.importImage(body, p), (image: ImageInfo) => doneEvent(image));
+    }),
+  );
+
+  // The name is one path segment: a name with "/" in it is sent encoded (%2F).
+  app.delete(
+    '/v1/images/:name',
+    authed(ctx, async (req, res, account) => {
+      rejectUnknownQuery(queryOf(req), []);
+      requirePermission(account, 'buildImages');
+      let name: string;
+      try {
+        name = decodeURIComponent(req.path_parameters.name ?? '');
+      } catch {
+        throw new WarrenError('INVALID_ARGUMENT', 'image name: not a valid percent-encoded path segment', { field: 'name' });
+      }
+      name = validateImageRef(name, 'name');
+      if (name.startsWith('sha256:')) throw new WarrenError('INVALID_ARGUMENT', 'name: must be an image name, not a digest', { field: 'name' });
+      const remove = ctx.shim.removeImage?.bind(ctx.shim);
+      if (!remove) throw new WarrenError('NOT_SUPPORTED', 'this node cannot remove images');
+      sendJson(res, 200, await remove(name));
     }),
   );
 

@@ -22,6 +22,7 @@ import type {
   ExecRequest,
   ExecStream,
   FnCallApi,
+  ImageRemoval,
   ImportImageRequest,
   ImportProgress,
   LiveExec,
@@ -518,6 +519,9 @@ export class RemoteShim implements Shim {
   }
   stageImage?(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void) {
     return this.progress<Awaited<ReturnType<NonNullable<Shim['stageImage']>>>>('stageImage', [req], onProgress);
+  }
+  removeImage?(name: string) {
+    return this.call<ImageRemoval>('removeImage', [name]);
   }
   layerStates?(digests?: string[]) {
     return this.call<Awaited<ReturnType<NonNullable<Shim['layerStates']>>>>('layerStates', [digests]);

@@ -82,6 +82,7 @@ export const METHODS: Record<string, { kind: MethodKind; args: number; optional?
   pushImage: { kind: 'progress', args: 1 },
   stageImage: { kind: 'progress', args: 1 },
   layerStates: { kind: 'call', args: 1, optional: 1 },
+  removeImage: { kind: 'call', args: 1 },
   // FnCall (FnCallApi), named with their prefix
   'functions.anonymousRunCode': { kind: 'call', args: 0 },
   'functions.listPools': { kind: 'call', args: 0 },
@@ -106,7 +107,7 @@ export interface Hello {
   optional: string[];
 }
 
-export const OPTIONAL_METHODS = ['screenshot', 'sendInput', 'openVnc', 'sandboxStats', 'pushImage', 'stageImage', 'layerStates'] as const;
+export const OPTIONAL_METHODS = ['screenshot', 'sendInput', 'openVnc', 'sandboxStats', 'pushImage', 'stageImage', 'layerStates', 'removeImage'] as const;
 
 /**
  * Exec output answers (live and captured) are binary frames: a type byte, a
