@@ -33,6 +33,7 @@ import {
   rmdirSync,
   rmSync,
   statSync,
+  statfsSync,
   unlinkSync,
   createWriteStream,
   createReadStream,
@@ -42,7 +43,7 @@ import { pipeline } from 'node:stream/promises';
 import { WarrenError, asWarrenError } from '../../errors';
 import type { ImageInfo, ImportProgress, ResolvedLayer } from '../types';
 import { debianCachePath, debianLayerCachePath, normalizeDebianOptions, runAptLayer, runDebootstrap, scrubDebianRoot, scrubLayerUpper, DEFAULT_CACHE_DIR, type DebianOptions } from './debian';
-import { LAYER_EPOCH, assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from './erofs';
+import { EROFS_MAGIC, LAYER_EPOCH, assertErofsImage, mkfsErofs, sha256File, type ErofsCompression } from './erofs';
 import { alignPycTimestamps } from './pyc';
 import { ArchiveReader, decompress, detectCompression, openLayer, readArchiveImage, type ArchiveImage } from './oci';
 import { assertDigest, nameCandidates, parseName, parseRef } from './refs';
@@ -449,6 +450,9 @@ export class LayerStore {
   /** Make sure the layer is mounted; adopt a mount made by an earlier process. Synchronous: one mount per layer, ever. */
   private ensureMounted(st: MountState, infos: () => MountInfo[]): void {
     if (st.refs > 0 && st.mounted) return;
+    // Mounted here before and still an EROFS mount point: one statfs instead of reading the whole
+    // mount table (which grows with every sandbox's disk) on each create from an idle layer.
+    if (st.mounted && isErofsMountPoint(st.path)) return;
     const blob = this.layerFile(st.digest);
     const here = LayerStore.at(infos(), st.path);
     if (here.length > 0) {
@@ -1304,3 +1308,12 @@ export class LayerStore {
 }
 
 export type { ArchiveImage };
+
+/** Whether an EROFS file system is mounted at `path`: the mount directory lies on the node's writable data file system, never EROFS itself. */
+function isErofsMountPoint(path: string): boolean {
+  try {
+    return statfsSync(path).type === EROFS_MAGIC;
+  } catch {
+    return false;
+  }
+}
