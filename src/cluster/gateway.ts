@@ -461,6 +461,11 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
           const id = jobId(req.path_parameters.id);
           const { status } = await jobFor(account, id);
           if (status.state === 'deleted' || status.state === 'deleting') throw new WarrenError('SANDBOX_NOT_RUNNING', `job ${id} is ${status.state}`);
+          // Cancel stops creating: a job that has ended creating keeps the state it ended in.
+          if (action === 'cancel' && (status.state === 'done' || status.state === 'partial' || status.state === 'cancelled')) {
+            sendJson(res, 200, { id, state: status.state });
+            return;
+          }
           const state = action === 'pause' ? 'paused' : action === 'resume' ? 'running' : 'cancelled';
           await setControl(id, state);
           sendJson(res, 202, { id, state });
