@@ -145,6 +145,25 @@ def test_images(client: warren.Client) -> None:
     assert "default" in names
 
 
+def test_image_delete(client: warren.Client, tmp_path: "os.PathLike[str]") -> None:
+    root = os.path.join(tmp_path, "rootfs")
+    os.makedirs(os.path.join(root, "etc"))
+    with open(os.path.join(root, "etc", "only-here"), "w") as f:
+        f.write(uuid.uuid4().hex)
+    img = client.images.import_image("py-delete-me", root)
+    assert any(i["name"] == "py-delete-me" for i in client.images.list())
+    removed = client.images.delete("py-delete-me")
+    assert removed["name"] == "py-delete-me"
+    assert removed["removedLayers"] == img["layers"], "its own layer, used by no other image, went with it"
+    assert not any(i["name"] == "py-delete-me" for i in client.images.list())
+    with pytest.raises(warren.NotFoundError) as e:
+        client.images.delete("py-delete-me")
+    assert e.value.code == "IMAGE_NOT_FOUND"
+    with pytest.raises(warren.BadInputError) as bad:
+        client.images.delete("Not A Name")
+    assert bad.value.code == "INVALID_ID"
+
+
 def test_context_manager_deletes_on_exception(client: warren.Client) -> None:
     marker = f"{uuid.uuid4().int % 10000}.25"
     ids = []

@@ -5,6 +5,7 @@
 import { WarrenClient, WarrenError } from '../../src/sdk';
 import { integrationSkipReason, withGateway } from './gateway-fixture';
 import { testUnless } from '../helpers/skip';
+import { elapse } from '../helpers/wait';
 
 const skip = integrationSkipReason();
 const test = testUnless(skip);
@@ -85,7 +86,15 @@ test('pty shells: raw bytes out, write, resize', async (t) => {
     const until = async (needle: string) => {
       const deadline = Date.now() + 10_000;
       while (!Buffer.concat(chunks).toString().includes(needle)) {
-        if (Date.now() > deadline) throw new Error(`no ${needle} in ${JSON.stringify(Buffer.concat(chunks).toString())}`);
+        if (Date.now() > deadline) {
+          // what the session itself holds, from its first byte, through a second attachment:
+          // tells input that never reached the shell from output that never reached this client
+          const held: Buffer[] = [];
+          const again = await sb.shell({ session: sh.session, offset: 0, reconnect: false, onOutput: (o) => held.push(o.data) });
+          await elapse(2000, 'the replay of the whole session');
+          await again.detach();
+          throw new Error(`no ${needle} in ${JSON.stringify(Buffer.concat(chunks).toString())} (offset ${sh.offset}); the session holds ${JSON.stringify(Buffer.concat(held).toString())}`);
+        }
         await new Promise((r) => setTimeout(r, 20));
       }
     };

@@ -529,6 +529,11 @@ class AsyncImages:
         """Build a Debian image with debootstrap."""
         return await self._post(_build_body(name, suite, include), on_progress)
 
+    async def delete(self, name: str) -> Dict[str, Any]:
+        """Remove an image and the layers no other image uses (ConflictError IMAGE_IN_USE while a
+        sandbox uses it). Returns ``{"name", "removedLayers"}``."""
+        return cast(Dict[str, Any], await self._c._json(w.Call("DELETE", _image_path(name))))
+
     async def _post(self, body: Dict[str, Any], on_progress: Optional[ProgressCallback]) -> ImageInfo:
         state = _ProgressState(on_progress)
         async with self._c._t.stream(w.Call("POST", "/v1/images", json=body, timeout=w.IMAGE_TIMEOUT)) as res:
@@ -539,6 +544,14 @@ class AsyncImages:
 
 # ---------------------------------------------------------------------------
 # helpers shared with the sync client
+
+
+def _image_path(name: str) -> str:
+    from urllib.parse import quote
+
+    if not isinstance(name, str) or name == "":
+        raise bad_input("INVALID_ARGUMENT", "image name must be a non-empty string", "name")
+    return "/v1/images/" + quote(name, safe="")
 
 
 def _prefixed(cmd: w.Cmd, cwd: Optional[str], env: Optional[Mapping[str, str]]) -> str:

@@ -54,7 +54,7 @@ from ._models import (
 )
 from ._config import resolve
 from ._shell import AsyncShellSession, OutputCallback
-from ._async import _build_body, _extend_body, _import_body, _invoke_from, _prefixed, _ProgressState, _tar_dir
+from ._async import _build_body, _extend_body, _image_path, _import_body, _invoke_from, _prefixed, _ProgressState, _tar_dir
 
 ProgressCallback = Callable[[ImportProgress], None]
 
@@ -585,6 +585,11 @@ class Images:
     def build(self, name: str, *, suite: Optional[str] = None, include: Optional[Sequence[str]] = None, on_progress: Optional[ProgressCallback] = None) -> ImageInfo:
         """Build a Debian image with debootstrap."""
         return self._post(_build_body(name, suite, include), on_progress)
+
+    def delete(self, name: str) -> Dict[str, Any]:
+        """Remove an image and the layers no other image uses (ConflictError IMAGE_IN_USE while a
+        sandbox uses it). Returns ``{"name", "removedLayers"}``."""
+        return cast(Dict[str, Any], self._c._json(w.Call("DELETE", _image_path(name))))
 
     def _post(self, body: Dict[str, Any], on_progress: Optional[ProgressCallback]) -> ImageInfo:
         state = _ProgressState(on_progress)
