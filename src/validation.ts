@@ -521,12 +521,18 @@ export function validateStageRequest(body: unknown): { image: string; repository
   return { image: validateImageRef(b.image, 'image'), repository: validateRegistryRef(b.repository, 'repository', { repositoryOnly: true }) };
 }
 
+/** A name an image is stored under: an image reference that is not a digest. */
+export function validateImageName(value: unknown, field = 'name'): string {
+  const name = validateImageRef(value, field);
+  if (name.startsWith('sha256:')) throw invalid(field, 'must not be a digest');
+  return name;
+}
+
 export function validateImageRequest(body: unknown): ImageRequest {
   const b = expectObject(body, 'body');
   rejectUnknown(b, ['name', 'kind', 'source']);
   if (b.name === undefined) throw invalid('name', 'is required');
-  const name = validateImageRef(b.name, 'name');
-  if (name.startsWith('sha256:')) throw invalid('name', 'must not be a digest');
+  const name = validateImageName(b.name);
   const req: ImageRequest = { name, source: { type: 'debootstrap' } };
   if (b.kind !== undefined) {
     const k = expectString(b.kind, 'kind');

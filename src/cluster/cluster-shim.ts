@@ -432,7 +432,7 @@ export class ClusterShim implements Shim {
     for (const [i, r] of results.entries()) {
       if (r.status === 'rejected') {
         const e = asWarrenError(r.reason);
-        throw live.length > 1 ? new WarrenError(e.code, `node ${live[i]!.id}: ${e.message}`, { ...(e.details ?? {}), node: live[i]!.id }) : e;
+        throw live.length > 1 ? namingNode(live[i]!.id, e) : e;
       }
     }
     return (results[0] as PromiseFulfilledResult<ImageInfo>).value;
@@ -445,8 +445,7 @@ export class ClusterShim implements Shim {
    * the data comes on read).
    */
   async stageImage(req: { image: string; repository: string }, onProgress?: (p: ImportProgress) => void): Promise<ImagePushResult> {
-    const live = this.opts.members.live();
-    const holders = live.filter((n) => n.images.some((i) => imageMatches(i, req.image)));
+    const holders = this.holdersOf(req.image);
     const from = holders.find((n) => n.pool === 'onprem' && !n.lazy) ?? holders[0];
     if (from === undefined) throw new WarrenError('IMAGE_NOT_FOUND', `no node of the cluster holds image ${req.image}`, { ref: req.image });
     const shim = await this.node(from);
@@ -462,7 +461,7 @@ export class ClusterShim implements Shim {
    * the nodes that had no such sandbox have removed it by then.
    */
   async removeImage(name: string): Promise<ImageRemoval> {
-    const holders = this.opts.members.live().filter((n) => n.images.some((i) => imageMatches(i, name)));
+    const holders = this.holdersOf(name);
     if (holders.length === 0) throw new WarrenError('IMAGE_NOT_FOUND', `image ${JSON.stringify(name)} not found on any node`, { ref: name });
     const results = await Promise.allSettled(
       holders.map(async (rec) => {
@@ -478,7 +477,7 @@ export class ClusterShim implements Shim {
         const e = asWarrenError(r.reason);
         // a node whose record was older than the removal has nothing left to remove
         if (e.code === 'IMAGE_NOT_FOUND') continue;
-        throw new WarrenError(e.code, `node ${holders[i]!.id}: ${e.message}`, { ...(e.details ?? {}), node: holders[i]!.id });
+        throw namingNode(holders[i]!.id, e);
       }
       removedName = r.value.name;
       for (const d of r.value.removedLayers) removed.add(d);
@@ -486,11 +485,16 @@ export class ClusterShim implements Shim {
     return { name: removedName, removedLayers: [...removed].sort() };
   }
 
+  /** The live nodes whose records hold `image`. */
+  private holdersOf(image: string): NodeRecord[] {
+    return this.opts.members.live().filter((n) => n.images.some((i) => imageMatches(i, image)));
+  }
+
   /** A node that can check `refs` for `principal`: one whose record holds the image, else any live one. */
   private probe(image: string | undefined): NodeRecord {
     const live = this.opts.members.live();
     if (live.length === 0) throw new WarrenError('RESOURCE_EXHAUSTED', 'no node is registered in the cluster', { retryAfterS: 1 });
-    return live.find((n) => image !== undefined && n.images.some((i) => imageMatches(i, image))) ?? live[0]!;
+    return (image !== undefined ? this.holdersOf(image)[0] : undefined) ?? live[0]!;
   }
 
   /** Checked on a node that holds the image; the node a create lands on checks again for itself. */
@@ -639,4 +643,9 @@ function offered<K extends 'screenshot' | 'sendInput' | 'openVnc'>(s: Shim, name
   const f = s[name];
   if (typeof f !== 'function') throw new WarrenError('NOT_SUPPORTED', `node ${s.nodeId} does not offer ${name}`);
   return (f as (...args: never[]) => unknown).bind(s) as NonNullable<Shim[K]>;
+}
+
+/** A node's error as the cluster answers it: the same code, the node named in the message and details. */
+function namingNode(node: string, e: WarrenError): WarrenError {
+  return new WarrenError(e.code, `node ${node}: ${e.message}`, { ...(e.details ?? {}), node });
 }

@@ -462,7 +462,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
           const { status } = await jobFor(account, id);
           if (status.state === 'deleted' || status.state === 'deleting') throw new WarrenError('SANDBOX_NOT_RUNNING', `job ${id} is ${status.state}`);
           // Cancel stops creating: a job that has ended creating keeps the state it ended in.
-          if (action === 'cancel' && (status.state === 'done' || status.state === 'partial' || status.state === 'cancelled')) {
+          if (action === 'cancel' && isTerminal(status.state)) {
             sendJson(res, 200, { id, state: status.state });
             return;
           }

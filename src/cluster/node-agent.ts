@@ -28,7 +28,7 @@ import type { ShimNode } from '../shim/node';
 import type { BackendName, Principal, SandboxInfo, SandboxSpec, Shim } from '../shim/types';
 import type { ClusterCredential } from './credential';
 import { type StagedImage, keys, nextRevision, parseJson, readPrefix } from './etcd';
-import type { NodeRecord, Pool } from './placement';
+import { type NodeRecord, type Pool, imageLayers } from './placement';
 
 export interface NodeAgentOptions {
   etcd: Etcd3;
@@ -347,7 +347,7 @@ export class NodeAgent {
     }
     const images = shim.listImages().map((i) => ({ name: i.name, digest: i.digest, kind: i.kind, layers: i.layers }));
     const layers = new Set<string>();
-    for (const i of images) for (const l of i.layers.length > 0 ? i.layers : [i.digest]) layers.add(l);
+    for (const i of images) for (const l of imageLayers(i)) layers.add(l);
     for (const l of this.opts.heldLayers?.() ?? []) layers.add(l);
     // the backend probes read /proc and /sys: once every 30 s is enough for placement
     if (this.backendsCache === null || Date.now() - this.backendsCache.at > 30_000) {
@@ -756,13 +756,13 @@ export class NodeAgent {
 
   private async pullStaged(rec: StagedImage): Promise<void> {
     if (this.closed) return;
+    const wanted = rec.layers.join(',');
     const held = this.opts.shim.listImages().find((i) => i.name === rec.image);
-    const layersOf = (layers: string[], digest: string) => (layers.length > 0 ? layers : [digest]).join(',');
-    if (held !== undefined && layersOf(held.layers, held.digest) === rec.layers.join(',')) return;
+    if (held !== undefined && imageLayers(held).join(',') === wanted) return;
     try {
       const img = await this.opts.shim.importImage({ name: rec.image, source: { type: 'registry', ref: rec.ref, mode: 'lazy' } });
       this.log(`cluster: staged image ${rec.image} pulled from ${rec.ref} (layers on demand)`);
-      if (layersOf(img.layers, img.digest) !== rec.layers.join(',')) this.log(`cluster: staged image ${rec.image} at ${rec.ref} does not have the layers its record names`);
+      if (imageLayers(img).join(',') !== wanted) this.log(`cluster: staged image ${rec.image} at ${rec.ref} does not have the layers its record names`);
       await this.putRecord().catch(() => undefined);
     } catch (err) {
       this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${(err as Error).message}`);

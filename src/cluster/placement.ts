@@ -128,7 +128,7 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
     for (const n of nodes) {
       const img = n.images.find((i) => imageMatches(i, ref));
       if (img) {
-        found = img.layers.length > 0 ? img.layers : [img.digest];
+        found = [...imageLayers(img)];
         break;
       }
       if (n.layers.includes(ref)) {
@@ -140,6 +140,11 @@ export function resolveLayers(nodes: readonly NodeRecord[], req: PlacementReques
     out.push(...found);
   }
   return out;
+}
+
+/** The layers of image `i`: a single-layer image may list none, its digest is then its layer's. */
+export function imageLayers(i: { digest: string; layers: readonly string[] }): readonly string[] {
+  return i.layers.length > 0 ? i.layers : [i.digest];
 }
 
 /** Whether image `i` is what `ref` names: its name, its digest, or `name:latest`. */

@@ -302,7 +302,7 @@ class ShellConnection {
     registry.all.add(this);
     // If the socket never opens (client vanished mid-handshake), let go of the session.
     this.openTimer = setTimeout(() => {
-      if (this.ws === null) this.abandon();
+      if (this.ws === null) this.letGo(true);
     }, 10_000);
     this.openTimer.unref();
   }
@@ -384,13 +384,7 @@ class ShellConnection {
 
   /** Give up on a client that does not read: detach, close with 4429, and cut the socket if even that is not taken. */
   dropSlow(why: string): void {
-    if (this.closed) return;
-    this.unthrottle();
-    this.closed = true;
-    this.registry.all.delete(this);
-    this.att.detach();
-    this.pending = [];
-    this.pendingBytes = 0;
+    if (!this.letGo(true)) return;
     const ws = this.ws;
     if (ws === null) return;
     ws.close(CLOSE_CODES.BACKPRESSURE, `${why}: re-attach with session= and offset=`);
@@ -400,12 +394,7 @@ class ShellConnection {
 
   /** The attachment broke under us (the node could not be reached again): the client re-attaches from its offset. */
   private onDisconnect(reason: string): void {
-    if (this.closed) return;
-    this.unthrottle();
-    this.closed = true;
-    this.registry.all.delete(this);
-    this.pending = [];
-    this.pendingBytes = 0;
+    if (!this.letGo(false)) return;
     this.ws?.close(CLOSE_CODES.ATTACHMENT_LOST, 'session attachment lost: re-attach with session= and offset=');
     this.log(`shell: session ${this.att.info.id} of ${this.sandboxId}: ${reason}`);
   }
@@ -672,25 +661,26 @@ class ShellConnection {
     if (!this.closingSession) this.att.detach();
   }
 
-  /** Drop the attachment without a socket (handshake never completed, or overflow before open). */
-  private abandon(): void {
-    if (this.closed) return;
-    this.unthrottle();
-    this.closed = true;
-    this.registry.all.delete(this);
-    this.att.detach();
-    this.pending = [];
-  }
-
   /** Gateway shutdown: detach (the session keeps running) and tell the client to come back. */
   shutdown(): void {
     clearTimeout(this.openTimer);
-    if (this.closed) return;
+    if (!this.letGo(!this.closingSession)) return;
+    this.ws?.close(CLOSE_CODES.GOING_AWAY, 'gateway shutting down');
+  }
+
+  /**
+   * Stop serving this client: no more output taken for it, out of the registry, its queued frames
+   * dropped; `detach` lets go of the session too. False when that was done already.
+   */
+  private letGo(detach: boolean): boolean {
+    if (this.closed) return false;
     this.unthrottle();
     this.closed = true;
     this.registry.all.delete(this);
-    if (!this.closingSession) this.att.detach();
-    this.ws?.close(CLOSE_CODES.GOING_AWAY, 'gateway shutting down');
+    if (detach) this.att.detach();
+    this.pending = [];
+    this.pendingBytes = 0;
+    return true;
   }
 }
 

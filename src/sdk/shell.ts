@@ -165,7 +165,10 @@ export class ShellClient extends EventEmitter {
     this.opts = opts;
     if (opts.onOutput) this.on('output', opts.onOutput);
     return this.open(opts).then(
-      () => this,
+      (liveOffset) => {
+        this.replayEnd = liveOffset;
+        return this;
+      },
       (err) => {
         this.closed = true;
         this.resolveClosed();
@@ -174,8 +177,8 @@ export class ShellClient extends EventEmitter {
     );
   }
 
-  /** One socket: resolves at its hello, rejects if it ends before. Its close after that is onSocketClose's. */
-  private open(opts: ShellOptions): Promise<void> {
+  /** One socket: resolves at its hello with the hello's live offset, rejects if it ends before. Its close after that is onSocketClose's. */
+  private open(opts: ShellOptions): Promise<number> {
     const u = new URL(this.url);
     u.protocol = u.protocol === 'https:' ? 'wss:' : 'ws:';
     if (opts.mode) u.searchParams.set('mode', opts.mode);
@@ -194,7 +197,7 @@ export class ShellClient extends EventEmitter {
     ws.binaryType = 'nodebuffer';
     this.ws = ws;
 
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<number>((resolve, reject) => {
       let settled = false;
       const fail = (err: Error) => {
         if (settled) return;
@@ -238,10 +241,8 @@ export class ShellClient extends EventEmitter {
           this.session = String(hello.session);
           this.mode = hello.mode === 'pty' ? 'pty' : 'command';
           this.offset = Number(hello.offset) || 0;
-          // After a re-attach, output from where this client had got to belongs to the command in flight.
-          if (opts === this.opts) this.replayEnd = Number(hello.liveOffset) || this.offset;
           settled = true;
-          resolve();
+          resolve(Number(hello.liveOffset) || this.offset);
           return;
         }
         this.onFrame(data, isBinary);
@@ -302,13 +303,11 @@ export class ShellClient extends EventEmitter {
           this.ws.close(1000, 'detach');
           return;
         }
+        // output at or after where this client had got to is the command in flight's own
+        this.replayEnd = from;
         if (this.active !== null) {
-          // output at or after where this client had got to is the command's own
-          this.replayEnd = from;
           const msg = this.active.msg;
           this.ws.send(JSON.stringify(msg.idempotencyKey === undefined ? { ...msg, resume: true } : msg));
-        } else {
-          this.replayEnd = from;
         }
         this.emit('reconnect', { code, attempts });
         return;

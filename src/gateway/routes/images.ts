@@ -15,7 +15,7 @@ import { principalOf, requirePermission } from '../auth';
 import { type GatewayContext, authed } from '../context';
 import { endChunked, publicError, queryOf, readJson, rejectUnknownQuery, sendJson, writeChunk } from '../http';
 import { NDJSON_CONTENT_TYPE, doneEvent, errorEvent, ndjsonLine, progressEvent, type ProgressEvent } from '../ndjson';
-import { validateImageRef, validateImageRequest, validatePushRequest, validateStageRequest } from '../../validation';
+import { validateImageName, validateImageRequest, validatePushRequest, validateStageRequest } from '../../validation';
 
 /** Stream progress lines of `work` and end with its result (`done`) or error. */
 async function streamWork<T>(res: Response, ctx: GatewayContext, start: string, work: (onProgress: (p: ImportProgress) => void) => Promise<T>, done: (r: T) => ProgressEvent): Promise<void> {
@@ -85,8 +85,7 @@ export function registerImageRoutes(app: Server, ctx: GatewayContext): void {
       } catch {
         throw new WarrenError('INVALID_ARGUMENT', 'image name: not a valid percent-encoded path segment', { field: 'name' });
       }
-      name = validateImageRef(name, 'name');
-      if (name.startsWith('sha256:')) throw new WarrenError('INVALID_ARGUMENT', 'name: must be an image name, not a digest', { field: 'name' });
+      name = validateImageName(name);
       const remove = ctx.shim.removeImage?.bind(ctx.shim);
       if (!remove) throw new WarrenError('NOT_SUPPORTED', 'this node cannot remove images');
       sendJson(res, 200, await remove(name));

@@ -773,9 +773,16 @@ class RemoteSession implements SessionAttachment {
     this.ws.send(JSON.stringify({ op: 'run', rid, commandId: r.commandId, command: r.command, ...(r.timeoutMs !== undefined ? { timeoutMs: r.timeoutMs } : {}), ...(resume ? { resume: true } : {}) }));
   }
 
+  /** Why nothing more can be asked of the node, or null (a connection being made again still takes asks). */
+  private unusable(): WarrenError | null {
+    if (this.broken !== null) return new WarrenError('UNAVAILABLE', this.broken);
+    if (this.outbox === null && this.ws.readyState !== this.ws.OPEN) return new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`);
+    return null;
+  }
+
   private ask<T>(frame: Record<string, unknown>): Promise<T> {
-    if (this.broken !== null) return Promise.reject(new WarrenError('UNAVAILABLE', this.broken));
-    if (this.outbox === null && this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
+    const no = this.unusable();
+    if (no !== null) return Promise.reject(no);
     const rid = ++this.rid;
     return new Promise<T>((ok, err) => {
       this.pending.set(rid, { ok: ok as (v: unknown) => void, err });
@@ -809,8 +816,8 @@ class RemoteSession implements SessionAttachment {
     if (why !== null) queueMicrotask(() => listener(why));
   }
   run(commandId: string, command: string, timeoutMs?: number, resume = false): Promise<CommandResult> {
-    if (this.broken !== null) return Promise.reject(new WarrenError('UNAVAILABLE', this.broken));
-    if (this.outbox === null && this.ws.readyState !== this.ws.OPEN) return Promise.reject(new WarrenError('UNAVAILABLE', `node ${this.nodeId}: the session connection is closed`));
+    const no = this.unusable();
+    if (no !== null) return Promise.reject(no);
     return new Promise<CommandResult>((ok, err) => {
       const p: PendingAsk = { ok: ok as (v: unknown) => void, err, run: { commandId, command, timeoutMs, sent: resume } };
       // while the connection is made again, the run waits and goes out on the new one
