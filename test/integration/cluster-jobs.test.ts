@@ -581,6 +581,8 @@ test.serial('a node woken after its lease expired refuses creates with NODE_FENC
     t.truthy(back);
     t.log(`refused ${refusedAfterMs} ms after n3 said it was fencing; registered again ${Date.now() - fencedAt} ms after (gateway view, polled every 100 ms)`);
     // in n3's own words: fenced, removed the lost epoch's sandboxes, then registered with the next epoch
+    // (its output comes through a pipe, which may lag behind what the gateway already shows)
+    await waitFor(() => n3.log.join('').includes(`node n3 registered (epoch ${epoch + 1},`), 30_000, 'n3 to say it registered again', 50);
     const text = n3.log.join('');
     const fenced = text.lastIndexOf('node n3 lost its lease (');
     const removed = /removed (\d+) sandbox\(es\) of the lost epoch/g;
