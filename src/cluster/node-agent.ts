@@ -267,8 +267,8 @@ export class NodeAgent {
   private live = { count: 0, at: 0 };
 
   /** Live sandboxes, counted at most every 250 ms (listing them all is O(n)); creates in between are added as they finish. */
-  private liveCount(): number {
-    if (Date.now() - this.live.at > 250) {
+  private liveCount(fresh = false): number {
+    if (fresh || Date.now() - this.live.at > 250) {
       let n = 0;
       for (const s of this.opts.shim.listSandboxes()) if (s.state !== 'stopped' && s.state !== 'failed') n++;
       this.live = { count: n, at: Date.now() };
@@ -329,22 +329,17 @@ export class NodeAgent {
 
   record(): NodeRecord {
     const shim = this.opts.shim;
-    // `at` and the creates in progress are read before the live list: a create admitted before
-    // `at` is then in one of the two (a create that ends in between is in both, never in neither)
+    // `at` is read before the usage, which counts the creates in progress from their createdAt:
+    // a sandbox whose createdAt is before `at` is counted (the gateways rely on it)
     const at = Date.now();
     const creating = this.creating;
-    const sandboxes = shim.listSandboxes();
     const accounts: Record<string, number> = {};
     const resources: Record<string, { cpu: number; memoryMb: number }> = {};
-    let live = 0;
-    for (const s of sandboxes) {
-      if (s.state === 'stopped' || s.state === 'failed') continue;
-      live++;
-      accounts[s.owner] = (accounts[s.owner] ?? 0) + 1;
-      const r = (resources[s.owner] ??= { cpu: 0, memoryMb: 0 });
-      r.cpu += s.limits.cpu;
-      r.memoryMb += s.limits.memoryMb;
+    for (const [owner, u] of shim.usageByOwner()) {
+      accounts[owner] = u.sandboxes;
+      resources[owner] = { cpu: u.cpu, memoryMb: u.memoryMb };
     }
+    const live = this.liveCount(true);
     const images = shim.listImages().map((i) => ({ name: i.name, digest: i.digest, kind: i.kind, layers: i.layers }));
     const layers = new Set<string>();
     for (const i of images) for (const l of imageLayers(i)) layers.add(l);

@@ -23,7 +23,7 @@ import type { RegistryConfig } from './layers/distribution';
 import { pullImage, pushImage, stageImage, type PushResult } from './layers/remote';
 import { assertTarConfined, scanTar } from './layers/tar';
 import { type LifecycleHost, LifecycleManager, type LifecycleOptions, type LiveSandbox } from './lifecycle/manager';
-import { SandboxMap } from './sandbox-map';
+import { SandboxMap, UsageTally } from './sandbox-map';
 import { setExecSpillDir } from './exec-output';
 import { SandboxRegistry } from './registry';
 import { attachSession as attachHolder, listSessions as listHolderSessions, spawnHolder } from './sessions/session-manager';
@@ -129,6 +129,8 @@ export class ShimNode {
   /** Every backend by name (src/shim/backends/registry.ts); disabled ones answer NOT_SUPPORTED. */
   readonly backends: BackendRegistry;
   private readonly sandboxes = new SandboxMap();
+  /** Creates between their createdAt and their entry in `sandboxes`. */
+  private readonly creatingUsage = new UsageTally();
   private readonly sessionsDir: string;
   private readonly log: (line: string) => void;
   private readonly metrics = instruments();
@@ -388,15 +390,20 @@ export class ShimNode {
       // Written before anything exists in the kernel: a node killed in the middle of this create
       // finds the record when it starts again and removes what was made (adoptSurvivors).
       this.registry.insert(record);
+      // Counted from the tick of its createdAt until the tick it enters `sandboxes`: a usage read
+      // never misses a create that began before it (see usageByOwner).
+      this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, 1);
       let box: BackendSandbox;
       try {
         box = await inSpan('warren.sandbox.create.spawn', { 'warren.backend': backend.name }, () => backend.create(id, spec, layers));
       } catch (err) {
+        this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, -1);
         this.layers.release(digests);
         this.registry.remove(id);
         this.lifecycle.forget(id);
         throw err;
       }
+      this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, -1);
       record.state = 'running';
       record.runtime = box.runtime;
       this.registry.update(id, 'running', box.runtime);
@@ -467,6 +474,27 @@ export class ShimNode {
       }
     }
     return more && out.length > 0 ? { sandboxes: out, next: out[out.length - 1]!.id } : { sandboxes: out };
+  }
+
+  /**
+   * Per owner, what its sandboxes hold (not stopped or failed), including the creates that have
+   * their createdAt but are not live yet: a reader that notes the time first and then calls this
+   * counts every sandbox created before that time (the cluster's node records rely on it).
+   */
+  usageByOwner(): Map<string, { sandboxes: number; cpu: number; memoryMb: number }> {
+    const out = new Map<string, { sandboxes: number; cpu: number; memoryMb: number }>();
+    for (const tally of [this.sandboxes.owners(), this.creatingUsage.entries()]) {
+      for (const [owner, u] of tally) {
+        const o = out.get(owner);
+        if (o === undefined) out.set(owner, { ...u });
+        else {
+          o.sandboxes += u.sandboxes;
+          o.cpu += u.cpu;
+          o.memoryMb += u.memoryMb;
+        }
+      }
+    }
+    return out;
   }
 
   /** What an account's live sandboxes hold (for quotas), without building their SandboxInfo. */

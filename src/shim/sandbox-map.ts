@@ -19,8 +19,33 @@ export interface OwnerUsage {
 
 const counted = (s: SandboxState): boolean => s !== 'stopped' && s !== 'failed';
 
-export class SandboxMap extends Map<string, LiveSandbox> {
+/** Per owner: how many sandboxes, and the cpu and memory they were given. Owners at zero are dropped. */
+export class UsageTally {
   private readonly usage = new Map<string, OwnerUsage>();
+
+  add(owner: string, cpu: number, memoryMb: number, sign: 1 | -1): void {
+    let u = this.usage.get(owner);
+    if (u === undefined) this.usage.set(owner, (u = { sandboxes: 0, cpu: 0, memoryMb: 0 }));
+    u.sandboxes += sign;
+    u.cpu += sign * cpu;
+    u.memoryMb += sign * memoryMb;
+    if (u.sandboxes === 0) this.usage.delete(owner);
+  }
+
+  /** What `owner` holds (a copy). */
+  of(owner: string): OwnerUsage {
+    const u = this.usage.get(owner);
+    return u === undefined ? { sandboxes: 0, cpu: 0, memoryMb: 0 } : { ...u };
+  }
+
+  /** Every owner above zero, with its usage (live objects: read, do not keep). */
+  entries(): IterableIterator<[string, Readonly<OwnerUsage>]> {
+    return this.usage.entries();
+  }
+}
+
+export class SandboxMap extends Map<string, LiveSandbox> {
+  private readonly usage = new UsageTally();
 
   override set(id: string, live: LiveSandbox): this {
     const prev = super.get(id);
@@ -44,17 +69,16 @@ export class SandboxMap extends Map<string, LiveSandbox> {
 
   /** What `owner`'s sandboxes that are not stopped or failed hold (a copy). */
   usageOf(owner: string): OwnerUsage {
-    const u = this.usage.get(owner);
-    return u === undefined ? { sandboxes: 0, cpu: 0, memoryMb: 0 } : { ...u };
+    return this.usage.of(owner);
+  }
+
+  /** Every owner with a sandbox that is not stopped or failed, with what those hold. */
+  owners(): IterableIterator<[string, Readonly<OwnerUsage>]> {
+    return this.usage.entries();
   }
 
   private add(owner: string, cpu: number, memoryMb: number, sign: 1 | -1): void {
-    let u = this.usage.get(owner);
-    if (u === undefined) this.usage.set(owner, (u = { sandboxes: 0, cpu: 0, memoryMb: 0 }));
-    u.sandboxes += sign;
-    u.cpu += sign * cpu;
-    u.memoryMb += sign * memoryMb;
-    if (u.sandboxes === 0) this.usage.delete(owner);
+    this.usage.add(owner, cpu, memoryMb, sign);
   }
 
   private track(live: LiveSandbox): void {

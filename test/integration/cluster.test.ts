@@ -342,6 +342,7 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
     const acct = await a.requestJson<{ id: string; token: string }>('POST', '/v1/accounts', { json: { name: 'rl-runner', role: 'runtime' } });
     await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: 3 } });
     const user = new WarrenClient({ url: f.gateways[1]!.url, token: acct.token });
+    const made: string[] = [];
     try {
       t.is(await codeOf(user.jobs.create({ count: 5, template: { image: 'busybox' } })), 'QUOTA_EXCEEDED');
       const before = (await user.jobs.list()).length;
@@ -365,14 +366,17 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
       // the node records (about a second old, more on a loaded machine) stop counting the job's sandboxes
       await waitForValue(() => user.requestJson<{ usage: { sandboxes: number; cpu: number } }>('GET', '/v1/accounts/me/quota'), (r) => r.usage.sandboxes === 0 && r.usage.cpu === 0, 30_000, 'the records show the job deleted', 100);
       const one = await user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 1, memoryMb: 256, placement: { nodes: ['n1'] } } });
+      made.push(one.id);
       const two = await user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 1, memoryMb: 256, placement: { nodes: ['n2'] } } });
-      t.is(await codeOf(user.requestJson('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 0.5, memoryMb: 64, placement: { nodes: ['n1'] } } })), 'QUOTA_EXCEEDED');
+      made.push(two.id);
+      const third = user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', cpu: 0.5, memoryMb: 64, placement: { nodes: ['n1'] } } });
+      third.then((r) => made.push(r.id)).catch(() => undefined);
+      t.is(await codeOf(third), 'QUOTA_EXCEEDED');
       const q = await user.requestJson<{ usage: { sandboxes: number; cpu: number; memoryMb: number } }>('GET', '/v1/accounts/me/quota');
       t.deepEqual(q.usage, { sandboxes: 2, cpu: 2, memoryMb: 512 });
       await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxCpu: null } });
       t.is(await codeOf(user.requestJson('POST', '/v1/sandboxes', { json: { image: 'busybox', memoryMb: 600, placement: { nodes: ['n2'] } } })), 'QUOTA_EXCEEDED');
-      await user.deleteSandbox(one.id);
-      await user.deleteSandbox(two.id);
+      for (const id of made.splice(0)) await user.deleteSandbox(id);
       // a job is held to the same cpu quota: refused whole, or cut to what fits
       await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxCpu: 2, maxMemoryMb: null } });
       await waitForValue(() => user.requestJson<{ usage: { cpu: number } }>('GET', '/v1/accounts/me/quota'), (r) => r.usage.cpu === 0, 30_000, 'the records show the deletes', 100);
@@ -383,6 +387,8 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
       await user.jobs.delete(cut.id);
       await waitForValue(() => user.jobs.get(cut.id), (s) => s.state === 'deleted', 60_000, 'deleted', 200);
     } finally {
+      // a failed assertion must not leave sandboxes behind for the tests that follow
+      for (const id of made) await user.deleteSandbox(id).catch(() => undefined);
       await user.close();
     }
   });

@@ -95,3 +95,30 @@ it(`workspace and toolkit layers stack over the image`, async (t) => {
     t.is((await shim.exec(other.id, { cmd: 'cat /workspace/README' })).stdout, 'repo\n', 'layers are read-only and shared');
   });
 });
+
+it(`an owner's usage counts a create from its createdAt on, before it is live (what the cluster's node records rely on)`, async (t) => {
+  await withShim(t, async ({ shim }) => {
+    const owner = `acct-usage-${process.pid}`;
+    const samples: { at: number; sandboxes: number; cpu: number }[] = [];
+    let done = false;
+    const sample = (): void => {
+      const at = Date.now();
+      const u = shim.usageByOwner().get(owner);
+      samples.push({ at, sandboxes: u?.sandboxes ?? 0, cpu: u?.cpu ?? 0 });
+      if (!done) setImmediate(sample);
+    };
+    sample();
+    const info = await shim.createSandbox({ ...spec(), owner, cpu: 0.5 });
+    done = true;
+    const created = Date.parse(info.createdAt);
+    const after = samples.filter((s) => s.at > created);
+    t.true(after.length > 0, 'sampled between createdAt and the end of the create');
+    for (const s of after) t.deepEqual([s.sandboxes, s.cpu], [1, 0.5], `at ${s.at} (createdAt ${created})`);
+    t.deepEqual(shim.usageByOwner().get(owner), { sandboxes: 1, cpu: 0.5, memoryMb: info.limits.memoryMb });
+    await shim.deleteSandbox(info.id);
+    t.is(shim.usageByOwner().get(owner), undefined);
+    // a refused create is not counted
+    await t.throwsAsync(shim.createSandbox({ ...spec(), owner, image: 'no-such-image' }));
+    t.is(shim.usageByOwner().get(owner), undefined);
+  });
+});
