@@ -807,7 +807,10 @@ export class ShimNode {
       write: (data) => send(() => att.write(data)),
       resize: (cols, rows) => send(() => att.resize(cols, rows)),
       signal: (signal) => send(() => att.signal(signal)),
-      detach: () => att.detach(),
+      // after what was sent before it: input handed over before a detach still reaches the holder
+      detach: () => {
+        chain = chain.then(() => att.detach());
+      },
       onLost: (l) => att.onLost?.(l),
       onDisconnect: (l) => att.onDisconnect?.(l),
       pauseOutput: () => att.pauseOutput?.(),

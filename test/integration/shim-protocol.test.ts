@@ -20,7 +20,7 @@ import { type ShimServer, serveShim } from '../../src/shim/remote/server';
 import { FRAME, frame } from '../../src/shim/remote/wire';
 import type { Shim } from '../../src/shim/types';
 import { testUnless } from '../helpers/skip';
-import { elapse, waitFor, within } from '../helpers/wait';
+import { elapse, waitFor, waitForValue, within } from '../helpers/wait';
 import { type ShimFixture, closeTestShim, openTestShim, rootSkipReason, spec } from '../helpers/warren';
 
 const skip = rootSkipReason();
@@ -202,6 +202,80 @@ it('a gateway that goes away kills its live execs and only detaches its sessions
     t.false((await remote.listSessions(sb.id)).some((s) => s.id === att.info.id && s.alive));
   } finally {
     await g.close();
+    await remote.deleteSandbox(sb.id);
+  }
+});
+
+it('input reaches a session exactly once across broken connections: what was in flight is sent again, and the node applies it once', async (t) => {
+  const sb = await remote.createSandbox(spec());
+  try {
+    const att = await remote.openSession(sb.id, { mode: 'pty', cols: 80, rows: 24 });
+    const out: Buffer[] = [];
+    att.onOutput((o) => out.push(o.data));
+    const text = () => Buffer.concat(out).toString();
+    await waitFor(() => text().includes('# '), 10_000, 'the prompt');
+    const n = (i: number) => String(i * 1000 + 7);
+    for (let i = 0; i < 6; i++) {
+      // even: cut right after the frame went to the socket (it may or may not have arrived);
+      // odd: cut first, then typed while the connection is made again
+      if (i % 2 === 0) {
+        att.write(`echo n-$((${i}*1000+7))\r`);
+        t.true(remote.cutStreams() >= 1);
+      } else {
+        t.true(remote.cutStreams() >= 1);
+        att.write(`echo n-$((${i}*1000+7))\r`);
+      }
+      await waitFor(() => text().includes(`n-${n(i)}`), 15_000, `the output of command ${i} (${JSON.stringify(text().slice(-300))})`);
+    }
+    att.write('echo end-$((2+2))\r');
+    await waitFor(() => text().includes('end-4'), 15_000, 'the last command');
+    for (let i = 0; i < 6; i++) t.is(text().split(/\r?\n/).filter((l) => l === `n-${n(i)}`).length, 1, `command ${i} ran once: ${JSON.stringify(text())}`);
+    await att.close();
+  } finally {
+    await remote.deleteSandbox(sb.id);
+  }
+});
+
+it('numbered input frames are applied once per writer and acknowledged; malformed numbering is refused', async (t) => {
+  const sb = await remote.createSandbox(spec());
+  const wsUrl = (method: string, args: unknown[]) => `${server.url.replace('http', 'ws')}/shim/v1/ws/${method}?args=${Buffer.from(JSON.stringify(args)).toString('base64url')}`;
+  const connect = async (method: string, args: unknown[]) => {
+    const ws = new WebSocket(wsUrl(method, args), { headers: { authorization: `Bearer ${token}` } });
+    const frames: Record<string, unknown>[] = [];
+    ws.on('message', (d: Buffer) => frames.push(JSON.parse(d.toString()) as Record<string, unknown>));
+    await waitFor(() => frames.some((f) => 'info' in f), 10_000, 'the session info');
+    const output = () => Buffer.concat(frames.filter((f) => 'out' in f).map((f) => Buffer.from((f.out as { d: string }).d, 'base64'))).toString();
+    return { ws, frames, output };
+  };
+  try {
+    const a = await connect('openSession', [sb.id, { mode: 'pty' }]);
+    const info = a.frames.find((f) => 'info' in f)!.info as { id: string };
+    a.ws.send(JSON.stringify({ op: 'writer', w: 'writer-one' }));
+    const line = Buffer.from('echo x-$((40+2))\r').toString('base64');
+    a.ws.send(JSON.stringify({ op: 'write', d: line, seq: 1 }));
+    a.ws.send(JSON.stringify({ op: 'write', d: line, seq: 1 }));
+    await waitFor(() => a.frames.some((f) => f.ack === 1), 10_000, 'the acknowledgement');
+    // the same writer on a new connection: frames up to 1 were applied, 2 is new
+    a.ws.terminate();
+    const b = await connect('attachSession', [sb.id, info.id, 0]);
+    b.ws.send(JSON.stringify({ op: 'writer', w: 'writer-one' }));
+    b.ws.send(JSON.stringify({ op: 'write', d: line, seq: 1 }));
+    b.ws.send(JSON.stringify({ op: 'write', d: Buffer.from('echo y-$((40+3))\r').toString('base64'), seq: 2 }));
+    await waitFor(() => b.output().includes('y-43'), 10_000, 'the second command');
+    t.is(b.output().split(/\r?\n/).filter((l) => l === 'x-42').length, 1, b.output());
+    // another writer numbers its own input from 1
+    b.ws.send(JSON.stringify({ op: 'writer', w: 'writer-two' }));
+    b.ws.send(JSON.stringify({ op: 'write', d: Buffer.from('echo z-$((40+4))\r').toString('base64'), seq: 1 }));
+    await waitFor(() => b.output().includes('z-44'), 10_000, 'the other writer');
+    for (const bad of [{ op: 'write', d: line, seq: 0 }, { op: 'write', d: line, seq: 1.5 }, { op: 'write', d: line, seq: 'one' }, { op: 'writer', w: 'short' }, { op: 'writer', w: 'has spaces in it' }]) {
+      b.ws.send(JSON.stringify({ ...bad, rid: 99 }));
+      const f = await waitForValue(() => b.frames.find((x) => x.rid === 99), (x) => x !== undefined, 10_000, `the answer to ${JSON.stringify(bad)}`);
+      t.is((f!.error as { code: string }).code, 'INVALID_ARGUMENT', JSON.stringify(bad));
+      b.frames.splice(b.frames.indexOf(f!), 1);
+    }
+    t.is(b.output().split(/\r?\n/).filter((l) => l === 'x-42').length, 1, 'nothing refused was applied');
+    b.ws.close(1000);
+  } finally {
     await remote.deleteSandbox(sb.id);
   }
 });

@@ -6,6 +6,7 @@
  * codes, anything else that is not the protocol is UNAVAILABLE naming the
  * node, and no answer is read past its bound.
  */
+import { randomBytes } from 'node:crypto';
 import { Duplex, PassThrough, type Readable, Writable } from 'node:stream';
 import { Agent, request } from 'undici';
 import WebSocket from 'ws';
@@ -593,7 +594,10 @@ class RemoteFnCall implements FnCallApi {
 
 /** How long a session attachment tries to reach its node again after its connection broke. */
 const RECONNECT_WINDOW_MS = 10_000;
-/** Frames (input, resizes, signals) kept for the node while the connection is made again. */
+/**
+ * Input frames (writes, resizes, signals, aborts) the node has not acknowledged yet, and other
+ * frames asked for while the connection is made again: what is kept for the node, at most.
+ */
 const OUTBOX_MAX_BYTES = 1024 * 1024;
 
 interface PendingAsk {
@@ -608,10 +612,13 @@ interface PendingAsk {
  * listener semantics of ShellSession. The session outlives this connection:
  * when the connection breaks without a detach, an exit or a close, it is made
  * again (for up to RECONNECT_WINDOW_MS) from the last offset passed on, so
- * the listeners see neither a gap nor a repeat; input sent meanwhile is kept
- * (bounded) and a run in flight is sent again as a resume, which the shell
- * runs only if the first one never reached it. An attachment that cannot be
- * made again tells its onDisconnect listeners.
+ * the listeners see neither a gap nor a repeat; a run in flight is sent again
+ * as a resume, which the shell runs only if the first one never reached it.
+ * Input reaches the session exactly once: each input frame is numbered under
+ * this attachment's writer name and kept until the node acknowledges it, so
+ * what a broken connection may or may not have carried is sent again and the
+ * node drops what it already applied. An attachment that cannot be made
+ * again tells its onDisconnect listeners.
  */
 class RemoteSession implements SessionAttachment {
   private outL: Array<(o: SessionOutput) => void> = [];
@@ -635,6 +642,12 @@ class RemoteSession implements SessionAttachment {
   /** pauseOutput() is in force (sent again on a new connection). */
   private paused = false;
   private broken: string | null = null;
+  /** This attachment's name for its input at the node, which applies each numbered frame once. */
+  private readonly writer = randomBytes(9).toString('base64url');
+  private inputSeq = 0;
+  /** Input frames sent (or waiting to be) that the node has not acknowledged, in order. */
+  private unacked: { seq: number; text: string }[] = [];
+  private unackedBytes = 0;
 
   constructor(
     ch: WsChannel,
@@ -649,6 +662,8 @@ class RemoteSession implements SessionAttachment {
 
   private bind(ch: WsChannel): void {
     const ws = (this.ws = ch.ws);
+    // first on every connection: the numbered input after it is this writer's
+    ws.send(JSON.stringify({ op: 'writer', w: this.writer }));
     ch.onMessage((data: Buffer, isBinary: boolean) => {
       const f = isBinary ? null : parseFrame(data);
       if (f === null) return ws.terminate();
@@ -674,6 +689,11 @@ class RemoteSession implements SessionAttachment {
       } else if ('exit' in f) {
         this.exitStatus = f.exit as { exitCode: number | null; signal: number | null };
         for (const l of this.exitL) l(this.exitStatus);
+      } else if ('ack' in f) {
+        const upTo = Number(f.ack);
+        let n = 0;
+        while (n < this.unacked.length && this.unacked[n]!.seq <= upTo) this.unackedBytes -= this.unacked[n++]!.text.length;
+        if (n > 0) this.unacked.splice(0, n);
       } else if ('lost' in f) {
         const lost = f.lost as { bytes: number; next: number };
         if (typeof lost.next === 'number' && lost.next > this.seen) this.seen = lost.next;
@@ -725,6 +745,8 @@ class RemoteSession implements SessionAttachment {
         const runs = [...this.pending].filter(([, p]) => p.run !== undefined);
         for (const [rid] of runs) this.pending.delete(rid);
         for (const [, p] of runs) if (p.run!.sent) this.sendRun(p);
+        // every input frame not acknowledged: the node skips those it applied before the break
+        for (const u of this.unacked) this.ws.send(u.text);
         for (const text of queued) this.ws.send(text);
         for (const [, p] of runs) if (!p.run!.sent) this.sendRun(p);
         return;
@@ -741,6 +763,8 @@ class RemoteSession implements SessionAttachment {
     if (this.ending) return this.failPending(`node ${this.nodeId}: the session was detached`);
     this.broken = `node ${this.nodeId}: the session connection was lost and could not be made again (${why})`;
     this.outbox = null;
+    this.unacked = [];
+    this.unackedBytes = 0;
     this.failPending(this.broken);
     for (const l of this.discL) l(this.broken);
   }
@@ -762,6 +786,22 @@ class RemoteSession implements SessionAttachment {
       return;
     }
     if (this.ws.readyState === this.ws.OPEN) this.ws.send(text);
+  }
+
+  /**
+   * An input frame: numbered and kept until the node acknowledges it. Sent now if the connection
+   * is open; otherwise it goes out when the connection is made again, as the ones sent but not
+   * acknowledged do. Past OUTBOX_MAX_BYTES of unacknowledged input (a node that has stopped
+   * answering) a frame is dropped, as it would be on a connection that broke mid-send.
+   */
+  private sendInput(frame: Record<string, unknown>): void {
+    if (this.broken !== null || this.ending) return;
+    const seq = ++this.inputSeq;
+    const text = JSON.stringify({ ...frame, seq });
+    if (this.unackedBytes + text.length > OUTBOX_MAX_BYTES) return;
+    this.unacked.push({ seq, text });
+    this.unackedBytes += text.length;
+    if (this.outbox === null && this.ws.readyState === this.ws.OPEN) this.ws.send(text);
   }
 
   private sendRun(p: PendingAsk): void {
@@ -826,13 +866,13 @@ class RemoteSession implements SessionAttachment {
     });
   }
   write(data: Buffer | string): void {
-    this.send({ op: 'write', d: Buffer.from(data).toString('base64') });
+    this.sendInput({ op: 'write', d: Buffer.from(data).toString('base64') });
   }
   resize(cols: number, rows: number): void {
-    this.send({ op: 'resize', cols, rows });
+    this.sendInput({ op: 'resize', cols, rows });
   }
   signal(signal: number): void {
-    this.send({ op: 'signal', signal });
+    this.sendInput({ op: 'signal', signal });
   }
   detach(): void {
     this.ending = true;
@@ -856,7 +896,7 @@ class RemoteSession implements SessionAttachment {
     this.send({ op: 'resume' });
   }
   abortCommand(): void {
-    this.send({ op: 'abort' });
+    this.sendInput({ op: 'abort' });
   }
   recentStatus(commandId: string, after: number): Promise<{ exitCode: number; endOffset: number } | null> {
     return this.ask({ op: 'recentStatus', commandId, after });

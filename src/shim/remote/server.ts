@@ -37,6 +37,11 @@ export interface ShimServer {
 /** Bytes queued on a WebSocket above which a stream stops reading until the peer catches up. */
 const WS_HIGH_WATER = 1024 * 1024;
 const WS_MAX_PAYLOAD = 8 * 1024 * 1024;
+/**
+ * Session writers whose input numbering a node remembers (a few dozen bytes each). A writer is
+ * forgotten when it leaves cleanly, or after this many others were heard from since it was.
+ */
+const INPUT_WRITERS_MAX = 65_536;
 
 type Fn = (...args: unknown[]) => Promise<unknown>;
 
@@ -196,6 +201,8 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
   }
 
   // ------------------------------------------------------------ WebSockets
+  /** Per session attachment's writer (`session/writer`), the last input frame applied; least recently used first. */
+  const inputSeqs = new Map<string, number>();
   const wss = new WebSocketServer({ noServer: true, maxPayload: WS_MAX_PAYLOAD, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const url = new URL(req.url ?? '/', 'http://node');
@@ -309,6 +316,32 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
   function wsSession(ws: WebSocket, att: SessionAttachment): void {
     if (ws.readyState !== ws.OPEN) return att.detach();
     let paused = false;
+    // Numbered input: applied once per writer across its connections, acknowledged once per tick.
+    let writerKey: string | null = null;
+    let ackTo = 0;
+    let ackQueued = false;
+    const ack = (seq: number): void => {
+      ackTo = Math.max(ackTo, seq);
+      if (ackQueued) return;
+      ackQueued = true;
+      setImmediate(() => {
+        ackQueued = false;
+        sendWs(ws, { ack: ackTo });
+      });
+    };
+    /** Whether an input frame is new (to apply) or one this writer's earlier connection applied. */
+    const fresh = (msg: Record<string, unknown>): boolean => {
+      if (msg.seq === undefined) return true;
+      if (!Number.isSafeInteger(msg.seq) || (msg.seq as number) < 1) throw new WarrenError('INVALID_ARGUMENT', 'seq: a positive integer');
+      const seq = msg.seq as number;
+      ack(seq);
+      if (writerKey === null) return true;
+      if (seq <= (inputSeqs.get(writerKey) ?? 0)) return false;
+      inputSeqs.delete(writerKey); // re-inserted last: the map's order is least recently used first
+      inputSeqs.set(writerKey, seq);
+      if (inputSeqs.size > INPUT_WRITERS_MAX) inputSeqs.delete(inputSeqs.keys().next().value!);
+      return true;
+    };
     sendWs(ws, { info: att.info });
     att.onOutput((o) => {
       sendWs(ws, { out: { stream: o.stream, offset: o.offset, d: o.data.toString('base64') } });
@@ -339,15 +372,19 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
             if (typeof msg.commandId !== 'string' || typeof msg.command !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'run: commandId and command are strings');
             reply(msg.rid, att.run(msg.commandId, msg.command, typeof msg.timeoutMs === 'number' ? msg.timeoutMs : undefined, msg.resume === true));
             break;
+          case 'writer':
+            if (typeof msg.w !== 'string' || !/^[A-Za-z0-9_-]{8,64}$/.test(msg.w)) throw new WarrenError('INVALID_ARGUMENT', 'writer: w is 8 to 64 characters of [A-Za-z0-9_-]');
+            writerKey = `${att.info.id}/${msg.w}`;
+            break;
           case 'write':
             if (typeof msg.d !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'write: d is base64 text');
-            att.write(Buffer.from(msg.d, 'base64'));
+            if (fresh(msg)) att.write(Buffer.from(msg.d, 'base64'));
             break;
           case 'resize':
-            att.resize(Number(msg.cols), Number(msg.rows));
+            if (fresh(msg)) att.resize(Number(msg.cols), Number(msg.rows));
             break;
           case 'signal':
-            att.signal(Number(msg.signal));
+            if (fresh(msg)) att.signal(Number(msg.signal));
             break;
           case 'pause':
             att.pauseOutput?.();
@@ -356,7 +393,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
             att.resumeOutput?.();
             break;
           case 'abort':
-            att.abortCommand?.();
+            if (fresh(msg)) att.abortCommand?.();
             break;
           case 'recentStatus':
             if (typeof msg.commandId !== 'string' || typeof msg.after !== 'number') throw new WarrenError('INVALID_ARGUMENT', 'recentStatus: commandId and after');
@@ -373,7 +410,11 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
         else log(`shim protocol: session frame refused: ${asWarrenError(err).message}`);
       }
     });
-    ws.once('close', () => att.detach());
+    ws.once('close', (code: number) => {
+      // a writer that left on purpose (1000) does not come back: forget its numbering
+      if (code === 1000 && writerKey !== null) inputSeqs.delete(writerKey);
+      att.detach();
+    });
   }
 
   await new Promise<void>((resolve, reject) => {
