@@ -18,6 +18,7 @@ import { WarrenError } from './errors';
 import { BACKEND_NAMES } from './shim/types';
 import { IDLE_ACTIONS, type BackendName, type ExecRequest, type IdleAction, type LifetimePolicy, type OpenSessionOptions, type PackRequest, type Priority, type SandboxSpec, type SessionMode } from './shim/types';
 import { parseRegistryRef } from './shim/layers/distribution';
+import { validateWriter } from './shim/sessions/input-numbering';
 
 // ---------------------------------------------------------------- limits
 
@@ -599,12 +600,14 @@ export interface ShellQuery {
   offset?: number;
   cols?: number;
   rows?: number;
+  /** The client's name for its numbered input (applied once across re-attaches). */
+  writer?: string;
 }
 
 export function validateShellQuery(q: URLSearchParams): ShellQuery {
   for (const key of q.keys()) {
-    if (!['mode', 'session', 'offset', 'cols', 'rows'].includes(key)) {
-      throw new WarrenError('UNKNOWN_FIELD', `unknown query parameter "${key}" (allowed: mode, session, offset, cols, rows)`, { field: key });
+    if (!['mode', 'session', 'offset', 'cols', 'rows', 'writer'].includes(key)) {
+      throw new WarrenError('UNKNOWN_FIELD', `unknown query parameter "${key}" (allowed: mode, session, offset, cols, rows, writer)`, { field: key });
     }
   }
   const modeRaw = q.get('mode') ?? 'command';
@@ -621,6 +624,8 @@ export function validateShellQuery(q: URLSearchParams): ShellQuery {
   const rows = parseIntParam(q.get('rows') ?? undefined, 'rows', LIMITS.terminal.min, LIMITS.terminal.max);
   if (cols !== undefined) out.cols = cols;
   if (rows !== undefined) out.rows = rows;
+  const writer = q.get('writer');
+  if (writer !== null) out.writer = validateWriter(writer);
   return out;
 }
 

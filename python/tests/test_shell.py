@@ -146,3 +146,33 @@ def test_async_shell(server: WarrenServer) -> None:
                 assert r.stdout == "streamed\n" and chunks and chunks[0].data == b"streamed\n"
 
     asyncio.run(main())
+
+
+def test_pty_input_exactly_once_across_broken_connections(server: WarrenServer) -> None:
+    """Input in flight when the connection breaks is sent again and applied once; input typed
+    while the session is attached again waits for the new connection."""
+
+    async def main() -> None:
+        async with server.aclient() as c:
+            async with await c.create_sandbox(image="default") as sb:
+                async with await sb.shell("pty") as pty:
+                    seen = bytearray()
+                    for i in range(4):
+                        line = f"echo n-$(({i}*1000+7))\n"
+                        assert pty._ws is not None
+                        if i % 2 == 0:
+                            # the line went to the socket just before it broke
+                            await pty.write(line)
+                            pty._ws.transport.abort()
+                        else:
+                            # typed after the break, before the client has noticed it
+                            pty._ws.transport.abort()
+                            await pty.write(line)
+                        seen += await pty.read_until(f"n-{i * 1000 + 7}\r\n")
+                    await pty.write("echo end-$((2+2))\n")
+                    seen += await pty.read_until("end-4")
+                    for i in range(4):
+                        assert bytes(seen).count(f"n-{i * 1000 + 7}\r\n".encode()) == 1, (i, bytes(seen))
+                    assert pty.reconnects == 4
+
+    asyncio.run(main())

@@ -35,6 +35,7 @@ import { isUtf8 } from 'node:buffer';
 import type { Request, Response, Server, Websocket } from 'hyper-express';
 import { WarrenError } from '../errors';
 import type { CommandResult, SessionAttachment, SessionMode, SessionOutput } from '../shim/types';
+import { InputNumbering, ackBatcher, validateSeq } from '../shim/sessions/input-numbering';
 import { bearerFromHeader, bearerFromSubprotocols } from './auth';
 import { type GatewayContext, raceSafe, sandboxFor } from './context';
 import { publicError, sendError } from './http';
@@ -125,6 +126,8 @@ interface Limits {
 class ShellRegistry {
   readonly all = new Set<ShellConnection>();
   readonly stalled = new Set<ShellConnection>();
+  /** Numbered input of writers that re-attach (`writer=`): each frame applied once on this gateway. */
+  readonly inputs = new InputNumbering();
 
   constructor(
     readonly limits: Limits,
@@ -278,6 +281,7 @@ class ShellConnection {
   /** The keyed command this attachment is running: its output is kept for retries. */
   private keyed: KeyedRun | null = null;
   private readonly openTimer: NodeJS.Timeout;
+  private readonly ack: (seq: number) => void;
 
   constructor(
     readonly att: SessionAttachment,
@@ -287,8 +291,11 @@ class ShellConnection {
     private readonly registry: ShellRegistry,
     private readonly log: (line: string) => void,
     private readonly keys: ShellKeys | null = null,
+    /** `account/sandbox/session/writer` when the client named its writer (writer=): its numbered input is applied once. */
+    private readonly writerKey: string | null = null,
   ) {
     this.nextOffset = startOffset;
+    this.ack = ackBatcher((seq) => this.sendJson({ type: 'ack', seq }));
     this.sendJson({ type: 'hello', session: att.info.id, mode, offset: startOffset, liveOffset: att.info.outputOffset, sandbox: sandboxId });
     att.onOutput((out) => this.onOutput(out));
     att.onCommandDone((res) => {
@@ -315,7 +322,11 @@ class ShellConnection {
     }
     this.ws = ws;
     ws.on('message', (msg: ArrayBuffer, isBinary: boolean) => this.onMessage(msg, isBinary));
-    ws.on('close', () => this.onClose());
+    ws.on('close', (code: number) => {
+      // a writer that detached on purpose does not come back: forget its numbering
+      if (code === 1000 && this.writerKey !== null) this.registry.inputs.forget(this.writerKey);
+      this.onClose();
+    });
     ws.on('drain', () => this.onDrain());
     const queued = this.pending;
     this.pending = [];
@@ -469,6 +480,17 @@ class ShellConnection {
 
   // ---------------------------------------------------------------- client -> server
 
+  /**
+   * Whether a validated input frame is to be applied: frames without `seq` always are; numbered
+   * ones are acknowledged, and applied only once per named writer (input-numbering.ts).
+   */
+  private fresh(seqField: unknown): boolean {
+    if (seqField === undefined) return true;
+    const seq = validateSeq(seqField);
+    this.ack(seq);
+    return this.writerKey === null || this.registry.inputs.take(this.writerKey, seq);
+  }
+
   private onMessage(msg: ArrayBuffer, isBinary: boolean): void {
     if (this.closed || this.ended) return;
     if (isBinary) {
@@ -526,23 +548,25 @@ class ShellConnection {
           return;
         }
         case 'input': {
-          rejectUnknown(m, ['type', 'data', 'encoding']);
+          rejectUnknown(m, ['type', 'data', 'encoding', 'seq']);
           const data = expectString(m.data, 'data', { allowEmpty: true, allowNul: true });
           if (m.encoding !== undefined && m.encoding !== 'base64' && m.encoding !== 'utf8') {
             throw new WarrenError('INVALID_ARGUMENT', 'encoding: must be "utf8" or "base64"', { field: 'encoding' });
           }
-          this.att.write(m.encoding === 'base64' ? Buffer.from(data, 'base64') : data);
+          if (this.fresh(m.seq)) this.att.write(m.encoding === 'base64' ? Buffer.from(data, 'base64') : data);
           return;
         }
-        case 'signal':
-          rejectUnknown(m, ['type', 'signal']);
-          this.att.signal(parseSignal(m.signal));
+        case 'signal': {
+          rejectUnknown(m, ['type', 'signal', 'seq']);
+          const signal = parseSignal(m.signal);
+          if (this.fresh(m.seq)) this.att.signal(signal);
           return;
+        }
         case 'resize': {
-          rejectUnknown(m, ['type', 'cols', 'rows']);
+          rejectUnknown(m, ['type', 'cols', 'rows', 'seq']);
           const cols = expectNumber(m.cols, 'cols', LIMITS.terminal.min, LIMITS.terminal.max, true);
           const rows = expectNumber(m.rows, 'rows', LIMITS.terminal.min, LIMITS.terminal.max, true);
-          this.att.resize(cols, rows);
+          if (this.fresh(m.seq)) this.att.resize(cols, rows);
           return;
         }
         case 'close':
@@ -758,7 +782,8 @@ export function registerShellRoutes(app: Server, ctx: GatewayContext, opts: Shel
       const idem = ctx.idempotency;
       const keys: ShellKeys | null =
         idem === undefined ? null : { store: idem.store, account: account.id, attach: (sessionId, from) => raceSafe(ctx, info.id, () => ctx.shim.attachSession(info.id, sessionId, from)) };
-      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, registry, ctx.log, keys);
+      const writerKey = q.writer === undefined ? null : `${account.id}/${info.id}/${att.info.id}/${q.writer}`;
+      const conn = new ShellConnection(att, att.info.mode, info.id, startOffset, registry, ctx.log, keys, writerKey);
       // Select exactly our subprotocol; never echo the token back.
       if (proto.offered) req.headers['sec-websocket-protocol'] = SHELL_SUBPROTOCOL;
       else delete req.headers['sec-websocket-protocol'];

@@ -24,11 +24,16 @@ export interface ShellOptions {
    * Re-attach by itself when the connection breaks (closed without a close frame, the gateway
    * going away, the gateway losing the session's node): from the last offset received, so no
    * output is lost or repeated, and a command in flight is resumed (it runs exactly once) instead
-   * of failing. Tried for `reconnectWindowMs` (default 15 s). Default true.
+   * of failing. Input (write, resize, signal) is numbered and kept until the gateway acknowledges
+   * it, so it reaches the session exactly once too, also what is written while the connection is
+   * made again. Tried for `reconnectWindowMs` (default 15 s). Default true.
    */
   reconnect?: boolean;
   reconnectWindowMs?: number;
 }
+
+/** Input kept for the gateway until it acknowledges it (while the connection is made again, too). */
+const UNACKED_MAX_BYTES = 1024 * 1024;
 
 /** Close codes after which the session is still there to re-attach to. */
 const RESUMABLE_CLOSE = new Set([1001, 1006, 1011, 1012, 1013, 4500]);
@@ -118,6 +123,14 @@ export class ShellClient extends EventEmitter {
   private readonly idPrefix = `c${randomBytes(4).toString('hex')}-`;
   private readonly closedPromise: Promise<void>;
   private resolveClosed!: () => void;
+  /** This client's name for its numbered input (docs/shell-protocol.md, "Lost connections"). */
+  private readonly writer = randomBytes(12).toString('base64url');
+  private inputSeq = 0;
+  /** Input sent, or waiting for the connection, that the gateway has not acknowledged. */
+  private unacked: { seq: number; text: string }[] = [];
+  private unackedBytes = 0;
+  /** The socket is open and what was not acknowledged has been sent again on it. */
+  private linkUp = false;
 
   /** Output that arrived before anyone listened (bounded); flushed to the first 'output' listener. */
   private early: ShellOutput[] | null = [];
@@ -167,6 +180,7 @@ export class ShellClient extends EventEmitter {
     return this.open(opts).then(
       (liveOffset) => {
         this.replayEnd = liveOffset;
+        this.linkUp = true;
         return this;
       },
       (err) => {
@@ -186,6 +200,7 @@ export class ShellClient extends EventEmitter {
     if (opts.offset !== undefined) u.searchParams.set('offset', String(opts.offset));
     if (opts.cols !== undefined) u.searchParams.set('cols', String(opts.cols));
     if (opts.rows !== undefined) u.searchParams.set('rows', String(opts.rows));
+    if (this.numbered) u.searchParams.set('writer', this.writer);
     const headers: Record<string, string> = {};
     if (this.token) headers.authorization = `Bearer ${this.token}`;
     const ws = new WebSocket(u.toString(), {
@@ -259,6 +274,7 @@ export class ShellClient extends EventEmitter {
 
   private onSocketClose(ws: WebSocket, code: number, reason: string): void {
     if (ws !== this.ws) return;
+    this.linkUp = false;
     const resumable = !this.ending && this.exit === null && this.opts.reconnect !== false && this.session !== '' && RESUMABLE_CLOSE.has(code);
     if (resumable) {
       this.reattaching = this.reattach(code, reason).finally(() => (this.reattaching = null));
@@ -272,6 +288,8 @@ export class ShellClient extends EventEmitter {
     this.closed = true;
     this.closeCode = code;
     this.closeReason = reason;
+    this.unacked = [];
+    this.unackedBytes = 0;
     const active = this.active;
     this.active = null;
     if (active) active.reject(closedError(code, reason));
@@ -309,6 +327,9 @@ export class ShellClient extends EventEmitter {
           const msg = this.active.msg;
           this.ws.send(JSON.stringify(msg.idempotencyKey === undefined ? { ...msg, resume: true } : msg));
         }
+        // input the gateway has not acknowledged: it skips what it applied before the break
+        for (const u of this.unacked) this.ws.send(u.text);
+        this.linkUp = true;
         this.emit('reconnect', { code, attempts });
         return;
       } catch (err) {
@@ -403,6 +424,13 @@ export class ShellClient extends EventEmitter {
       case 'pong':
         this.emit('pong', m);
         return;
+      case 'ack': {
+        const upTo = Number(m.seq);
+        let n = 0;
+        while (n < this.unacked.length && this.unacked[n]!.seq <= upTo) this.unackedBytes -= this.unacked[n++]!.text.length;
+        if (n > 0) this.unacked.splice(0, n);
+        return;
+      }
       default:
         return;
     }
@@ -442,17 +470,42 @@ export class ShellClient extends EventEmitter {
     });
   }
 
+  /** Input is numbered (exactly once across re-attaches) unless `reconnect: false`. */
+  private get numbered(): boolean {
+    return this.opts.reconnect !== false;
+  }
+
+  /**
+   * A numbered input message: kept until acknowledged, sent now if the connection is up, else
+   * when it is made again. Throws once the shell is closed for good, or when 1 MiB of input is
+   * already waiting for a gateway that does not answer.
+   */
+  private sendInput(obj: Record<string, unknown>): void {
+    if (this.closed) throw new WarrenError('UNAVAILABLE', 'shell connection is closed');
+    const seq = this.inputSeq + 1;
+    const text = JSON.stringify({ ...obj, seq });
+    if (this.unackedBytes + text.length > UNACKED_MAX_BYTES) throw new WarrenError('UNAVAILABLE', `shell connection: ${this.unackedBytes} bytes of input wait for the gateway to take them`);
+    this.inputSeq = seq;
+    this.unacked.push({ seq, text });
+    this.unackedBytes += text.length;
+    if (this.linkUp && this.ws.readyState === WebSocket.OPEN) this.ws.send(text);
+  }
+
   /** Send input: raw terminal bytes in pty mode. */
   write(data: string | Buffer): void {
+    const buf = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
+    if (this.numbered) return this.sendInput({ type: 'input', data: buf.toString('base64'), encoding: 'base64' });
     if (this.closed || this.ws.readyState !== WebSocket.OPEN) throw new WarrenError('UNAVAILABLE', 'shell connection is closed');
-    this.ws.send(typeof data === 'string' ? Buffer.from(data, 'utf8') : data, { binary: true });
+    this.ws.send(buf, { binary: true });
   }
 
   resize(cols: number, rows: number): void {
+    if (this.numbered) return this.sendInput({ type: 'resize', cols, rows });
     this.sendJson({ type: 'resize', cols, rows });
   }
 
   signal(signal: string = 'INT'): void {
+    if (this.numbered) return this.sendInput({ type: 'signal', signal });
     this.sendJson({ type: 'signal', signal });
   }
 

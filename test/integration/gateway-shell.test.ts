@@ -462,6 +462,47 @@ test('a client connection that breaks mid-command: the SDK attaches again and th
   });
 });
 
+test('pty input across broken client connections reaches the terminal exactly once: what was in flight is sent again and applied once, what is typed meanwhile waits', async (t) => {
+  await withGateway(t, async ({ url, adminToken, admin }) => {
+    const sb = await admin.createSandbox({ image: 'busybox' });
+    const pty = await sb.shell({ mode: 'pty' });
+    const screen: Buffer[] = [];
+    pty.on('output', (o: { data: Buffer }) => screen.push(o.data));
+    const text = () => Buffer.concat(screen).toString();
+    const reconnects: number[] = [];
+    pty.on('reconnect', (r: { code: number }) => reconnects.push(r.code));
+    const n = (i: number) => String(i * 1000 + 7);
+    for (let i = 0; i < 4; i++) {
+      // even: the line went to the socket just before it broke (it may or may not have arrived);
+      // odd: typed after the break, while the SDK attaches again
+      if (i % 2 === 0) {
+        pty.write(`echo n-$((${i}*1000+7))\r`);
+        cutClient(pty);
+      } else {
+        cutClient(pty);
+        pty.write(`echo n-$((${i}*1000+7))\r`);
+      }
+      await waitUntil(() => text().includes(`n-${n(i)}`), 30_000, `the output of line ${i} (${JSON.stringify(text().slice(-300))})`);
+    }
+    pty.write('echo end-$((2+2))\r');
+    await waitUntil(() => text().includes('end-4'), 30_000, 'the last line');
+    t.is(reconnects.length, 4);
+    for (let i = 0; i < 4; i++) t.is(text().split(/\r?\n/).filter((l) => l === `n-${n(i)}`).length, 1, `line ${i} ran once: ${JSON.stringify(text())}`);
+    // a writer name that is not one is refused at the upgrade; a seq that is not one, in the frame
+    const bad = await open(wsUrl(url, sb.id, '?mode=pty&writer=no'), { token: adminToken });
+    t.deepEqual(bad.ok ? null : [bad.status, bad.body.error.code], [400, 'INVALID_ARGUMENT']);
+    const c = must(t, await open(wsUrl(url, sb.id, '?mode=pty&writer=writer-raw-1'), { token: adminToken }));
+    await c.next(isType('hello'));
+    c.ws.send(JSON.stringify({ type: 'input', data: 'x', seq: 0 }));
+    t.is(((await c.next(isType('error'))) as Record<string, any>).code, 'INVALID_ARGUMENT');
+    c.ws.send(JSON.stringify({ type: 'resize', cols: 90, rows: 30, seq: 3 }));
+    t.is(((await c.next(isType('ack'))) as Record<string, any>).seq, 3);
+    c.ws.close(1000);
+    await pty.close();
+    await sb.delete();
+  });
+});
+
 // Over the shim protocol only (the remote and cluster-bound copies of this file).
 const overProtocol = testUnless(skip ?? (process.env.WARREN_TEST_SHIM === 'remote' || process.env.WARREN_TEST_SHIM === 'cluster' ? null : 'in process: the gateway holds the node itself, there is no connection to cut'));
 

@@ -52,6 +52,8 @@ RUN_GRACE = 30.0
 ABORT_WAIT = 10.0
 # Output kept for read() when nobody consumes it, beyond which the oldest is dropped (counted).
 READ_BUFFER_BYTES = 16 * 1024 * 1024
+# Input kept for the gateway until it acknowledges it (also while the connection is made again).
+UNACKED_MAX_BYTES = 1024 * 1024
 # Close codes after which the session is still there to attach to again (docs/shell-protocol.md,
 # "Lost connections"): no close frame, the gateway going away or failing, the node unreachable.
 RESUMABLE_CLOSE = frozenset({1001, 1006, 1011, 1012, 1013, 4500})
@@ -146,6 +148,14 @@ class AsyncShellSession:
         self._live = asyncio.Event()
         # times the session was attached again after a lost connection
         self.reconnects = 0
+        # numbered input (docs/shell-protocol.md, "Lost connections"): this client's writer name,
+        # and what the gateway has not acknowledged, sent again on a new connection
+        self._writer = base64.urlsafe_b64encode(os.urandom(12)).decode("ascii")
+        self._seq = 0
+        self._unacked: Deque[Tuple[int, str]] = deque()
+        self._unacked_bytes = 0
+        # the socket is up and what was not acknowledged has been sent again on it
+        self._input_up = False
 
     # ---- connecting
 
@@ -176,7 +186,10 @@ class AsyncShellSession:
         self._connect_timeout = connect_timeout
         self._reconnect = reconnect
         self._reconnect_window = reconnect_window
+        if reconnect:
+            query = [*query, ("writer", self._writer)]
         hello = await self._open(query)
+        self._input_up = True
         self.session = str(hello.get("session", ""))
         self.mode = "pty" if hello.get("mode") == "pty" else "command"
         self.offset = int(hello.get("offset") or 0)
@@ -242,7 +255,7 @@ class AsyncShellSession:
         while not self._ending:
             start = self.offset
             try:
-                await self._open([("mode", self.mode), ("session", self.session), ("offset", str(start))])
+                await self._open([("mode", self.mode), ("session", self.session), ("offset", str(start)), ("writer", self._writer)])
             except (UnavailableError, OSError):
                 # unreachable for now (a gateway restarting, a network blip): try again
                 if loop.time() + delay > deadline:
@@ -269,6 +282,18 @@ class AsyncShellSession:
                     await self._ws.send(json.dumps(msg, separators=(",", ":")))
                 except websockets.exceptions.ConnectionClosed:
                     pass  # the reader sees this socket end too, and tries again
+            # input the gateway has not acknowledged, in order, also what is written meanwhile
+            # (acknowledgements are read by this task, so nothing leaves the queue here); the
+            # gateway skips what it applied before the break
+            i = 0
+            while i < len(self._unacked):
+                try:
+                    assert self._ws is not None
+                    await self._ws.send(self._unacked[i][1])
+                except websockets.exceptions.ConnectionClosed:
+                    break
+                i += 1
+            self._input_up = True
             return True
         return False
 
@@ -289,6 +314,7 @@ class AsyncShellSession:
                 except websockets.exceptions.ConnectionClosed:
                     pass
                 self._live.clear()
+                self._input_up = False
                 if not self._resumable(ws.close_code) or not await self._reattach():
                     break
                 assert self._ws is not None
@@ -392,6 +418,11 @@ class AsyncShellSession:
             f = self._pongs.pop(str(m.get("id")), None)
             if f is not None and not f.done():
                 f.set_result(None)
+        elif t == "ack":
+            up_to = m.get("seq")
+            if isinstance(up_to, int):
+                while self._unacked and self._unacked[0][0] <= up_to:
+                    self._unacked_bytes -= len(self._unacked.popleft()[1])
 
     # ---- sending
 
@@ -478,9 +509,34 @@ class AsyncShellSession:
         except (WarrenError, asyncio.CancelledError):
             pass
 
+    async def _send_input(self, obj: Dict[str, Any]) -> None:
+        """Numbered input: kept until the gateway acknowledges it, sent now if the connection is up,
+        else when it is made again (exactly once either way). Without reconnect, sent as it is."""
+        if not self._reconnect:
+            await self._send(obj)
+            return
+        if self._closed.is_set():
+            raise UnavailableError("UNAVAILABLE", "shell connection is closed")
+        text = json.dumps({**obj, "seq": self._seq + 1}, separators=(",", ":"))
+        if self._unacked_bytes + len(text) > UNACKED_MAX_BYTES:
+            raise UnavailableError("UNAVAILABLE", f"shell connection: {self._unacked_bytes} bytes of input wait for the gateway to take them")
+        self._seq += 1
+        self._unacked.append((self._seq, text))
+        self._unacked_bytes += len(text)
+        ws = self._ws
+        if self._input_up and ws is not None:
+            try:
+                await ws.send(text)
+            except websockets.exceptions.ConnectionClosed:
+                pass  # kept: sent again once the session is attached again
+
     async def write(self, data: Union[str, bytes]) -> None:
         """pty mode: raw bytes to the terminal (keystrokes, pastes)."""
-        await self._send(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if not self._reconnect:
+            await self._send(raw)
+            return
+        await self._send_input({"type": "input", "data": base64.b64encode(raw).decode("ascii"), "encoding": "base64"})
 
     async def read(self, timeout: Optional[float] = None) -> Optional[ShellOutput]:
         """Next chunk of output (pty mode, or any mode once called), None once closed and drained.
@@ -517,11 +573,11 @@ class AsyncShellSession:
     async def resize(self, cols: int, rows: int) -> None:
         from ._wire import TERMINAL_RANGE, check_int
 
-        await self._send({"type": "resize", "cols": check_int(cols, "cols", *TERMINAL_RANGE), "rows": check_int(rows, "rows", *TERMINAL_RANGE)})
+        await self._send_input({"type": "resize", "cols": check_int(cols, "cols", *TERMINAL_RANGE), "rows": check_int(rows, "rows", *TERMINAL_RANGE)})
 
     async def signal(self, sig: Union[str, int] = "INT") -> None:
         """pty: the terminal's foreground process group; command mode: the running command."""
-        await self._send({"type": "signal", "signal": check_signal(sig)})
+        await self._send_input({"type": "signal", "signal": check_signal(sig)})
 
     async def ping(self, timeout: float = 10.0) -> float:
         """Round trip of a protocol ping, in seconds."""

@@ -13,6 +13,7 @@ import type { AddressInfo } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { WebSocketServer, type WebSocket, createWebSocketStream } from 'ws';
 import { WarrenError, asWarrenError } from '../../errors';
+import { InputNumbering, ackBatcher, validateSeq, validateWriter } from '../sessions/input-numbering';
 import type { DirWatch, ExecStream, LiveExec, SessionAttachment, Shim } from '../types';
 import { FRAME, FRAMES_TYPE, type Hello, MAX_FRAME_BYTES, MAX_JSON_BYTES, frame, METHODS, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, checkArgs, decode, encode, errorJson } from './wire';
 
@@ -37,11 +38,7 @@ export interface ShimServer {
 /** Bytes queued on a WebSocket above which a stream stops reading until the peer catches up. */
 const WS_HIGH_WATER = 1024 * 1024;
 const WS_MAX_PAYLOAD = 8 * 1024 * 1024;
-/**
- * Session writers whose input numbering a node remembers (a few dozen bytes each). A writer is
- * forgotten when it leaves cleanly, or after this many others were heard from since it was.
- */
-const INPUT_WRITERS_MAX = 65_536;
+
 
 type Fn = (...args: unknown[]) => Promise<unknown>;
 
@@ -201,8 +198,8 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
   }
 
   // ------------------------------------------------------------ WebSockets
-  /** Per session attachment's writer (`session/writer`), the last input frame applied; least recently used first. */
-  const inputSeqs = new Map<string, number>();
+  /** Per writer of a session (`sandbox/session/writer`), the last input frame applied. */
+  const inputSeqs = new InputNumbering();
   const wss = new WebSocketServer({ noServer: true, maxPayload: WS_MAX_PAYLOAD, perMessageDeflate: false });
   server.on('upgrade', (req, socket, head) => {
     const url = new URL(req.url ?? '/', 'http://node');
@@ -316,31 +313,15 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
   function wsSession(ws: WebSocket, att: SessionAttachment): void {
     if (ws.readyState !== ws.OPEN) return att.detach();
     let paused = false;
-    // Numbered input: applied once per writer across its connections, acknowledged once per tick.
+    // Numbered input (input-numbering.ts): applied once per writer across its connections.
     let writerKey: string | null = null;
-    let ackTo = 0;
-    let ackQueued = false;
-    const ack = (seq: number): void => {
-      ackTo = Math.max(ackTo, seq);
-      if (ackQueued) return;
-      ackQueued = true;
-      setImmediate(() => {
-        ackQueued = false;
-        sendWs(ws, { ack: ackTo });
-      });
-    };
+    const ack = ackBatcher((seq) => sendWs(ws, { ack: seq }));
     /** Whether an input frame is new (to apply) or one this writer's earlier connection applied. */
     const fresh = (msg: Record<string, unknown>): boolean => {
       if (msg.seq === undefined) return true;
-      if (!Number.isSafeInteger(msg.seq) || (msg.seq as number) < 1) throw new WarrenError('INVALID_ARGUMENT', 'seq: a positive integer');
-      const seq = msg.seq as number;
+      const seq = validateSeq(msg.seq);
       ack(seq);
-      if (writerKey === null) return true;
-      if (seq <= (inputSeqs.get(writerKey) ?? 0)) return false;
-      inputSeqs.delete(writerKey); // re-inserted last: the map's order is least recently used first
-      inputSeqs.set(writerKey, seq);
-      if (inputSeqs.size > INPUT_WRITERS_MAX) inputSeqs.delete(inputSeqs.keys().next().value!);
-      return true;
+      return writerKey === null || inputSeqs.take(writerKey, seq);
     };
     sendWs(ws, { info: att.info });
     att.onOutput((o) => {
@@ -373,8 +354,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
             reply(msg.rid, att.run(msg.commandId, msg.command, typeof msg.timeoutMs === 'number' ? msg.timeoutMs : undefined, msg.resume === true));
             break;
           case 'writer':
-            if (typeof msg.w !== 'string' || !/^[A-Za-z0-9_-]{8,64}$/.test(msg.w)) throw new WarrenError('INVALID_ARGUMENT', 'writer: w is 8 to 64 characters of [A-Za-z0-9_-]');
-            writerKey = `${att.info.id}/${msg.w}`;
+            writerKey = `${att.info.sandboxId}/${att.info.id}/${validateWriter(msg.w, 'w')}`;
             break;
           case 'write':
             if (typeof msg.d !== 'string') throw new WarrenError('INVALID_ARGUMENT', 'write: d is base64 text');
@@ -412,7 +392,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     });
     ws.once('close', (code: number) => {
       // a writer that left on purpose (1000) does not come back: forget its numbering
-      if (code === 1000 && writerKey !== null) inputSeqs.delete(writerKey);
+      if (code === 1000 && writerKey !== null) inputSeqs.forget(writerKey);
       att.detach();
     });
   }
