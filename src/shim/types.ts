@@ -236,7 +236,8 @@ export interface CapturedExec extends ExecOutcome {
 
 /** A streaming exec (used for tar up/download and by the CLI). */
 export interface ExecStream {
-  pid: number;
+  /** Host pid of the process: in process only (the shim protocol names no host process). */
+  pid?: number;
   stdin: Writable;
   stdout: Readable;
   stderr: Readable;

@@ -71,6 +71,14 @@ it('the same calls answer the same over both bindings, errors with the same code
   for (const [name, s] of both) {
     const sb = await s.createSandbox(spec({ labels: { via: name } }));
     t.is((await s.getSandbox(sb.id)).labels.via, name);
+    // no host pid crosses the protocol (the in-process binding keeps it for the node's admins)
+    const pids = [sb.pid, (await s.getSandbox(sb.id)).pid, ...(await s.listSandboxes({ labels: { via: name } })).map((x) => x.pid), ...(await s.listSandboxesPage({ labels: { via: name } }, { limit: 10 })).sandboxes.map((x) => x.pid)];
+    if (name === 'remote') t.deepEqual(pids, [undefined, undefined, undefined, undefined]);
+    else t.true(pids.every((p) => typeof p === 'number' && p > 1), `${name}: ${JSON.stringify(pids)}`);
+    const es = await s.execStream(sb.id, { cmd: ['true'] });
+    t.is(es.pid === undefined, name === 'remote', `${name}: execStream pid ${es.pid}`);
+    es.stdin.end();
+    await es.exited;
     t.deepEqual((await s.listSandboxes({ labels: { via: name } })).map((x) => x.id), [sb.id]);
     const r = await s.exec(sb.id, { cmd: ['sh', '-c', 'cat; echo err >&2; exit 3'], stdin: Buffer.from('in\u00e9') });
     t.like(r, { exitCode: 3, stdout: 'in\u00e9', stderr: 'err\n', status: 'error' }, name);

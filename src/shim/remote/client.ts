@@ -310,8 +310,7 @@ export class RemoteShim implements Shim {
   async execStream(id: string, req: Parameters<Shim['execStream']>[1]): Promise<ExecStream> {
     const ch = this.openWs('execStream', [id, req]);
     const ws = ch.ws;
-    const first = await this.firstFrame(ch, 'execStream');
-    const pid = Number((first.started as { pid?: unknown } | undefined)?.pid ?? 0);
+    await this.firstFrame(ch, 'execStream');
     const stdout = new PassThrough();
     const stderr = new PassThrough();
     let exitedOk!: (v: { exitCode: number | null; signal: number | null }) => void;
@@ -355,7 +354,6 @@ export class RemoteShim implements Shim {
     });
     stdin.on('error', () => undefined);
     return {
-      pid,
       stdin,
       stdout,
       stderr,

@@ -108,7 +108,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     switch (spec.kind) {
       case 'call':
       case 'raw-in':
-        return sendJson(res, 200, { result: encode(await fn(...args)) });
+        return sendJson(res, 200, { result: encode(hostFree(await fn(...args))) });
       case 'raw-out': {
         const out = (await fn(...args)) as Buffer | Readable;
         res.writeHead(200, { 'content-type': 'application/octet-stream', ...(Buffer.isBuffer(out) ? { 'content-length': out.length } : {}) });
@@ -242,7 +242,7 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
     // The gateway may have gone while the node was starting it.
     if (ws.readyState !== ws.OPEN) return s.kill();
     let exited = false;
-    sendWs(ws, { started: { pid: s.pid } });
+    sendWs(ws, { started: {} });
     const out = (tag: number, from: Readable) => {
       from.on('data', (c: Buffer) => {
         if (ws.readyState !== ws.OPEN) return;
@@ -413,6 +413,22 @@ export async function serveShim(opts: ShimServerOptions): Promise<ShimServer> {
       await new Promise<void>((r) => server.close(() => r()));
     },
   };
+}
+
+/**
+ * What crosses machines names no host process: a sandbox's host pid (SandboxInfo.pid, for a
+ * node's own admins in process) is left out of answers, alone or in lists and pages.
+ */
+function hostFree(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(hostFree);
+  if (v === null || typeof v !== 'object' || Buffer.isBuffer(v)) return v;
+  const o = v as Record<string, unknown>;
+  if (Array.isArray(o.sandboxes)) return { ...o, sandboxes: o.sandboxes.map(hostFree) };
+  if ('pid' in o && typeof o.id === 'string' && typeof o.node === 'string' && typeof o.state === 'string') {
+    const { pid: _pid, ...rest } = o;
+    return rest;
+  }
+  return v;
 }
 
 function sendJson(res: http.ServerResponse, status: number, body: unknown): void {
