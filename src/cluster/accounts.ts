@@ -10,6 +10,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
 import { type Account, type Accounts, type Quota, TOKEN_RE, UNLIMITED, generateToken, hashToken } from '../gateway/auth';
+import { dropBlocks, limited } from './quota-blocks';
 import type { Role } from '../validation';
 import { RecentMisses, keys, nextRevision, parseJson, readPrefix, store } from './etcd';
 
@@ -137,6 +138,8 @@ export class ClusterAccounts implements Accounts {
       const put = await store('set quota', () => this.etcd.if(keys.account(id), 'Mod', '==', kv.mod_revision).then(this.etcd.put(keys.account(id)).value(JSON.stringify(next))).commit());
       if (!put.succeeded) continue;
       this.accounts.set(id, next);
+      // without any limit the account takes no blocks: its nodes admit it as unlimited again
+      if (!limited(q)) await dropBlocks(this.etcd, id);
       return q;
     }
     throw new WarrenError('CLUSTER_UNAVAILABLE', `the quota of ${id} kept changing under this update (retry)`, { retryAfterS: 1 });

@@ -98,8 +98,20 @@ export interface ClusterShimOptions {
   fanOutTimeoutMs?: number;
   /** Told of every image staged through this shim: the cluster records its layers as staged and lazy nodes pull it. */
   recordStaged?: (r: ImagePushResult) => Promise<void>;
+  /**
+   * The accounts' quota blocks (quota-blocks.ts): `ensure` before a create is sent to a node
+   * (a limited account gets a block there first), `grow` when the node refused for want of room
+   * in its block. Both throw QUOTA_EXCEEDED when the quota has no room.
+   */
+  blocks?: {
+    ensure(owner: string, node: string, spec: SandboxSpec): Promise<void>;
+    grow(owner: string, node: string, spec: SandboxSpec): Promise<void>;
+  };
   log: (line: string) => void;
 }
+
+/** Times a create grows its account's block on one node before it takes the node's refusal. */
+const BLOCK_GROWS = 3;
 
 /** Refusals a create is placed again for: the node is full, fenced or did not answer. */
 const REPLACEABLE = new Set(['RESOURCE_EXHAUSTED', 'NODE_AT_CAPACITY', 'NODE_FENCED', 'UNAVAILABLE']);
@@ -346,7 +358,7 @@ export class ClusterShim implements Shim {
       const rec = this.opts.members.nodes.get(nodeId)!;
       this.inflight.set(nodeId, (this.inflight.get(nodeId) ?? 0) + 1);
       try {
-        const info = await (await this.node(rec)).createSandbox(spec, principal);
+        const info = await this.createWithinBlock(rec, spec, principal);
         this.opts.members.notePlaced(nodeId, info);
         return opts.explain ? { ...info, placement: { ...placed.explain, attempts: attempt + 1, refusedBy: [...exclude] } } : info;
       } catch (err) {
@@ -361,6 +373,21 @@ export class ClusterShim implements Shim {
       }
     }
     throw lastErr ?? new WarrenError('RESOURCE_EXHAUSTED', 'no node admitted the sandbox');
+  }
+
+  /** A create on one node, within its account's quota block there (grown when the node says it is full). */
+  private async createWithinBlock(rec: NodeRecord, spec: SandboxSpec, principal?: Principal): Promise<SandboxInfo> {
+    const blocks = this.opts.blocks;
+    await blocks?.ensure(spec.owner, rec.id, spec);
+    for (let grows = 0; ; grows++) {
+      try {
+        return await (await this.node(rec)).createSandbox(spec, principal);
+      } catch (err) {
+        const e = asWarrenError(err);
+        if (blocks === undefined || e.code !== 'QUOTA_EXCEEDED' || (e.details as { block?: unknown } | undefined)?.block !== true || grows >= BLOCK_GROWS) throw e;
+        await blocks.grow(spec.owner, rec.id, spec);
+      }
+    }
   }
 
   async listSandboxes(filter?: SandboxFilter): Promise<SandboxList> {

@@ -44,8 +44,12 @@ export const keys = {
   account: (id: string) => `${PREFIX}accounts/${id}`,
   accounts: `${PREFIX}accounts/`,
   token: (hashHex: string) => `${PREFIX}tokens/${hashHex}`,
-  /** Bumped by every job admission of an account: the compare of its quota transaction. */
+  /** Bumped by every job admission and block growth of an account: the compare of its quota transactions. */
   quotaEpoch: (account: string) => `${PREFIX}quota/${account}`,
+  /** The part of an account's quota a node may hold (quota-blocks.ts), signed. */
+  quotaBlock: (account: string, node: string) => `${PREFIX}quota-blocks/${account}/${node}`,
+  quotaBlocks: (account: string) => `${PREFIX}quota-blocks/${account}/`,
+  quotaBlocksAll: `${PREFIX}quota-blocks/`,
   job: (id: string) => `${PREFIX}jobs/${id}/spec`,
   /** Job-wide state (running, paused, cancelled, deleted), watched by every node. */
   jobControl: (id: string) => `${PREFIX}control/${id}`,

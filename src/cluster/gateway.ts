@@ -39,6 +39,7 @@ import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type ShareRef,
 import { Membership } from './membership';
 import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
 import { placeMany, placementRequest } from './placement';
+import { type BlockContext, blockGrowth, committedOf, growBlock, limited, readBlocks, roomFor, viewWithRoom, whenUnchanged } from './quota-blocks';
 
 export interface ClusterGatewayOptions {
   etcd: EtcdConfig;
@@ -145,7 +146,48 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
 
 
 
-  const shimOpts: ConstructorParameters<typeof ClusterShim>[0] = { members, credential, usageOf: usage, log };
+  /** The nodes whose blocks count, and what each node's record says an account holds there. */
+  const blockCtx =
+    (account: string) =>
+    (): BlockContext => ({
+      live: new Set(members.live().map((n) => n.id)),
+      recorded: (node) => {
+        const rec = members.nodes.get(node);
+        const r = rec?.resources?.[account];
+        return { sandboxes: rec?.accounts[account] ?? 0, cpu: r?.cpu ?? 0, memoryMb: r?.memoryMb ?? 0 };
+      },
+      recordedAt: (node) => members.nodes.get(node)?.at ?? 0,
+    });
+  // The create route has just read the quota (a quorum read): the block check reuses it for a second.
+  const quotaCache = new Map<string, { q: Quota; at: number }>();
+  async function recentQuota(account: string): Promise<Quota> {
+    const c = quotaCache.get(account);
+    if (c !== undefined && Date.now() - c.at < 1000) return c.q;
+    const q = await accounts.quota(account, opts.defaultQuota);
+    if (quotaCache.size > 10_000) quotaCache.clear();
+    quotaCache.set(account, { q, at: Date.now() });
+    return q;
+  }
+  /** Blocks this gateway has seen exist (account/node), for a few seconds: a create there needs no etcd read. */
+  const knownBlocks = new Map<string, number>();
+  const blocks: NonNullable<ConstructorParameters<typeof ClusterShim>[0]['blocks']> = {
+    async ensure(owner, node, spec) {
+      const q = await recentQuota(owner);
+      if (!limited(q)) return;
+      const k = `${owner}/${node}`;
+      if (Date.now() - (knownBlocks.get(k) ?? 0) < 5000) return;
+      const v = await store('read quota block', () => etcd.get(keys.quotaBlock(owner, node)).exec());
+      if (v.kvs.length === 0) await growBlock(etcd, credential, { account: owner, node, quota: q, spec, ctx: blockCtx(owner) });
+      if (knownBlocks.size > 10_000) knownBlocks.clear();
+      knownBlocks.set(k, Date.now());
+    },
+    async grow(owner, node, spec) {
+      const q = await accounts.quota(owner, opts.defaultQuota);
+      if (limited(q)) await growBlock(etcd, credential, { account: owner, node, quota: q, spec, ctx: blockCtx(owner) });
+    },
+  };
+
+  const shimOpts: ConstructorParameters<typeof ClusterShim>[0] = { members, credential, usageOf: usage, blocks, log };
   // The layers first: by the time a lazy node sees the image and pulls it, placement counts them as staged.
   shimOpts.recordStaged = (r) =>
     store('stage record', async () => {
@@ -197,24 +239,28 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     await shim.authorizeContent(principalOf(account), spec);
     const quota = await accounts.quota(account.id, opts.defaultQuota);
     const epochKey = keys.quotaEpoch(account.id);
+    // A limited account's job is held to its quota by blocks (quota-blocks.ts): what the nodes
+    // hold or reserve for the account leaves room for so many of this template; the admission
+    // grows the blocks of the nodes it places on, in the same transaction.
+    const isLimited = limited(quota);
     for (let attempt = 0; attempt < 5; attempt++) {
-      const cur = await store('quota', () => etcd.get(epochKey).exec());
-      const rev = cur.kvs[0]?.mod_revision ?? '0';
       let count = jr.count;
-      const used = await shim.sandboxUsage(account.id);
-      // how many of this template the quota has room for, and which limit says so
-      const rooms: { name: 'maxSandboxes' | 'maxCpu' | 'maxMemoryMb'; limit: number; used: number; room: number }[] = [];
-      if (quota.maxSandboxes !== null) rooms.push({ name: 'maxSandboxes', limit: quota.maxSandboxes, used: used.sandboxes, room: quota.maxSandboxes - used.sandboxes });
-      if (quota.maxCpu !== null) rooms.push({ name: 'maxCpu', limit: quota.maxCpu, used: used.cpu, room: Math.floor((quota.maxCpu - used.cpu + 1e-9) / spec.cpu) });
-      if (quota.maxMemoryMb !== null) rooms.push({ name: 'maxMemoryMb', limit: quota.maxMemoryMb, used: used.memoryMb, room: Math.floor((quota.maxMemoryMb - used.memoryMb) / spec.memoryMb) });
-      const tight = rooms.sort((x, y) => x.room - y.room)[0];
-      if (tight !== undefined && tight.room < count) {
-        const room = Math.max(0, tight.room);
-        if (jr.quota === 'all' || room === 0) {
-          const asked = tight.name === 'maxSandboxes' ? count : tight.name === 'maxCpu' ? count * spec.cpu : count * spec.memoryMb;
-          throw new WarrenError('QUOTA_EXCEEDED', `account quota exceeded: ${tight.name} (limit ${tight.limit}, in use ${tight.used}, requested ${asked} for ${count} sandboxes)`, { quota: tight.name, limit: tight.limit, used: tight.used, requested: asked });
+      let blockView: Awaited<ReturnType<typeof viewWithRoom>> | null = null;
+      let rev: string;
+      if (isLimited) {
+        blockView = await viewWithRoom(etcd, credential, account.id, quota, spec, count, blockCtx(account.id));
+        rev = blockView.view.epochRev;
+        const tight = blockView.room;
+        if (tight !== null && tight.room < count) {
+          if (jr.quota === 'all' || tight.room === 0) {
+            const asked = tight.limit === 'maxSandboxes' ? count : tight.limit === 'maxCpu' ? count * spec.cpu : count * spec.memoryMb;
+            throw new WarrenError('QUOTA_EXCEEDED', `account quota exceeded: ${tight.limit} (limit ${tight.max}, in use or reserved ${tight.used}, requested ${asked} for ${count} sandboxes)`, { quota: tight.limit, limit: tight.max, used: tight.used, requested: asked });
+          }
+          count = tight.room;
         }
-        count = room;
+      } else {
+        const cur = await store('quota', () => etcd.get(epochKey).exec());
+        rev = cur.kvs[0]?.mod_revision ?? '0';
       }
       const id = `job-${randomBytes(8).toString('hex')}`;
       const placed = placeMany(members.live(), req, count, { ...placementOpts(), reserved: shim.reservedNow() });
@@ -238,13 +284,14 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       jspec.shares = refs;
       jspec.pending = toRanges(indices.slice(placedTotal));
       if (explain) jspec.explain = placed.explain;
+      const growth = blockView === null ? { compares: [[epochKey, rev]] as [string, string][], puts: [etcd.put(epochKey).value(id)] } : blockGrowth(etcd, credential, blockView.view, blockView.ctx, placed.counts, spec);
       const puts = [
-        etcd.put(epochKey).value(id),
+        ...growth.puts,
         etcd.put(keys.job(id)).value(JSON.stringify(jspec)),
         etcd.put(keys.jobControl(id)).value(JSON.stringify({ state: 'running' })),
         ...ops.map((o) => etcd.put(o.key).value(o.value)),
       ];
-      const res = await store('admit job', () => etcd.if(epochKey, 'Mod', '==', rev).then(...puts).commit());
+      const res = await store('admit job', () => whenUnchanged(etcd, growth.compares).then(...puts).commit());
       if (!res.succeeded) continue; // another job of this account was admitted meanwhile: count again
       jobs.admitted(jspec, res.header.revision);
       return {
@@ -301,14 +348,23 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       }
       if (again.length === 0) continue;
       again.sort((a, b) => a - b);
-      const placed = placeMany(members.live(), placementRequest(spec.spec, spec.placement), again.length, { ...placementOpts(), reserved: shim.reservedNow() });
-      const n = again.length - placed.unplaced;
+      // a limited account's re-placed work needs room in its quota: blocks grown where it goes
+      const quota = await accounts.quota(spec.owner, opts.defaultQuota);
+      let want = again.length;
+      let view: Awaited<ReturnType<typeof readBlocks>> | null = null;
+      const ctx = blockCtx(spec.owner)();
+      if (limited(quota)) {
+        view = await readBlocks(etcd, credential, spec.owner);
+        want = Math.min(want, roomFor(quota, committedOf(view, ctx), spec.spec)?.room ?? want);
+      }
+      const placed = placeMany(members.live(), placementRequest(spec.spec, spec.placement), want, { ...placementOpts(), reserved: shim.reservedNow() });
+      const n = want - placed.unplaced;
       if (n === 0 && handled.length === 0) continue;
       const { refs, ops } = sharesFor(spec, placed.counts, again.slice(0, n));
       const next: JobSpec = { ...spec, shares: [...spec.shares, ...refs], pending: toRanges(again.slice(n)), handled: [...spec.handled, ...handled] };
-      await etcd
-        .if(keys.job(id), 'Mod', '==', j.specRev)
-        .then(etcd.put(keys.job(id)).value(JSON.stringify(next)), ...ops.map((o) => etcd.put(o.key).value(o.value)))
+      const growth = view === null ? { compares: [] as [string, string][], puts: [] } : blockGrowth(etcd, credential, view, ctx, placed.counts, spec.spec);
+      await whenUnchanged(etcd, [[keys.job(id), j.specRev], ...growth.compares])
+        .then(etcd.put(keys.job(id)).value(JSON.stringify(next)), ...ops.map((o) => etcd.put(o.key).value(o.value)), ...growth.puts)
         .commit()
         .catch(() => undefined);
     }

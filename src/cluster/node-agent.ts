@@ -29,6 +29,8 @@ import type { BackendName, Principal, SandboxInfo, SandboxSpec, Shim } from '../
 import type { ClusterCredential } from './credential';
 import { type StagedImage, keys, nextRevision, parseJson, readPrefix } from './etcd';
 import { type NodeRecord, type Pool, imageLayers } from './placement';
+import { type Amount, NodeBlocks, addAmounts } from './quota-blocks';
+import { UsageTally } from '../shim/sandbox-map';
 
 export interface NodeAgentOptions {
   etcd: Etcd3;
@@ -120,13 +122,13 @@ export const JOB_LABEL = 'warren.job';
 export const SHARE_LABEL = 'warren.share';
 export const INDEX_LABEL = 'warren.index';
 
-/** A shim that refuses creates past the node's capacity or while fenced: the node's final admission. */
-export function admissionShim(shim: Shim, admit: () => (created: boolean) => void): Shim {
+/** A shim that refuses creates past the node's capacity, past the account's quota block, or while fenced: the node's final admission. */
+export function admissionShim(shim: Shim, admit: (spec: SandboxSpec) => Promise<(created: boolean) => void>): Shim {
   return new Proxy(shim, {
     get(target, prop, receiver) {
       if (prop === 'createSandbox') {
         return async (spec: SandboxSpec, principal?: Principal) => {
-          const done = admit();
+          const done = await admit(spec);
           let info: SandboxInfo;
           try {
             info = await target.createSandbox(spec, principal);
@@ -265,6 +267,10 @@ export class NodeAgent {
   }
 
   private live = { count: 0, at: 0 };
+  /** Single creates admitted and not ended, per account (job creates are counted by their shares). */
+  private readonly admitted = new UsageTally();
+  /** This node's blocks of the accounts' quotas (none before start()). */
+  private blocks: NodeBlocks | null = null;
 
   /** Live sandboxes, counted at most every 250 ms (listing them all is O(n)); creates in between are added as they finish. */
   private liveCount(fresh = false): number {
@@ -282,16 +288,49 @@ export class NodeAgent {
   }
 
   /**
-   * Admit one create of the node's API. It is counted as being created from here until it
-   * ends, so that a record counts every create admitted before it (the gateways rely on it).
+   * Admit one create of the node's API: capacity, then the account's quota block on this node.
+   * It is counted as being created from here until it ends, so that a record counts every create
+   * admitted before it (the gateways rely on it), and against the block from before its check
+   * (a block given back meanwhile keeps room for it).
    */
-  admitOne(): (created: boolean) => void {
+  async admitOne(spec: Pick<SandboxSpec, 'owner' | 'cpu' | 'memoryMb'>): Promise<(created: boolean) => void> {
     this.admit();
     this.creating++;
-    return (created) => {
+    const used = this.held(spec.owner);
+    this.admitted.add(spec.owner, spec.cpu, spec.memoryMb, 1);
+    let ended = false;
+    const end = (created: boolean): void => {
+      if (ended) return;
+      ended = true;
       this.creating--;
+      this.admitted.add(spec.owner, spec.cpu, spec.memoryMb, -1);
       if (created) this.createdOne();
     };
+    try {
+      await this.blocks?.admit(spec.owner, used, spec);
+    } catch (err) {
+      end(false);
+      throw err;
+    }
+    return end;
+  }
+
+  /**
+   * What this node holds and has promised for an account: its live sandboxes, the single creates
+   * admitted and not ended, and what its running job shares still have to make.
+   */
+  private held(owner: string): Amount {
+    let u: Amount = addAmounts(this.opts.shim.sandboxUsage(owner), this.admitted.of(owner));
+    for (const run of this.runs.values()) {
+      const { share } = run;
+      if (share.spec.owner !== owner || run.stopped) continue;
+      const state = this.control.get(share.job) ?? 'running';
+      if (state === 'cancelled' || state === 'deleted') continue;
+      const p = run.progress;
+      const left = Math.max(0, share.count - p.created - p.failed - p.refused);
+      u = addAmounts(u, { sandboxes: 1, cpu: share.spec.cpu, memoryMb: share.spec.memoryMb }, left);
+    }
+    return u;
   }
 
   /**
@@ -315,6 +354,9 @@ export class NodeAgent {
     this.heartbeat = setInterval(() => void this.beat(), 1000);
     this.heartbeat.unref();
     await this.watchShares();
+    // unused reserved room goes back after a second: the record that shows it unused is about a second old too
+    this.blocks = new NodeBlocks(this.etcd, this.opts.credential, this.nodeId, (owner) => this.held(owner), (line) => this.log(line), 1000);
+    await this.blocks.start();
     await this.watchPolicy();
     if (this.opts.lazyLayers?.()) await this.watchStaged();
   }
@@ -776,6 +818,7 @@ export class NodeAgent {
     await Promise.all([...this.runs.values()].map((r) => r.done));
     await this.flushProgress().catch(() => undefined);
     this.keepStream?.end();
+    await this.blocks?.close();
     await Promise.all(this.watchers.map((w) => w.cancel().catch(() => undefined)));
     // The lease is left to expire: sandboxes outlive the node process, and a restart within the TTL keeps them.
   }

@@ -133,9 +133,9 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.otlpEndpoint) telemetry = initTelemetry({ otlpEndpoint: opts.otlpEndpoint, nodeId: shim.nodeId });
     let agent: NodeAgent | null = null;
     const served = opts.cluster
-      ? admissionShim(new LocalShim(shim), () => {
+      ? admissionShim(new LocalShim(shim), async (spec) => {
           if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
-          return agent.admitOne();
+          return agent.admitOne(spec);
         })
       : new LocalShim(shim);
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };

@@ -394,6 +394,45 @@ test.serial('a job over the account quota is refused whole or admitted up to it;
   });
 });
 
+test.serial('a quota holds exactly when creates race through both gateways: each node admits within its block of the quota, and gives back what it stops using', async (t) => {
+  t.timeout(120_000);
+  await withClients(async (a) => {
+    const acct = await a.requestJson<{ id: string; token: string }>('POST', '/v1/accounts', { json: { name: 'racer', role: 'runtime' } });
+    await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: 3 } });
+    const users = f.gateways.map((g) => new WarrenClient({ url: g.url, token: acct.token }));
+    const made: string[] = [];
+    const create = (u: WarrenClient, nodes?: string[]) =>
+      u.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', memoryMb: 64, ...(nodes ? { placement: { nodes } } : {}) } }).then((r) => {
+        made.push(r.id);
+        return r;
+      });
+    try {
+      // twelve at once, six through each gateway: each gateway alone sees room for three
+      const results = await Promise.allSettled(Array.from({ length: 12 }, (_, i) => create(users[i % 2]!)));
+      const refused = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected').map((r) => (r.reason instanceof WarrenError ? r.reason.code : String(r.reason)));
+      t.is(made.length, 3, `admitted ${made.join(', ')}; refused ${refused.join(', ')}`);
+      t.deepEqual([...new Set(refused)], ['QUOTA_EXCEEDED']);
+      for (const id of made.splice(0)) await users[0]!.deleteSandbox(id);
+      // the nodes give their blocks back once unused: the whole quota fits on one node again
+      const codes: string[] = [];
+      await waitFor(async () => {
+        const code = await codeOf(create(users[made.length % 2]!, ['n2']));
+        if (code !== 'ok') codes.push(code);
+        return made.length === 3;
+      }, 30_000, 'n2 to take the whole quota', 200);
+      t.deepEqual([...new Set(codes)].filter((c) => c !== 'QUOTA_EXCEEDED'), [], 'refused only for the quota meanwhile');
+      t.is(await codeOf(create(users[1]!, ['n1'])), 'QUOTA_EXCEEDED');
+      t.is(await codeOf(create(users[0]!)), 'QUOTA_EXCEEDED');
+      // without a limit the blocks go, and so do the refusals
+      await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: null } });
+      t.is(await codeOf(create(users[1]!, ['n2'])), 'ok');
+    } finally {
+      for (const id of made) await users[0]!.deleteSandbox(id).catch(() => undefined);
+      for (const u of users) await u.close();
+    }
+  });
+});
+
 test.serial('a policy applied through a gateway reaches every node by watch; an invalid one is refused there and the last good one stays', async (t) => {
   await withClients(async (a) => {
     const good = readFileSync(join(BUNDLED_POLICY_DIR, 'services.yaml'), 'utf8');
