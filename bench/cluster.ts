@@ -10,12 +10,17 @@
  *     and over 160 synthetic nodes;
  *  3. one sandbox at a time (create, first exec, delete) through the gateway
  *     (placed, over the nodes' shim protocol) against the same on one node's
- *     own API, interleaved: the cost of the cluster path for a single create.
+ *     own API, interleaved: the cost of the cluster path for a single create;
+ *  4. lazy against eager layer start for a fresh node starting the default
+ *     image from a registry: bytes fetched and time to first exec, side by
+ *     side (bench/lazy-layers.ts, run here as its own process after the
+ *     cluster is stopped; BENCH_LAZY=0 leaves it out).
  *
  * Starts 3 etcd members, 3 `warren node` processes and a `warren gateway` on
  * loopback (test/helpers/cluster.ts); needs root and etcd-server.
  * Conditions first, then tables; JSON goes to bench/results/cluster.json.
  */
+import { spawnSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
@@ -150,6 +155,11 @@ async function main(): Promise<void> {
   }
   mkdirSync(join(__dirname, '..', '..', 'bench', 'results'), { recursive: true });
   writeFileSync(join(__dirname, '..', '..', 'bench', 'results', 'cluster.json'), JSON.stringify({ conditions: cond, placement: place, ...results, bursts }, null, 2));
+  if (process.env.BENCH_LAZY !== '0') {
+    console.log('\n# lazy against eager layer start (a fresh node, the default image from a registry)');
+    const r = spawnSync(process.execPath, [join(__dirname, 'lazy-layers.js')], { stdio: 'inherit' });
+    if (r.status !== 0) throw new Error(`the lazy-layer section failed (exit ${r.status ?? r.signal})`);
+  }
 }
 
 main().then(
