@@ -12,9 +12,11 @@
  * create. Only the node shrinks its own block, back to what it holds, once it has been idle: it
  * knows its usage at the moment it admits, so a shrink never goes below a create in progress.
  *
- * An account without a limit (no maxSandboxes, maxCpu or maxMemoryMb) has no blocks, and a node
- * without a block for an account admits it as unlimited; a quota set back to unlimited removes
- * the blocks. Blocks are signed with the cluster credential like the node records.
+ * An account without a limit (no maxSandboxes, maxCpu or maxMemoryMb) has no blocks; a quota set
+ * back to unlimited removes them. A node that knows no block for an account asks etcd before it
+ * admits it as unlimited (a gateway writes the block before it sends the first create there), and
+ * then takes the answer for two seconds unless a block arrives by watch. Blocks are signed with
+ * the cluster credential like the node records.
  */
 import type { Etcd3 } from 'etcd3';
 import { WarrenError } from '../errors';
@@ -159,6 +161,9 @@ export function whenUnchanged(etcd: Etcd3, compares: [string, string][]) {
   return txn;
 }
 
+/** How long a node takes an account without a block for one without a limit before it asks etcd again. */
+const UNLIMITED_FOR_MS = 2000;
+
 /** How long a gateway waits for nodes to give back reserved room before it refuses for the quota. */
 const SLACK_WAIT_MS = 5000;
 
@@ -219,6 +224,8 @@ export class NodeBlocks {
   private watcher: { cancel(): Promise<void> } | null = null;
   private timer: NodeJS.Timeout | null = null;
   private shrinking = false;
+  /** Accounts etcd had no block for, and when it said so. */
+  private readonly unlimitedAt = new Map<string, number>();
   /** When each account's block was last seen with more than the node needs. */
   private readonly slackSince = new Map<string, number>();
 
@@ -252,6 +259,7 @@ export class NodeBlocks {
     const cur = this.blocks.get(b.account);
     if (cur !== undefined && BigInt(cur.rev) > BigInt(rev)) return;
     this.blocks.set(b.account, { block: b, rev });
+    this.unlimitedAt.delete(b.account);
   }
 
   /** The block in force for `account`, or undefined (no limit). */
@@ -269,12 +277,21 @@ export class NodeBlocks {
    */
   async admit(account: string, used: Amount, spec: { cpu: number; memoryMb: number }): Promise<void> {
     let b = this.limit(account);
-    if (b === undefined || fitsBlock(b, used, spec)) return;
+    if (b !== undefined && fitsBlock(b, used, spec)) return;
+    // No block known: the account has no limit, or a gateway has just reserved one that the
+    // watch has not brought yet (it writes the block before it sends the create). Ask etcd, and
+    // take "no limit" for a moment: a block that arrives by watch ends that at once.
+    if (b === undefined) {
+      const seen = this.unlimitedAt.get(account);
+      if (seen !== undefined && Date.now() - seen < UNLIMITED_FOR_MS) return;
+    }
     const kv = await store('read quota block', () => this.etcd.get(keys.quotaBlock(account, this.node)).exec());
     const fresh = kv.kvs[0];
     if (fresh === undefined) {
-      // gone: the quota has no limit any more (a block is never deleted otherwise)
+      // none, or gone: the quota has no limit (a block is never deleted otherwise)
       if (!this.caps.has(account)) this.blocks.delete(account);
+      if (this.unlimitedAt.size > 10_000) this.unlimitedAt.clear();
+      this.unlimitedAt.set(account, Date.now());
     } else this.put(keys.quotaBlock(account, this.node), fresh.value, fresh.mod_revision);
     b = this.limit(account);
     if (b === undefined || fitsBlock(b, used, spec)) return;
