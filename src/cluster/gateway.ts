@@ -156,7 +156,6 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         const r = rec?.resources?.[account];
         return { sandboxes: rec?.accounts[account] ?? 0, cpu: r?.cpu ?? 0, memoryMb: r?.memoryMb ?? 0 };
       },
-      recordedAt: (node) => members.nodes.get(node)?.at ?? 0,
     });
   // The create route has just read the quota (a quorum read): the block check reuses it for a second.
   const quotaCache = new Map<string, { q: Quota; at: number }>();

@@ -354,8 +354,9 @@ export class NodeAgent {
     this.heartbeat = setInterval(() => void this.beat(), 1000);
     this.heartbeat.unref();
     await this.watchShares();
-    // unused reserved room goes back after a second: the record that shows it unused is about a second old too
-    this.blocks = new NodeBlocks(this.etcd, this.opts.credential, this.nodeId, (owner) => this.held(owner), (line) => this.log(line), 1000);
+    // unused reserved room goes back within half a second to a second: a gateway that finds the quota
+    // full while some block is unused waits for it (a burst of creates and deletes re-grows by chunks)
+    this.blocks = new NodeBlocks(this.etcd, this.opts.credential, this.nodeId, (owner) => this.held(owner), (line) => this.log(line), 500);
     await this.blocks.start();
     await this.watchPolicy();
     if (this.opts.lazyLayers?.()) await this.watchStaged();

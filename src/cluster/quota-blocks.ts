@@ -84,8 +84,6 @@ export interface BlockContext {
   live: Set<string>;
   /** What the node records say the account holds on a node (for nodes without a block). */
   recorded(node: string): Amount;
-  /** When that record was made (0: no record). */
-  recordedAt(node: string): number;
 }
 
 /** An account's blocks as etcd has them now, with the revisions its quota transactions compare. */
@@ -118,14 +116,14 @@ export function committedOf(view: BlockView, ctx: BlockContext): Amount {
 }
 
 /**
- * Whether some live node reserves more than its record, made after the block was last written,
- * shows it holds: room that node gives back once it has been unused for a moment. (A block
- * written after the record may be in use by creates the record does not show yet.)
+ * Whether some live node reserves more than its record shows it holds: room that node gives back
+ * once it is unused for a moment (or creates its record does not show yet: either way, worth a
+ * short wait before a refusal).
  */
 export function slackHeld(view: BlockView, ctx: BlockContext): boolean {
   for (const n of ctx.live) {
     const b = view.blocks.get(n)?.block;
-    if (b === undefined || ctx.recordedAt(n) <= b.at) continue;
+    if (b === undefined) continue;
     const r = ctx.recorded(n);
     if (b.sandboxes > r.sandboxes || b.cpu > r.cpu + EPS || b.memoryMb > r.memoryMb) return true;
   }
@@ -165,7 +163,7 @@ export function whenUnchanged(etcd: Etcd3, compares: [string, string][]) {
 const UNLIMITED_FOR_MS = 2000;
 
 /** How long a gateway waits for nodes to give back reserved room before it refuses for the quota. */
-const SLACK_WAIT_MS = 5000;
+const SLACK_WAIT_MS = 2500;
 
 /**
  * Read the account's blocks until the quota has room for `want` sandboxes of `spec` or no node
