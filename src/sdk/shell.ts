@@ -6,6 +6,7 @@ import { EventEmitter } from 'node:events';
 import type { IncomingMessage } from 'node:http';
 import WebSocket from 'ws';
 import { WarrenError, type ErrorCode, ErrorCodes } from '../errors';
+import { UnackedInput } from '../shim/sessions/input-numbering';
 import type { SessionMode } from '../shim/types';
 
 export interface ShellOptions {
@@ -125,10 +126,8 @@ export class ShellClient extends EventEmitter {
   private resolveClosed!: () => void;
   /** This client's name for its numbered input (docs/shell-protocol.md, "Lost connections"). */
   private readonly writer = randomBytes(12).toString('base64url');
-  private inputSeq = 0;
   /** Input sent, or waiting for the connection, that the gateway has not acknowledged. */
-  private unacked: { seq: number; text: string }[] = [];
-  private unackedBytes = 0;
+  private readonly unacked = new UnackedInput(UNACKED_MAX_BYTES);
   /** The socket is open and what was not acknowledged has been sent again on it. */
   private linkUp = false;
 
@@ -288,8 +287,7 @@ export class ShellClient extends EventEmitter {
     this.closed = true;
     this.closeCode = code;
     this.closeReason = reason;
-    this.unacked = [];
-    this.unackedBytes = 0;
+    this.unacked.clear();
     const active = this.active;
     this.active = null;
     if (active) active.reject(closedError(code, reason));
@@ -328,7 +326,7 @@ export class ShellClient extends EventEmitter {
           this.ws.send(JSON.stringify(msg.idempotencyKey === undefined ? { ...msg, resume: true } : msg));
         }
         // input the gateway has not acknowledged: it skips what it applied before the break
-        for (const u of this.unacked) this.ws.send(u.text);
+        for (const text of this.unacked.texts()) this.ws.send(text);
         this.linkUp = true;
         this.emit('reconnect', { code, attempts });
         return;
@@ -424,13 +422,9 @@ export class ShellClient extends EventEmitter {
       case 'pong':
         this.emit('pong', m);
         return;
-      case 'ack': {
-        const upTo = Number(m.seq);
-        let n = 0;
-        while (n < this.unacked.length && this.unacked[n]!.seq <= upTo) this.unackedBytes -= this.unacked[n++]!.text.length;
-        if (n > 0) this.unacked.splice(0, n);
+      case 'ack':
+        this.unacked.ack(Number(m.seq));
         return;
-      }
       default:
         return;
     }
@@ -482,12 +476,8 @@ export class ShellClient extends EventEmitter {
    */
   private sendInput(obj: Record<string, unknown>): void {
     if (this.closed) throw new WarrenError('UNAVAILABLE', 'shell connection is closed');
-    const seq = this.inputSeq + 1;
-    const text = JSON.stringify({ ...obj, seq });
-    if (this.unackedBytes + text.length > UNACKED_MAX_BYTES) throw new WarrenError('UNAVAILABLE', `shell connection: ${this.unackedBytes} bytes of input wait for the gateway to take them`);
-    this.inputSeq = seq;
-    this.unacked.push({ seq, text });
-    this.unackedBytes += text.length;
+    const text = this.unacked.add(obj);
+    if (text === null) throw new WarrenError('UNAVAILABLE', `shell connection: ${this.unacked.pendingBytes} bytes of input wait for the gateway to take them`);
     if (this.linkUp && this.ws.readyState === WebSocket.OPEN) this.ws.send(text);
   }
 

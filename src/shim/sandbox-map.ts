@@ -77,20 +77,16 @@ export class SandboxMap extends Map<string, LiveSandbox> {
     return this.usage.entries();
   }
 
-  private add(owner: string, cpu: number, memoryMb: number, sign: 1 | -1): void {
-    this.usage.add(owner, cpu, memoryMb, sign);
-  }
-
   private track(live: LiveSandbox): void {
     const { owner, cpu, memoryMb } = live.record.spec;
     let state = live.state;
-    if (counted(state)) this.add(owner, cpu, memoryMb, 1);
+    if (counted(state)) this.usage.add(owner, cpu, memoryMb, 1);
     Object.defineProperty(live, 'state', {
       configurable: true,
       enumerable: true,
       get: () => state,
       set: (next: SandboxState) => {
-        if (counted(next) !== counted(state)) this.add(owner, cpu, memoryMb, counted(next) ? 1 : -1);
+        if (counted(next) !== counted(state)) this.usage.add(owner, cpu, memoryMb, counted(next) ? 1 : -1);
         state = next;
       },
     });
@@ -99,7 +95,7 @@ export class SandboxMap extends Map<string, LiveSandbox> {
   private untrack(live: LiveSandbox): void {
     const state = live.state;
     const { owner, cpu, memoryMb } = live.record.spec;
-    if (counted(state)) this.add(owner, cpu, memoryMb, -1);
+    if (counted(state)) this.usage.add(owner, cpu, memoryMb, -1);
     Object.defineProperty(live, 'state', { configurable: true, enumerable: true, writable: true, value: state });
   }
 }

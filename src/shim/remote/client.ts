@@ -34,6 +34,7 @@ import type {
   SessionOutput,
   Shim,
 } from '../types';
+import { UnackedInput } from '../sessions/input-numbering';
 import { FRAME, FrameReader, type Hello, MAX_JSON_BYTES, OPTIONAL_METHODS, SHIM_BASE, SHIM_PROTOCOL_VERSION, decode, encode, errorFrom } from './wire';
 
 export interface RemoteShimOptions {
@@ -642,10 +643,8 @@ class RemoteSession implements SessionAttachment {
   private broken: string | null = null;
   /** This attachment's name for its input at the node, which applies each numbered frame once. */
   private readonly writer = randomBytes(9).toString('base64url');
-  private inputSeq = 0;
-  /** Input frames sent (or waiting to be) that the node has not acknowledged, in order. */
-  private unacked: { seq: number; text: string }[] = [];
-  private unackedBytes = 0;
+  /** Input frames sent (or waiting to be) that the node has not acknowledged. */
+  private readonly unacked = new UnackedInput(OUTBOX_MAX_BYTES);
 
   constructor(
     ch: WsChannel,
@@ -688,10 +687,7 @@ class RemoteSession implements SessionAttachment {
         this.exitStatus = f.exit as { exitCode: number | null; signal: number | null };
         for (const l of this.exitL) l(this.exitStatus);
       } else if ('ack' in f) {
-        const upTo = Number(f.ack);
-        let n = 0;
-        while (n < this.unacked.length && this.unacked[n]!.seq <= upTo) this.unackedBytes -= this.unacked[n++]!.text.length;
-        if (n > 0) this.unacked.splice(0, n);
+        this.unacked.ack(Number(f.ack));
       } else if ('lost' in f) {
         const lost = f.lost as { bytes: number; next: number };
         if (typeof lost.next === 'number' && lost.next > this.seen) this.seen = lost.next;
@@ -744,7 +740,7 @@ class RemoteSession implements SessionAttachment {
         for (const [rid] of runs) this.pending.delete(rid);
         for (const [, p] of runs) if (p.run!.sent) this.sendRun(p);
         // every input frame not acknowledged: the node skips those it applied before the break
-        for (const u of this.unacked) this.ws.send(u.text);
+        for (const text of this.unacked.texts()) this.ws.send(text);
         for (const text of queued) this.ws.send(text);
         for (const [, p] of runs) if (!p.run!.sent) this.sendRun(p);
         return;
@@ -761,8 +757,7 @@ class RemoteSession implements SessionAttachment {
     if (this.ending) return this.failPending(`node ${this.nodeId}: the session was detached`);
     this.broken = `node ${this.nodeId}: the session connection was lost and could not be made again (${why})`;
     this.outbox = null;
-    this.unacked = [];
-    this.unackedBytes = 0;
+    this.unacked.clear();
     this.failPending(this.broken);
     for (const l of this.discL) l(this.broken);
   }
@@ -794,12 +789,8 @@ class RemoteSession implements SessionAttachment {
    */
   private sendInput(frame: Record<string, unknown>): void {
     if (this.broken !== null || this.ending) return;
-    const seq = ++this.inputSeq;
-    const text = JSON.stringify({ ...frame, seq });
-    if (this.unackedBytes + text.length > OUTBOX_MAX_BYTES) return;
-    this.unacked.push({ seq, text });
-    this.unackedBytes += text.length;
-    if (this.outbox === null && this.ws.readyState === this.ws.OPEN) this.ws.send(text);
+    const text = this.unacked.add(frame);
+    if (text !== null && this.outbox === null && this.ws.readyState === this.ws.OPEN) this.ws.send(text);
   }
 
   private sendRun(p: PendingAsk): void {

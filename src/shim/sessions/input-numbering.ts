@@ -71,3 +71,46 @@ export function ackBatcher(send: (seq: number) => void): (seq: number) => void {
     });
   };
 }
+
+/**
+ * The sending side: input frames numbered 1, 2, ... and kept, oldest first, until the receiver
+ * acknowledges them (sent again on a new connection), at most `maxBytes` of them.
+ */
+export class UnackedInput {
+  private frames: { seq: number; text: string }[] = [];
+  private bytes = 0;
+  private seq = 0;
+
+  constructor(private readonly maxBytes: number) {}
+
+  /** `frame` numbered and kept, as the text to send; null (nothing kept) past the bound. */
+  add(frame: Record<string, unknown>): string | null {
+    const text = JSON.stringify({ ...frame, seq: this.seq + 1 });
+    if (this.bytes + text.length > this.maxBytes) return null;
+    this.seq++;
+    this.frames.push({ seq: this.seq, text });
+    this.bytes += text.length;
+    return text;
+  }
+
+  /** The receiver has taken every frame up to `upTo`. */
+  ack(upTo: number): void {
+    let n = 0;
+    while (n < this.frames.length && this.frames[n]!.seq <= upTo) this.bytes -= this.frames[n++]!.text.length;
+    if (n > 0) this.frames.splice(0, n);
+  }
+
+  /** What is not acknowledged, oldest first. */
+  texts(): string[] {
+    return this.frames.map((f) => f.text);
+  }
+
+  clear(): void {
+    this.frames = [];
+    this.bytes = 0;
+  }
+
+  get pendingBytes(): number {
+    return this.bytes;
+  }
+}
