@@ -1,6 +1,7 @@
 /**
- * npm run bench: create -> first exec latency (concurrency 1 and 16) against
- * `runc run` of the same rootfs in the same run, exec round trip through a
+ * npm run bench: create -> first exec latency (concurrency 1 and 16), with prepared sandboxes
+ * (the default) and with every create spawning (`--prepared 0`), against `runc run` of the same
+ * rootfs in the same run, exec round trip through a
  * shell WebSocket, and idle density (host memory per idle sandbox, time to create and delete
  * them all, create latency with none and with all of them alive, list and exec at that size).
  * BENCH_DENSITY=10000 (any value from 2000 on) runs the density section alone.
@@ -44,6 +45,7 @@ async function runPool<T>(count: number, concurrency: number, fn: (i: number) =>
 async function warrenCreateExec(client: WarrenClient, concurrency: number, iterations = ITERATIONS) {
   const firstExec: number[] = [];
   const fullCycle: number[] = [];
+  const began = performance.now();
   await runPool(iterations, concurrency, async () => {
     const t0 = performance.now();
     const sb = await client.createSandbox({ image: IMAGE, cpu: 1, memoryMb: 256 });
@@ -54,7 +56,7 @@ async function warrenCreateExec(client: WarrenClient, concurrency: number, itera
     firstExec.push(t1 - t0);
     fullCycle.push(performance.now() - t0);
   });
-  return { firstExec, fullCycle };
+  return { firstExec, fullCycle, perSecond: (iterations * 1000) / (performance.now() - began) };
 }
 
 /** An OCI bundle over the same (read-only) rootfs the Warren image uses. */
@@ -182,6 +184,15 @@ async function idleDensity(client: WarrenClient, gatewayPid: number) {
   };
 }
 
+/** SIGTERM, and the gateway's exit (it gives its prepared sandboxes back on the way out). */
+function stopGateway(child: import('node:child_process').ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    child.once('exit', () => resolve());
+    child.kill('SIGTERM');
+  });
+}
+
 async function main() {
   const dataDir = process.env.BENCH_DATA_DIR ?? '/var/lib/warren-bench';
   mkdirSync(dataDir, { recursive: true });
@@ -189,48 +200,72 @@ async function main() {
   for (const [k, v] of Object.entries(conditions())) console.log(`${k}: ${v}`);
   console.log(`image: ${IMAGE}; iterations: ${ITERATIONS}; density: ${DENSITY}; rtt iterations: ${RTT_ITERATIONS}`);
 
+  // density mode (BENCH_DENSITY >= 2000): only the density section, the others would take as long again
+  const densityOnly = DENSITY >= 2000;
+  const rows: Array<Record<string, string>> = [];
+  const results: Record<string, unknown> = {};
+  if (!densityOnly) {
+    // Prepared sandboxes (the default) against every create spawning (--prepared 0), one gateway
+    // after the other on the same data dir, and runc once per concurrency.
+    const runc: Record<number, number[]> = {};
+    for (const mode of ['prepared', 'fresh'] as const) {
+      const g = await startGateway(dataDir, { echo: true, args: mode === 'fresh' ? ['--prepared', '0'] : [] });
+      const c = new WarrenClient({ url: g.url, token: readFileSync(join(dataDir, 'admin.token'), 'utf8').trim() });
+      try {
+        const image = (await c.images.list()).find((i) => i.name === IMAGE);
+        if (!image) throw new Error(`image ${IMAGE} not found`);
+        // warm up: layer mount, page cache, JIT (and the prepared pool's first shape)
+        await warrenCreateExec(c, 1, 10);
+        const rootfs = join(dataDir, 'layers', 'mnt', image.layers[image.layers.length - 1]!.replace(/^sha256:/, ''));
+        if (!existsSync(join(rootfs, 'bin'))) throw new Error(`expected the mounted base layer at ${rootfs}`);
+        const bundle = mode === 'fresh' && (existsSync('/usr/sbin/runc') || existsSync('/usr/bin/runc')) ? prepareRuncBundle(rootfs) : null;
+        for (const concurrency of [1, 16]) {
+          const w = await warrenCreateExec(c, concurrency);
+          if (bundle) runc[concurrency] = await runcRun(bundle, concurrency);
+          results[`${mode}-c${concurrency}`] = w;
+        }
+        if (bundle) await rm(bundle, { recursive: true, force: true });
+      } finally {
+        await c.close();
+        await stopGateway(g.child);
+      }
+    }
+    for (const concurrency of [1, 16]) {
+      const r = runc[concurrency] ?? [];
+      const rp50 = r.length ? percentile(r, 50) : NaN;
+      for (const mode of ['prepared', 'fresh'] as const) {
+        const w = results[`${mode}-c${concurrency}`] as { firstExec: number[]; fullCycle: number[]; perSecond: number };
+        const wp50 = percentile(w.firstExec, 50);
+        const fp50 = percentile(w.fullCycle, 50);
+        rows.push({
+          concurrency: String(concurrency),
+          create: mode === 'prepared' ? 'prepared (default)' : 'fresh (--prepared 0)',
+          'warren create→exec p50': `${wp50.toFixed(1)} ms`,
+          'p99': `${percentile(w.firstExec, 99).toFixed(1)} ms`,
+          'warren +delete p50': `${fp50.toFixed(1)} ms`,
+          'runc run p50': `${rp50.toFixed(1)} ms`,
+          'runc p99': r.length ? `${percentile(r, 99).toFixed(1)} ms` : 'n/a',
+          'runc/warren (create→exec)': (rp50 / wp50).toFixed(1) + '×',
+          'runc/warren (full cycle)': (rp50 / fp50).toFixed(1) + '×',
+          'full cycles/s': w.perSecond.toFixed(0),
+        });
+        results[`${mode}-c${concurrency}`] = {
+          warrenFirstExecP50: wp50,
+          warrenFirstExecP99: percentile(w.firstExec, 99),
+          warrenFullCycleP50: fp50,
+          runcP50: rp50,
+          runcP99: r.length ? percentile(r, 99) : null,
+          fullCyclesPerSecond: w.perSecond,
+        };
+      }
+    }
+  }
+
   // The gateway runs in its own process, as in production: the client's work does not share its event loop.
   const warren = await startGateway(dataDir, { echo: true });
   const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
   const client = new WarrenClient({ url: warren.url, token });
   try {
-    const image = (await client.images.list()).find((i) => i.name === IMAGE);
-    if (!image) throw new Error(`image ${IMAGE} not found`);
-    // warm up: layer mount, page cache, JIT
-    await warrenCreateExec(client, 1, 10);
-    const rootfs = join(dataDir, 'layers', 'mnt', image.layers[image.layers.length - 1]!.replace(/^sha256:/, ''));
-    if (!existsSync(join(rootfs, 'bin'))) throw new Error(`expected the mounted base layer at ${rootfs}`);
-
-    const rows: Array<Record<string, string>> = [];
-    const results: Record<string, unknown> = {};
-    // density mode (BENCH_DENSITY >= 2000): only the density section, the others would take as long again
-    const densityOnly = DENSITY >= 2000;
-    const bundle = !densityOnly && (existsSync('/usr/sbin/runc') || existsSync('/usr/bin/runc')) ? prepareRuncBundle(rootfs) : null;
-    for (const concurrency of densityOnly ? [] : [1, 16]) {
-      const w = await warrenCreateExec(client, concurrency);
-      const r = bundle ? await runcRun(bundle, concurrency) : [];
-      const wp50 = percentile(w.firstExec, 50);
-      const fp50 = percentile(w.fullCycle, 50);
-      const rp50 = r.length ? percentile(r, 50) : NaN;
-      rows.push({
-        concurrency: String(concurrency),
-        'warren create→exec p50': `${wp50.toFixed(1)} ms`,
-        'p99': `${percentile(w.firstExec, 99).toFixed(1)} ms`,
-        'warren +delete p50': `${fp50.toFixed(1)} ms`,
-        'runc run p50': `${rp50.toFixed(1)} ms`,
-        'runc p99': r.length ? `${percentile(r, 99).toFixed(1)} ms` : 'n/a',
-        'runc/warren (create→exec)': (rp50 / wp50).toFixed(1) + '×',
-        'runc/warren (full cycle)': (rp50 / fp50).toFixed(1) + '×',
-      });
-      results[`c${concurrency}`] = {
-        warrenFirstExecP50: wp50,
-        warrenFirstExecP99: percentile(w.firstExec, 99),
-        warrenFullCycleP50: fp50,
-        runcP50: rp50,
-        runcP99: r.length ? percentile(r, 99) : null,
-      };
-    }
-    if (bundle) await rm(bundle, { recursive: true, force: true });
     if (!densityOnly) {
       console.log('\n# create → first exec (through the REST API, SDK on loopback)');
       printTable(rows);

@@ -47,6 +47,7 @@ commands:
      [--shell-stall-timeout-ms MS] [--shell-buffer-budget-mib N]
      [--idempotency-window DURATION (e.g. 24h, 30m, 90s, 500ms; default 24h)] [--idempotency-max-output-mib N] [--registry-config FILE]
      [--pull-mode lazy|eager] [--lazy-cache-mib N] [--shim-listen HOST:PORT --shim-token-file FILE]   (docs/shim-protocol.md)
+     [--prepared N (sandboxes made ahead per recent shape; 0: off; default 2)]   (docs/density.md)
   node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
        [--lease-ttl S] [--create-window N] [--advertise URL] [--advertise-shim URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
@@ -215,6 +216,7 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
     'lazy-cache-mib': { type: 'string' },
     'shim-listen': { type: 'string' },
     'shim-token-file': { type: 'string' },
+    prepared: { type: 'string' },
   });
   if (values.help) return usage(io);
   const listen = values.listen ?? '127.0.0.1:7070';
@@ -281,6 +283,11 @@ export async function cmdUp(args: string[], io: Io, cluster?: NodeClusterOptions
   if (cacheMib !== undefined) layers.lazyCacheBytes = Math.floor(cacheMib * 1024 * 1024);
   if (Object.keys(layers).length > 0) opts.layers = layers;
   if (cluster) opts.cluster = cluster;
+  const prepared = num(values, 'prepared');
+  if (prepared !== undefined) {
+    if (!Number.isInteger(prepared) || prepared < 0 || prepared > 64) throw new UsageError(`--prepared expects an integer in 0..64 (got ${values.prepared})`);
+    opts.prepared = { perShape: prepared };
+  }
   if (values['no-network']) opts.network = false;
   else {
     const net: NonNullable<Exclude<typeof opts.network, false>> = {};

@@ -18,6 +18,7 @@ import { type Telemetry, initTelemetry } from '../telemetry';
 import type { LifecycleOptions } from '../shim/lifecycle/manager';
 import { raiseHostLimits } from '../shim/host-tunables';
 import type { CapacityOptions } from '../shim/capacity';
+import { DEFAULT_PREPARED, type PreparedOptions } from '../shim/prepared';
 import { Auth, type Quota } from './auth';
 import { type GatewayOptions, createGateway } from './server';
 import { ClusterCredential } from '../cluster/credential';
@@ -61,6 +62,8 @@ export interface StartOptions {
   capacity?: CapacityOptions;
   /** Join a cluster as a node (`warren node`): register in etcd, run job shares, take the distributed policy. */
   cluster?: NodeClusterOptions;
+  /** Creates made ahead of time for the shapes of recent creates (default: DEFAULT_PREPARED; perShape 0 turns it off). */
+  prepared?: Partial<PreparedOptions>;
 }
 
 export interface NodeClusterOptions {
@@ -114,6 +117,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     if (opts.lifecycle !== undefined) shimOpts.lifecycle = opts.lifecycle;
     if (opts.layers !== undefined) Object.assign(shimOpts, opts.layers);
     if (opts.log !== undefined) shimOpts.log = opts.log;
+    shimOpts.prepared = { ...DEFAULT_PREPARED, ...opts.prepared };
     // kernel.pid_max and the namespace counts are raised for thousands of sandboxes; what cannot
     // be raised (RLIMIT_NOFILE's hard limit without CAP_SYS_RESOURCE) is said here and in /v1/features.
     for (const t of raiseHostLimits()) {

@@ -31,6 +31,7 @@ import { attachSession as attachHolder, listSessions as listHolderSessions, spaw
 import { FnCallManager } from './fncall/manager';
 import { type CapacityOptions, HostCapacity } from './capacity';
 import { hostTunables } from './host-tunables';
+import { DEFAULT_PREPARED, type Prepared, PreparedPool, type PreparedOptions } from './prepared';
 import { NetworkManager, type NetworkOptions, type SandboxNetworkRuntime } from './network/manager';
 import type { FnCallConfig } from './fncall/types';
 import type {
@@ -90,6 +91,8 @@ export interface ShimOptions {
   pullMode?: PullMode;
   /** Bound of the chunk cache of lazily loaded layers, bytes (default 4 GiB). */
   lazyCacheBytes?: number;
+  /** Creates made ahead of time (prepared.ts); absent or perShape 0: every create spawns. */
+  prepared?: Partial<PreparedOptions>;
 }
 
 export type NetworkConfig = Partial<Omit<NetworkOptions, 'native' | 'nodeId' | 'policy' | 'log'>>;
@@ -105,6 +108,12 @@ export function defaultNodeId(): string {
     }
   })();
   return 'n' + createHash('sha256').update(machineId).digest('hex').slice(0, 6);
+}
+
+/** What the prepared pool makes a sandbox from: a spec of the shape and its resolved layers. */
+interface PrepareRequest {
+  spec: SandboxSpec;
+  digests: string[];
 }
 
 /** Sandbox ids encode their node so a router can find the owner without a lookup. */
@@ -144,6 +153,8 @@ export class ShimNode {
   readonly capacity: HostCapacity;
   /** Ids in order, for paginated lists (rebuilt lazily after a create or delete). */
   private sortedIds: string[] | null = null;
+  /** Sandboxes made ahead of time for the shapes of recent creates (prepared.ts). */
+  readonly prepared: PreparedPool<PrepareRequest>;
 
   constructor(private readonly opts: ShimOptions) {
     this.nodeId = opts.nodeId ?? defaultNodeId();
@@ -177,7 +188,16 @@ export class ShimNode {
     this.metrics.liveSandboxes.addCallback(this.observeLive);
     this.lifecycle = new LifecycleManager(this.lifecycleHost(), { dataDir: opts.dataDir, db: opts.db, layers: this.layers, log: this.log }, opts.lifecycle);
     this.access = new ContentAccess(this.layers, this.lifecycle.environments);
-    this.capacity = new HostCapacity(opts.capacity, () => this.sandboxes.size);
+    // prepared sandboxes hold what live ones hold (a pidfd, namespaces, a pid 1)
+    this.capacity = new HostCapacity(opts.capacity, () => this.sandboxes.size + this.prepared.size);
+    this.prepared = new PreparedPool<PrepareRequest>({ ...DEFAULT_PREPARED, perShape: 0, ...opts.prepared }, {
+      make: (r) => this.makePrepared(r),
+      discard: async (p) => {
+        await p.box.destroy();
+        this.layers.release([...p.digests]);
+      },
+      log: this.log,
+    });
     this.functions = new FnCallManager({ dataDir: opts.dataDir, nodeId: this.nodeId, layers: this.layers, log: this.log, config: opts.fncall, onProgress: opts.onProgress });
   }
 
@@ -217,8 +237,13 @@ export class ShimNode {
         .map((r) => r.runtime.network as SandboxNetworkRuntime | undefined)
         .filter((n): n is SandboxNetworkRuntime => n !== undefined);
       await this.network.start(leased);
-      this.unsubscribePolicy = onPolicyApplied(() => this.network?.reapply());
     }
+    // A prepared sandbox's pid 1 is confined by the policy it was made under; a new policy makes
+    // new shapes (preparedShape), and the old ones are given back now rather than when they idle out.
+    this.unsubscribePolicy = onPolicyApplied(() => {
+      this.network?.reapply();
+      void this.prepared.flush();
+    });
     await this.adoptSurvivors();
     await this.lifecycle.start();
     await this.functions.start();
@@ -355,7 +380,6 @@ export class ShimNode {
     const backend = this.backends.get(spec.backend);
     const started = performance.now();
     this.capacity.admit();
-    const id = newSandboxId(this.nodeId);
     // the request's services, or the account's default; none at all = loopback only
     const services = this.network ? this.network.resolve(spec.network, spec.owner) : spec.network === undefined ? null : (() => {
       throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });
@@ -369,7 +393,7 @@ export class ShimNode {
       requireOffered(backend, 'network');
       spec.network = services;
     }
-    return inSpan('warren.sandbox.create', { 'warren.sandbox.id': id, 'warren.image': spec.image }, async (span) => {
+    return inSpan('warren.sandbox.create', { 'warren.image': spec.image }, async (span) => {
       // Resolve everything before touching the kernel: unknown images or layers create nothing.
       // and every reference goes through the one authorisation check.
       // A vm's root is its disk image (the desktop), not layers: only that image and no extra layers.
@@ -384,29 +408,49 @@ export class ShimNode {
         ...spec.workspaces.map((ref) => this.access.resolve(principal, ref, 'workspace').digests[0]!),
       ];
       const digests = [...extra, ...image.digests];
-      const layers = await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
+      const prepared = await this.claimPrepared(backend, spec, digests);
+      const id = prepared?.id ?? newSandboxId(this.nodeId);
+      span.setAttribute('warren.sandbox.id', id);
+      span.setAttribute('warren.sandbox.prepared', prepared !== undefined);
+      // a prepared sandbox already holds its layers
+      const layers = prepared !== undefined ? null : await inSpan('warren.sandbox.create.layers', { 'warren.layers': digests.length }, () => this.layers.acquire(digests));
       const record: SandboxRecord = { id, spec, layers: digests, state: 'creating', createdAt: new Date().toISOString(), runtime: {} };
-      this.lifecycle.created(record);
-      // Written before anything exists in the kernel: a node killed in the middle of this create
-      // finds the record when it starts again and removes what was made (adoptSurvivors).
-      this.registry.insert(record);
-      // Counted from the tick of its createdAt until the tick it enters `sandboxes`: a usage read
-      // never misses a create that began before it (see usageByOwner).
-      this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, 1);
       let box: BackendSandbox;
-      try {
-        box = await inSpan('warren.sandbox.create.spawn', { 'warren.backend': backend.name }, () => backend.create(id, spec, layers));
-      } catch (err) {
+      if (prepared !== undefined) {
+        // Everything exists already: the record is written once, running.
+        box = prepared.box;
+        record.state = 'running';
+        record.runtime = box.runtime;
+        try {
+          this.lifecycle.created(record);
+          this.registry.insert(record);
+        } catch (err) {
+          this.lifecycle.forget(id);
+          void this.prepared.giveBack(prepared);
+          throw err;
+        }
+      } else {
+        this.lifecycle.created(record);
+        // Written before anything exists in the kernel: a node killed in the middle of this create
+        // finds the record when it starts again and removes what was made (adoptSurvivors).
+        this.registry.insert(record);
+        // Counted from the tick of its createdAt until the tick it enters `sandboxes`: a usage read
+        // never misses a create that began before it (see usageByOwner).
+        this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, 1);
+        try {
+          box = await inSpan('warren.sandbox.create.spawn', { 'warren.backend': backend.name }, () => backend.create(id, spec, layers!));
+        } catch (err) {
+          this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, -1);
+          this.layers.release(digests);
+          this.registry.remove(id);
+          this.lifecycle.forget(id);
+          throw err;
+        }
         this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, -1);
-        this.layers.release(digests);
-        this.registry.remove(id);
-        this.lifecycle.forget(id);
-        throw err;
+        record.state = 'running';
+        record.runtime = box.runtime;
+        this.registry.update(id, 'running', box.runtime);
       }
-      this.creatingUsage.add(spec.owner, spec.cpu, spec.memoryMb, -1);
-      record.state = 'running';
-      record.runtime = box.runtime;
-      this.registry.update(id, 'running', box.runtime);
       const live: LiveSandbox = { record, box, state: 'running' };
       this.sandboxes.set(id, live);
       this.sortedIds = null;
@@ -416,6 +460,43 @@ export class ShimNode {
       this.metrics.createLatency.record(performance.now() - started, { backend: spec.backend });
       return this.info(live);
     });
+  }
+
+  /**
+   * A prepared sandbox of this create's shape made into this create's sandbox, or undefined
+   * (none ready, the backend prepares none, or the claim failed: then it is given back and the
+   * create spawns). Every create of a shape also asks the pool to have some ready next time.
+   */
+  private async claimPrepared(backend: Backend, spec: SandboxSpec, digests: string[]): Promise<Prepared | undefined> {
+    if (!this.prepared.enabled || backend.preparedShape === undefined || backend.claimPrepared === undefined) return undefined;
+    const shape = backend.preparedShape(spec, digests);
+    if (shape === null) return undefined;
+    const p = this.prepared.take(shape, { spec, digests });
+    if (p === undefined) return undefined;
+    try {
+      await backend.claimPrepared(p.box, spec);
+      return p;
+    } catch (err) {
+      this.log(`prepared sandbox ${p.id}: claim failed (${(err as Error).message}); creating afresh`);
+      void this.prepared.giveBack(p);
+      return undefined;
+    }
+  }
+
+
+  /** One sandbox of a shape, made ahead of time: everything a create does but the record. */
+  private async makePrepared(r: PrepareRequest): Promise<Prepared> {
+    this.capacity.admit();
+    const backend = this.backends.get(r.spec.backend);
+    const id = newSandboxId(this.nodeId);
+    const layers = await this.layers.acquire(r.digests);
+    try {
+      const box = await backend.create(id, r.spec, layers);
+      return { id, box, digests: r.digests };
+    } catch (err) {
+      this.layers.release(r.digests);
+      throw err;
+    }
   }
 
   /**
@@ -956,7 +1037,9 @@ export class ShimNode {
   }
 
   /** Remove an image; its layers no other image uses go with it (IMAGE_IN_USE while a sandbox holds one). */
-  removeImage(name: string): Promise<ImageRemoval> {
+  async removeImage(name: string): Promise<ImageRemoval> {
+    // prepared sandboxes hold layers, and an image in use cannot be removed
+    await this.prepared.flush();
     return this.layers.removeImage(name);
   }
 
@@ -989,6 +1072,8 @@ export class ShimNode {
 
   async close(): Promise<void> {
     this.unsubscribePolicy?.();
+    // prepared sandboxes have no record: they go with the node that made them
+    await this.prepared.close();
     await this.network?.close();
     this.metrics.liveSandboxes.removeCallback(this.observeLive);
     // Sandboxes and sessions keep running: a restarted gateway re-adopts them.

@@ -288,6 +288,17 @@ export interface Backend {
   restore?(record: SandboxRecord, checkpoint: CheckpointRef, lowerPaths: string[]): Promise<BackendSandbox>;
   /** Give back what the backend holds for the node itself (not its sandboxes, which keep running). */
   close?(): void;
+  /**
+   * Creates made ahead of time (src/shim/prepared.ts): the shape of `spec` over `digests`, that is
+   * everything create() makes the sandbox from that claimPrepared cannot change afterwards. Two
+   * specs of the same shape give the same sandbox once claimed. null: this spec is always made fresh.
+   */
+  preparedShape?(spec: SandboxSpec, digests: readonly string[]): string | null;
+  /**
+   * Turn `box`, made by create() from a spec of the same shape and never used, into the sandbox
+   * create(id, spec) would have made (limits, user, env). On failure the box is given back unused.
+   */
+  claimPrepared?(box: BackendSandbox, spec: SandboxSpec): Promise<void>;
 }
 
 export interface SandboxStats {

@@ -11,6 +11,7 @@ import type { ExecutionContext } from 'ava';
 import { openDatabase } from '../../src/state/db';
 import { type NetworkConfig, ShimNode } from '../../src/shim/node';
 import type { SandboxSpec } from '../../src/shim/types';
+import type { PreparedOptions } from '../../src/shim/prepared';
 import { buildBusyboxRootfs } from './images';
 
 export interface ShimFixture {
@@ -38,10 +39,17 @@ export async function busyboxRootfs(): Promise<string> {
   return dir;
 }
 
-export async function openTestShim(opts: { dataDir?: string; nodeId?: string; network?: NetworkConfig; log?: (line: string) => void } = {}): Promise<ShimFixture> {
+export async function openTestShim(opts: { dataDir?: string; nodeId?: string; network?: NetworkConfig; log?: (line: string) => void; prepared?: Partial<PreparedOptions> } = {}): Promise<ShimFixture> {
   const dataDir = opts.dataDir ?? mkdtempSync(join(tmpdir(), 'warren-test-'));
   const db = openDatabase(join(dataDir, 'warren.db'));
-  const shim = new ShimNode({ dataDir, db, nodeId: opts.nodeId ?? 't' + process.pid.toString(36), ...(opts.network ? { network: opts.network } : {}), ...(opts.log ? { log: opts.log } : {}) });
+  const shim = new ShimNode({
+    dataDir,
+    db,
+    nodeId: opts.nodeId ?? 't' + process.pid.toString(36),
+    ...(opts.network ? { network: opts.network } : {}),
+    ...(opts.log ? { log: opts.log } : {}),
+    ...(opts.prepared ? { prepared: opts.prepared } : {}),
+  });
   await shim.start();
   if (!shim.listImages().some((i) => i.name === 'busybox')) {
     await shim.importImage({ name: 'busybox', source: { type: 'directory', path: await busyboxRootfs() } });

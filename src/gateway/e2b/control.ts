@@ -24,7 +24,7 @@ import type { SandboxInfo, SandboxSpec } from '../../shim/types';
 import { type Account, bearerFromHeader, can, principalOf, requirePermission } from '../auth';
 import { sandboxFor } from '../context';
 import { publicError } from '../http';
-import { withQuota } from '../routes/sandboxes';
+import { factsForCreate, withQuota } from '../routes/sandboxes';
 import { IMAGE_REF_RE, LIMITS, validateCreateRequest } from '../../validation';
 import { type Plane, ensureUser } from './envd';
 import type { E2bRecord } from './state';
@@ -303,14 +303,10 @@ export class Control {
     if (onTimeout === 'kill') native.ttlSeconds = timeout;
     const services = mapNetwork(b.allow_internet_access, b.network, policyStore().current.services);
     if (services !== undefined) native.network = services;
-    const backends = (await this.plane.ctx.shim.features()).backends;
+    const { availableBackends } = await factsForCreate(this.plane.ctx);
     let spec: SandboxSpec;
     try {
-      spec = validateCreateRequest(native, {
-        owner: account.id,
-        host: this.plane.ctx.host,
-        availableBackends: (Object.keys(backends) as (keyof typeof backends)[]).filter((k) => backends[k]?.available),
-      });
+      spec = validateCreateRequest(native, { owner: account.id, host: this.plane.ctx.host, availableBackends });
     } catch (err) {
       if (err instanceof WarrenError) {
         const field = String((err.details as { field?: string } | undefined)?.field ?? '');

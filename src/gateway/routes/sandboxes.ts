@@ -22,6 +22,34 @@ import {
 /** Sandbox creations in flight per account (counted against quotas until they are listed). */
 const reservations = new WeakMap<GatewayContext, Map<string, Usage>>();
 
+/**
+ * What a create's validation needs of the node (its host name and which backends it runs), kept
+ * for a second: a full features() report reads the host's capacity and tunables, which costs more
+ * than a create from a prepared sandbox. Backends do not come and go within a second.
+ */
+interface CreateFacts {
+  host: GatewayContext['host'];
+  availableBackends: BackendName[];
+}
+const createFacts = new WeakMap<GatewayContext, { at: number; facts: Promise<CreateFacts> }>();
+const CREATE_FACTS_MS = 1000;
+
+export function factsForCreate(ctx: GatewayContext): Promise<CreateFacts> {
+  const now = performance.now();
+  const held = createFacts.get(ctx);
+  if (held !== undefined && now - held.at < CREATE_FACTS_MS) return held.facts;
+  const facts = ctx.shim.features().then((f) => ({
+    host: f.host ?? ctx.host,
+    availableBackends: (Object.keys(f.backends) as BackendName[]).filter((b) => f.backends[b]?.available),
+  }));
+  createFacts.set(ctx, { at: now, facts });
+  // a failed read is not kept
+  facts.catch(() => {
+    if (createFacts.get(ctx)?.facts === facts) createFacts.delete(ctx);
+  });
+  return facts;
+}
+
 /** Live sandboxes (running, paused, hibernated, creating) of an account, plus creations in flight. */
 export async function accountUsage(ctx: GatewayContext, accountId: string): Promise<Usage> {
   return withReservations(ctx, accountId, await ctx.shim.sandboxUsage(accountId));
@@ -96,9 +124,8 @@ export function registerSandboxRoutes(app: Server, ctx: GatewayContext): void {
       // `placement` is a cluster's to act on (a single node is the only node); the rest is the sandbox
       const isObject = typeof body === 'object' && body !== null && !Array.isArray(body);
       const { placement, ...rest } = isObject ? (body as Record<string, unknown>) : { placement: undefined };
-      const features = await ctx.shim.features();
-      const availableBackends = (Object.keys(features.backends) as BackendName[]).filter((b) => features.backends[b]?.available);
-      const spec = validateCreateRequest(isObject ? rest : body, { owner: account.id, host: features.host ?? ctx.host, availableBackends });
+      const { host, availableBackends } = await factsForCreate(ctx);
+      const spec = validateCreateRequest(isObject ? rest : body, { owner: account.id, host, availableBackends });
       const createOpts: CreateOptions = { placement: validatePlacementAsk(placement), explain: explain === '1' };
       // Roles: runtime accounts create only from published environments and node
       // images, builders also from their own packs, admins from anything; the

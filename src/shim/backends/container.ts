@@ -23,6 +23,7 @@ import type {
   FacetName,
   FacetStatus,
   FreezeFacet,
+  BackendSandbox,
   HostProcessBackend,
   HostProcessSandbox,
   LiveExec,
@@ -200,6 +201,26 @@ export class ContainerBackend implements HostProcessBackend {
     }
   }
 
+  /**
+   * What a sandbox is made from and a claim cannot change: its layers, the disk quota, the
+   * confinement of its pid 1 (the profile's name and what it resolves to under the policy in
+   * force, so a policy edit makes new shapes) and its scheduling class. Limits, user and env are
+   * the claim's. Sandboxes with network are made fresh: their namespace and egress programs are
+   * per request.
+   */
+  preparedShape(spec: SandboxSpec, digests: readonly string[]): string | null {
+    if (spec.network !== undefined || spec.backend !== 'container') return null;
+    const profileName = this.profileName ?? profileForOwner(spec.owner);
+    const diskMb = spec.diskMb ?? policyProfile(profileName).limits.diskMb;
+    return JSON.stringify(['container', digests, diskMb, profileName, spec.priority === 'idle', confineFor(profileName)]);
+  }
+
+  async claimPrepared(box: BackendSandbox, spec: SandboxSpec): Promise<void> {
+    if (!(box instanceof ContainerSandbox)) throw new WarrenError('INTERNAL', `sandbox ${box.id} was not made by the container backend`);
+    assertConfinable();
+    box.claim(spec);
+  }
+
   async adopt(record: SandboxRecord): Promise<ContainerSandbox | null> {
     const runtime = record.runtime as Partial<ContainerRuntime>;
     if (typeof runtime.pid !== 'number' || typeof runtime.startTime !== 'number' || typeof runtime.dir !== 'string') return null;
@@ -317,7 +338,7 @@ export class ContainerSandbox implements HostProcessSandbox {
 
   constructor(
     readonly id: string,
-    private readonly spec: SandboxSpec,
+    private spec: SandboxSpec,
     readonly runtime: ContainerRuntime,
     pidfd: number,
     private readonly network: NetworkManager | null = null,
@@ -397,6 +418,17 @@ export class ContainerSandbox implements HostProcessSandbox {
 
   upperDir(): string {
     return join(this.runtime.dir, 'upper');
+  }
+
+  /**
+   * A prepared sandbox becomes `spec`'s (ContainerBackend.claimPrepared): the cgroup gets its
+   * limits, written the same way a create writes them, and execs its user and env. Nothing else
+   * of the spec reaches the kernel after the spawn.
+   */
+  claim(spec: SandboxSpec): void {
+    this.assertAlive();
+    native.cgroupUpdate(this.id, limitsOf(spec));
+    this.spec = spec;
   }
 
   /** The holder's child: warren-nsexec into the sandbox's namespaces and cgroup, confined like every exec. */
