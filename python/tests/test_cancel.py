@@ -74,9 +74,11 @@ def test_cancel_mid_create_deletes_what_was_created(server: WarrenServer) -> Non
 
     async def main() -> None:
         async with server.aclient() as c:
-            task = asyncio.create_task(c.create_sandbox(image="default", labels={"t": label}))
-            # cancel while the create request is in flight (the node takes tens of ms at least)
-            await asyncio.sleep(0.005)
+            # A disk quota no other test asks for: a shape the node has no prepared sandbox of, so
+            # this create spawns (5 ms and more in the node) and is cancelled while in flight.
+            disk_mb = 1000 + int(label[3:], 16) % 1000
+            task = asyncio.create_task(c.create_sandbox(image="default", labels={"t": label}, disk_mb=disk_mb))
+            await asyncio.sleep(0.002)
             assert not task.done(), "the create was still in flight when cancelled"
             task.cancel()
             try:

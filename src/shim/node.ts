@@ -327,7 +327,7 @@ export class ShimNode {
     return {
       ...featureReport(this.nodeId),
       backends: this.backends.status(),
-      capacity: { ...this.capacity.report(), tunables: hostTunables() },
+      capacity: { ...this.capacity.report(), tunables: hostTunables(), prepared: { ...this.prepared.options, enabled: this.prepared.enabled, ready: this.prepared.size } },
       host: { cpus: os.availableParallelism?.() ?? os.cpus().length, memoryMb: Math.floor(os.totalmem() / (1024 * 1024)) },
     };
   }
@@ -379,7 +379,14 @@ export class ShimNode {
   async createSandbox(spec: SandboxSpec, principal: Principal = { account: spec.owner, unpublished: 'all' }): Promise<SandboxInfo> {
     const backend = this.backends.get(spec.backend);
     const started = performance.now();
-    this.capacity.admit();
+    try {
+      this.capacity.admit();
+    } catch (err) {
+      if (!(err instanceof WarrenError && err.code === 'NODE_AT_CAPACITY') || this.prepared.size === 0) throw err;
+      // Prepared sandboxes never cost a create its place: they are given back, and the node looks again.
+      await this.prepared.flush();
+      this.capacity.admit();
+    }
     // the request's services, or the account's default; none at all = loopback only
     const services = this.network ? this.network.resolve(spec.network, spec.owner) : spec.network === undefined ? null : (() => {
       throw new WarrenError('NOT_SUPPORTED', 'networking is disabled on this node (sandboxes are loopback-only)', { field: 'network' });

@@ -48,7 +48,9 @@ it.serial(`density: ${N} idle sandboxes alive at once, then none; processes, mou
   t.timeout(240_000);
   const nodeId = `dn${process.pid % 10000}`;
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-density-'));
-  const w = await startWarrenProcess(dataDir, nodeId);
+  // Without prepared sandboxes: the counts below are per sandbox, and the node would hold a few
+  // more, made in the background (their own counts are test/integration/prepared.test.ts's).
+  const w = await startWarrenProcess(dataDir, nodeId, ['--prepared', '0']);
   const client = new WarrenClient({ url: w.url, token: readFileSync(join(dataDir, 'admin.token'), 'utf8').trim() });
   const scope = { dataDir, idPrefix: `${nodeId}-` };
   try {

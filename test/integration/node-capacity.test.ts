@@ -13,6 +13,7 @@ import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
 import { kill9, startWarrenProcess, type WarrenProcess } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
+import { waitForValue } from '../helpers/wait';
 
 const it = testUnless(skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces'));
 
@@ -41,9 +42,10 @@ async function fillUntilRefused(client: WarrenClient, max: number): Promise<{ id
   return { ids, refusal: null };
 }
 
-async function withGateway(t: { teardown(fn: () => Promise<void> | void): void }, nodeId: string, opts: Parameters<typeof startWarrenProcess>[4]): Promise<{ w: WarrenProcess; client: WarrenClient; dataDir: string }> {
+/** `prepared`: the node keeps prepared sandboxes (the default of `warren up`); without, the counts below are exactly the live sandboxes'. */
+async function withGateway(t: { teardown(fn: () => Promise<void> | void): void }, nodeId: string, opts: Parameters<typeof startWarrenProcess>[4], prepared = false): Promise<{ w: WarrenProcess; client: WarrenClient; dataDir: string }> {
   const dataDir = mkdtempSync(join(tmpdir(), 'warren-capacity-'));
-  const w = await startWarrenProcess(dataDir, nodeId, [], undefined, opts);
+  const w = await startWarrenProcess(dataDir, nodeId, prepared ? [] : ['--prepared', '0'], undefined, opts);
   const client = new WarrenClient({ url: w.url, token: readFileSync(join(dataDir, 'admin.token'), 'utf8').trim() });
   t.teardown(async () => {
     // a failed assertion must not leave the sandboxes running after the gateway is gone
@@ -108,4 +110,21 @@ it.serial('pids: a host at its task cap refuses creates with 503 NODE_AT_CAPACIT
   const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
   t.is(left.processes, 0);
   t.is(left.cgroups, 0);
+});
+
+it.serial('pids, with prepared sandboxes: the node gives them back before it refuses a create, so none holds tasks at the cap', async (t) => {
+  const nodeId = `cq${process.pid % 10000}`;
+  const tasksMax = hostTasks() + 512 + 150;
+  const { w, client, dataDir } = await withGateway(t, nodeId, { env: { WARREN_HOST_TASKS_MAX: String(tasksMax) } }, true);
+  // the pool has some ready before the node fills up
+  await client.deleteSandbox((await client.createSandbox({ image: 'busybox', memoryMb: 32 })).id);
+  const ready = async () => ((await client.features()).capacity as { prepared: { ready: number } }).prepared.ready;
+  t.true((await waitForValue(ready, (n) => n > 0, 20_000, 'prepared sandboxes made', 50)) > 0);
+  const { ids, refusal } = await fillUntilRefused(client, 600);
+  t.truthy(refusal, `a create was refused within 600 (made ${ids.length})`);
+  t.is(refusal!.code, 'NODE_AT_CAPACITY');
+  t.is(await ready(), 0, 'no prepared sandbox is left holding tasks while creates are refused');
+  t.is(countHostResources({ dataDir, idPrefix: `${nodeId}-` }).processes, ids.length, 'every process of the node is a live sandbox');
+  await stillServing(t, client, w, ids);
+  for (const id of ids) await client.deleteSandbox(id);
 });
