@@ -517,22 +517,29 @@ static void session_server(const char *portpath) {
     int connected = 1, exited = 0, code = 0, sig = 0;
     long long lost_at = 0;
     unsigned char token[16] = {0};
-    int resumed = 1; /* whether the current connection belongs to the running shell */
+    /* Whether the connection belongs to the running shell: 1 yes, 0 no (a RESUME with another
+     * token), -1 not known yet (the port closed since). Every bridge opens a connection with START or
+     * RESUME, so any other frame while not known comes from the bridge that was there before the
+     * close: the guest can learn of a close late, after that bridge's next frames are already on the
+     * way (the control queue that reports it is served after the data queue), and those frames are
+     * its commands, not a stranger's. */
+    int resumed = 1;
     for (;;) {
       struct pollfd fds[7];
       int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1;
       fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
       if (connected) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
-      /* Until the connection is known to be this shell's bridge (START or RESUME with its token), its
-       * output stays in the pipes: nothing is lost while the host is away or has not said who it is. */
-      if (resumed && fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
-      if (resumed && ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
-      if (resumed && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
-      if (resumed && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
+      /* Until the connection is known to be this shell's bridge (START or RESUME with its token, or a
+       * frame only that bridge sends), its output stays in the pipes: nothing is lost while the host
+       * is away or has not said who it is. */
+      if (resumed == 1 && fout >= 0) { io = nf; fds[nf++] = (struct pollfd){fout, POLLIN, 0}; }
+      if (resumed == 1 && ferr >= 0) { ie = nf; fds[nf++] = (struct pollfd){ferr, POLLIN, 0}; }
+      if (resumed == 1 && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
+      if (resumed == 1 && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
       poll(fds, (nfds_t)nf, connected ? 1000 : 100);
       if (!connected) {
         connected = 1;
-        resumed = 0;
+        resumed = -1;
         if (shell == 0) { have = 0; }
         else if (now_ms() - lost_at > SESSION_GRACE_MS) kill(-shell, SIGKILL), kill_session_but(shell, 0, SIGKILL);
       }
@@ -552,14 +559,14 @@ static void session_server(const char *portpath) {
       for (int k = 0; k < 4; k++) {
         if (idx[k] < 0 || !fds[idx[k]].revents) continue;
         ssize_t r = read(*fdp[k], buf, sizeof buf);
-        if (r > 0) { if (connected && resumed) send_frame(S_OUT, 0, &(unsigned char){(unsigned char)streams[k]}, 1, buf, (size_t)r); }
+        if (r > 0) { if (connected && resumed == 1) send_frame(S_OUT, 0, &(unsigned char){(unsigned char)streams[k]}, 1, buf, (size_t)r); }
         else if (r == 0 || (errno != EAGAIN && errno != EINTR)) close_fd(fdp[k]);
       }
       if (exited && fout < 0 && ferr < 0 && fstat_ < 0 && master < 0) {
         unsigned char b[8];
         put32(b, (uint32_t)code);
         put32(b + 4, (uint32_t)sig);
-        if (resumed) send_frame(S_EXIT, 0, b, 8, NULL, 0);
+        if (resumed == 1) send_frame(S_EXIT, 0, b, 8, NULL, 0);
         close_fd(&fin);
         kill_session_but(shell, 0, SIGKILL);
         break;
@@ -594,7 +601,8 @@ static void session_server(const char *portpath) {
           kill(-shell, SIGKILL);
           kill_session_but(shell, 0, SIGKILL);
         }
-        if (!resumed && type != S_START) { off += HDR + len; continue; }
+        if (resumed == -1 && type != S_START && shell > 0) resumed = 1;
+        if (resumed != 1 && type != S_START) { off += HDR + len; continue; }
         if (type == S_START && len >= 21) {
           memcpy(token, p, 16);
           p += 16;

@@ -6,6 +6,7 @@
 import test from 'ava';
 import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import { release } from 'node:os';
+import net from 'node:net';
 import { join } from 'node:path';
 import { microvmBackendStatus, skipReason } from '../../src/features';
 import { WarrenError } from '../../src/errors';
@@ -191,6 +192,66 @@ it(title('a restarted node re-adopts the running microVM and its shell session')
   t.is((await att.run('c3', 'echo "$KEPT"', 30_000)).exitCode, 0);
   t.true(await until(async () => Buffer.concat(out).toString() === '42\n', 5000), 'the session is re-attached after the restart');
   await att.close();
+});
+
+/** One frame of a session port (native/guest-agent/vmshell.c): u8 type, u32 0, u32 length, payload. */
+function portFrame(type: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  const h = Buffer.alloc(9);
+  h[0] = type;
+  h.writeUInt32LE(payload.length, 5);
+  return Buffer.concat([h, payload]);
+}
+
+/** A raw connection to a session port: frames written as given, frames read as they come. */
+async function rawPort(path: string): Promise<{ send(b: Buffer): void; frames: { type: number; payload: Buffer }[]; close(): Promise<void> }> {
+  const sock = net.createConnection(path);
+  await new Promise<void>((resolve, reject) => sock.once('connect', resolve).once('error', reject));
+  const frames: { type: number; payload: Buffer }[] = [];
+  let buf = Buffer.alloc(0);
+  sock.on('data', (d: Buffer) => {
+    buf = Buffer.concat([buf, d]);
+    while (buf.length >= 9 && buf.length >= 9 + buf.readUInt32LE(5)) {
+      const len = buf.readUInt32LE(5);
+      frames.push({ type: buf[0]!, payload: buf.subarray(9, 9 + len) });
+      buf = buf.subarray(9 + len);
+    }
+  });
+  sock.on('error', () => undefined);
+  return { send: (b) => sock.write(b), frames, close: () => new Promise<void>((r) => sock.end(r)) };
+}
+
+it(title("a session port: frames after a close the guest saw belong to the shell's bridge unless a new one says otherwise"), async (t) => {
+  // the guest learns of a port's close from a queue it serves after the data: a bridge's next
+  // frames can arrive after the close it reports, and must still reach its shell
+  const slot = join('/run/warren/vm', vm.id, 's3.sock');
+  t.true(existsSync(slot), slot);
+  const [S_START, S_INPUT, S_SIGNAL, S_RESUME, S_OUT, S_EXIT, S_STARTED] = [0x20, 0x21, 0x23, 0x24, 0xa1, 0xa2, 0xa3];
+  const token = Buffer.alloc(16, 7);
+  const strings = ['/', '0', '0', '1', '/bin/sh', '0'].map((x) => Buffer.from(`${x}\0`));
+  const first = await rawPort(slot);
+  first.send(portFrame(S_START, Buffer.concat([token, Buffer.from([0, 0, 0, 0, 0]), ...strings])));
+  t.true(await until(async () => first.frames.some((x) => x.type === S_STARTED), 60_000), 'the shell started');
+  await first.close();
+  // a round trip through the agent while the port is closed: the guest has seen the close by then
+  await f.shim.exec(vm.id, { cmd: 'true' });
+  const again = await rawPort(slot);
+  const out = () => Buffer.concat(again.frames.filter((x) => x.type === S_OUT).map((x) => x.payload.subarray(1))).toString();
+  again.send(portFrame(S_INPUT, Buffer.from('echo late-$((6*7))\n')));
+  t.true(await until(async () => out().includes('late-42'), 60_000), `input after the close reached the shell, and its output came back: ${JSON.stringify(out())}`);
+  await again.close();
+  // a connection that says it is another shell's bridge is not this shell's: its input is dropped
+  const foreign = await rawPort(slot);
+  foreign.send(Buffer.concat([portFrame(S_RESUME, Buffer.alloc(16, 9)), portFrame(S_INPUT, Buffer.from('touch /tmp/foreign-input\n'))]));
+  await foreign.close();
+  await f.shim.exec(vm.id, { cmd: 'true' });
+  const last = await rawPort(slot);
+  last.send(Buffer.concat([portFrame(S_RESUME, token), portFrame(S_INPUT, Buffer.from('test -e /tmp/foreign-input && echo foreign-ran || echo foreign-dropped\n'))]));
+  const lastOut = () => Buffer.concat(last.frames.filter((x) => x.type === S_OUT).map((x) => x.payload.subarray(1))).toString();
+  t.true(await until(async () => lastOut().includes('foreign-'), 60_000), 'the bridge that resumed is heard');
+  t.true(lastOut().includes('foreign-dropped'), lastOut());
+  last.send(portFrame(S_SIGNAL, Buffer.from([9, 2])));
+  t.true(await until(async () => last.frames.some((x) => x.type === S_EXIT), 60_000), 'a tree kill ends the shell and the guest says so');
+  await last.close();
 });
 
 it(title('pack of a microVM produces a layer a container sandbox starts from'), async (t) => {
