@@ -4,14 +4,19 @@
  * inside, identity, environment and confinement as seen from inside), shapes never mix, and the
  * node leaves nothing behind, prepared ones included.
  */
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ExecutionContext } from 'ava';
 import { skipReason } from '../../src/features';
 import { native } from '../../src/native';
 import type { ShimNode } from '../../src/shim/node';
 import type { SandboxSpec } from '../../src/shim/types';
-import { closeTestShim, countHostResources, openTestShim, spec, type ShimFixture } from '../helpers/warren';
+import { WarrenClient } from '../../src/sdk';
+import { removeTree } from '../../src/shim/layers/sys';
+import { busyboxRootfs, closeTestShim, countHostResources, openTestShim, spec, type ShimFixture } from '../helpers/warren';
+import { kill9, startWarrenProcess, stopGracefully } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 import { waitFor } from '../helpers/wait';
 
@@ -182,4 +187,45 @@ it.serial('a prepared sandbox whose pid 1 is killed is never handed out; creates
     t.not(info.id, ready);
     t.is((await shim.exec(info.id, { cmd: 'echo alive' })).stdout, 'alive\n');
   });
+});
+
+it.serial('a node killed with -9 while it holds prepared sandboxes removes them when it starts again; the claimed one is re-adopted', async (t) => {
+  t.timeout(180_000);
+  const dataDir = mkdtempSync(join(tmpdir(), 'warren-prepared-kill-'));
+  const nodeId = `pk${(process.pid % 10000).toString(36)}`;
+  const scope = { dataDir, idPrefix: `${nodeId}-` };
+  const log: string[] = [];
+  let child: ChildProcess | null = null;
+  try {
+    const first = await startWarrenProcess(dataDir, nodeId, ['--prepared', '2'], log);
+    child = first.child;
+    const token = readFileSync(join(dataDir, 'admin.token'), 'utf8').trim();
+    let client = new WarrenClient({ url: first.url, token });
+    await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });
+    const kept = await client.createSandbox({ image: 'busybox' });
+    await waitFor(async () => ((await client.features()).capacity as { prepared?: { ready: number } } | undefined)?.prepared?.ready === 2, 30_000, 'two prepared sandboxes', 100);
+    const before = countHostResources(scope);
+    t.true(before.processes >= 3, `the sandbox and two prepared ones run: ${JSON.stringify(before)}`);
+    await kill9(child);
+    child = null;
+    await client.close();
+    const second = await startWarrenProcess(dataDir, nodeId, ['--prepared', '0'], log);
+    child = second.child;
+    client = new WarrenClient({ url: second.url, token });
+    t.deepEqual((await client.listSandboxes()).map((s) => `${s.id} ${s.state}`), [`${kept.id} running`]);
+    t.is((await client.getSandbox(kept.id)).info!.state, 'running');
+    t.deepEqual(readdirSync(join(dataDir, 'sandboxes')), [kept.id], 'the prepared ones are gone from disk');
+    const after = countHostResources(scope);
+    t.is(after.processes, 1, `only the kept sandbox's pid 1 is left: ${JSON.stringify(after)}`);
+    t.is(log.join('').match(/left on the host without a record/g)?.length, 2, 'both prepared sandboxes were found and removed');
+    await client.deleteSandbox(kept.id);
+    await client.close();
+    await stopGracefully(child);
+    child = null;
+    const left = countHostResources(scope);
+    t.deepEqual({ processes: left.processes, mounts: left.mounts, cgroups: left.cgroups, netns: left.netns }, { processes: 0, mounts: 0, cgroups: 0, netns: 0 });
+  } finally {
+    if (child) await kill9(child);
+    removeTree(dataDir);
+  }
 });
