@@ -230,6 +230,17 @@ export class LayerStore {
     this.lazyCacheBytes = opts.lazyCacheBytes;
   }
 
+  /** Every create resolves its image (twice: the access check and the create): compile each query once. */
+  private readonly statements = new Map<string, import('better-sqlite3').Statement>();
+  private sql(text: string): import('better-sqlite3').Statement {
+    let st = this.statements.get(text);
+    if (st === undefined) {
+      st = this.db.prepare(text);
+      this.statements.set(text, st);
+    }
+    return st;
+  }
+
   /** The node's lazy layer file server (created by init()). */
   get lazy(): LazyLayers {
     this.ready();
@@ -324,7 +335,7 @@ export class LayerStore {
   }
 
   private imageRow(name: string): ImageRow | undefined {
-    return this.db.prepare('SELECT name, digest, kind, created_at, source, config FROM image_images WHERE name = ?').get(name) as ImageRow | undefined;
+    return this.sql('SELECT name, digest, kind, created_at, source, config FROM image_images WHERE name = ?').get(name) as ImageRow | undefined;
   }
 
   private findImageRow(ref: { name: string; repository: string; tag: string | null }): ImageRow | undefined {
@@ -352,7 +363,7 @@ export class LayerStore {
 
   listImages(): ImageInfo[] {
     this.ready();
-    const rows = this.db.prepare('SELECT name, digest, kind, created_at, source, config FROM image_images ORDER BY name').all() as ImageRow[];
+    const rows = this.sql('SELECT name, digest, kind, created_at, source, config FROM image_images ORDER BY name').all() as ImageRow[];
     return rows.map((r) => this.toInfo(r));
   }
 
@@ -365,7 +376,7 @@ export class LayerStore {
       if (!row) throw new WarrenError('IMAGE_NOT_FOUND', `image ${JSON.stringify(ref)} not found`, { ref });
       return this.toInfo(row);
     }
-    const row = this.db.prepare('SELECT name, digest, kind, created_at, source, config FROM image_images WHERE digest = ? ORDER BY name LIMIT 1').get(r.digest) as ImageRow | undefined;
+    const row = this.sql('SELECT name, digest, kind, created_at, source, config FROM image_images WHERE digest = ? ORDER BY name LIMIT 1').get(r.digest) as ImageRow | undefined;
     if (row) return this.toInfo(row);
     const layer = this.layerRow(r.digest);
     if (!layer) throw new WarrenError('IMAGE_NOT_FOUND', `image ${ref} not found`, { ref });
@@ -375,17 +386,17 @@ export class LayerStore {
   /** Names of the images whose image digest is `digest` (a single-layer image's digest is its layer's). */
   imageNamesWithDigest(digest: string): string[] {
     this.ready();
-    return (this.db.prepare('SELECT name FROM image_images WHERE digest = ? ORDER BY name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+    return (this.sql('SELECT name FROM image_images WHERE digest = ? ORDER BY name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
   }
 
   /** Names of the images that have `digest` among their layers. */
   imageNamesWithLayer(digest: string): string[] {
     this.ready();
-    return (this.db.prepare('SELECT DISTINCT image_name AS name FROM image_layers WHERE digest = ? ORDER BY image_name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
+    return (this.sql('SELECT DISTINCT image_name AS name FROM image_layers WHERE digest = ? ORDER BY image_name').all(assertDigest(digest)) as Array<{ name: string }>).map((r) => r.name);
   }
 
   private layerRow(digest: string): { digest: string; size_bytes: number; created_at: string; source: string } | undefined {
-    return this.db.prepare('SELECT digest, size_bytes, created_at, source FROM layer_blobs WHERE digest = ?').get(digest) as
+    return this.sql('SELECT digest, size_bytes, created_at, source FROM layer_blobs WHERE digest = ?').get(digest) as
       | { digest: string; size_bytes: number; created_at: string; source: string }
       | undefined;
   }
@@ -427,7 +438,7 @@ export class LayerStore {
   imageConfig(ref: string): ImageRuntimeConfig | null {
     this.ready();
     const r = parseRef(ref);
-    const row = r.type === 'name' ? this.findImageRow(r) : (this.db.prepare('SELECT * FROM image_images WHERE digest = ? ORDER BY name LIMIT 1').get(r.digest) as ImageRow | undefined);
+    const row = r.type === 'name' ? this.findImageRow(r) : (this.sql('SELECT * FROM image_images WHERE digest = ? ORDER BY name LIMIT 1').get(r.digest) as ImageRow | undefined);
     if (!row) throw new WarrenError('IMAGE_NOT_FOUND', `image ${JSON.stringify(ref)} not found`, { ref });
     return row.config ? (JSON.parse(row.config) as ImageRuntimeConfig) : null;
   }
@@ -547,7 +558,7 @@ export class LayerStore {
 
   /** Where a layer without a local blob is read from, or null. */
   remoteLayer(digest: string): RemoteLayer | null {
-    const r = this.db.prepare('SELECT digest, base, repository, size_bytes, chunk_size, chunks FROM layer_remote WHERE digest = ?').get(digest) as
+    const r = this.sql('SELECT digest, base, repository, size_bytes, chunk_size, chunks FROM layer_remote WHERE digest = ?').get(digest) as
       | { digest: string; base: string; repository: string; size_bytes: number; chunk_size: number; chunks: Buffer }
       | undefined;
     return r ? { digest: r.digest, base: r.base, repository: r.repository, size: r.size_bytes, chunkSize: r.chunk_size, chunks: r.chunks } : null;
@@ -619,7 +630,7 @@ export class LayerStore {
 
   /** Every layer this node knows, with its availability (what a node publishes for placement). */
   allLayerStates(): Array<{ digest: string; state: LayerAvailability; mounted: boolean }> {
-    const rows = this.db.prepare('SELECT digest FROM layer_blobs ORDER BY digest').all() as Array<{ digest: string }>;
+    const rows = this.sql('SELECT digest FROM layer_blobs ORDER BY digest').all() as Array<{ digest: string }>;
     return this.layerStates(rows.map((r) => r.digest));
   }
 
@@ -651,7 +662,7 @@ export class LayerStore {
     this.open();
     assertDigest(remote.digest);
     this.db.transaction(() => {
-      this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(remote.digest, remote.size, new Date().toISOString(), source);
+      this.sql('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(remote.digest, remote.size, new Date().toISOString(), source);
       this.db
         .prepare(
           `INSERT INTO layer_remote (digest, base, repository, size_bytes, chunk_size, chunks) VALUES (?, ?, ?, ?, ?, ?)
@@ -667,7 +678,7 @@ export class LayerStore {
     this.open();
     assertErofsImage(file);
     const blob = this.finalizeBlob(file, hex);
-    this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
+    this.sql('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
     return blob.digest;
   }
 
@@ -786,7 +797,7 @@ export class LayerStore {
       throw new WarrenError('IMAGE_IN_USE', `image ${JSON.stringify(row.name)} is in use by sandboxes on this node (layers ${held.join(', ')})`, { name: row.name, layers: held });
     }
     const orphans = info.layers.filter(
-      (d) => (this.db.prepare('SELECT COUNT(*) AS n FROM image_layers WHERE digest = ? AND image_name != ?').get(d, row.name) as { n: number }).n === 0,
+      (d) => (this.sql('SELECT COUNT(*) AS n FROM image_layers WHERE digest = ? AND image_name != ?').get(d, row.name) as { n: number }).n === 0,
     );
     const infos = readMountInfo();
     for (const d of orphans) {
@@ -796,11 +807,11 @@ export class LayerStore {
       }
     }
     this.db.transaction(() => {
-      this.db.prepare('DELETE FROM image_layers WHERE image_name = ?').run(row.name);
-      this.db.prepare('DELETE FROM image_images WHERE name = ?').run(row.name);
+      this.sql('DELETE FROM image_layers WHERE image_name = ?').run(row.name);
+      this.sql('DELETE FROM image_images WHERE name = ?').run(row.name);
       for (const d of orphans) {
-        this.db.prepare('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
-        this.db.prepare('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
+        this.sql('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
+        this.sql('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(d, d);
       }
     })();
     for (const d of orphans) {
@@ -818,14 +829,14 @@ export class LayerStore {
   /** Delete layers that no image references and nobody holds (left behind when a name moved to new content). */
   prune(): string[] {
     this.ready();
-    const rows = this.db.prepare('SELECT digest FROM layer_blobs WHERE digest NOT IN (SELECT digest FROM image_layers)').all() as Array<{ digest: string }>;
+    const rows = this.sql('SELECT digest FROM layer_blobs WHERE digest NOT IN (SELECT digest FROM image_layers)').all() as Array<{ digest: string }>;
     const infos = readMountInfo();
     const out: string[] = [];
     for (const { digest } of rows) {
       const st = this.state(digest);
       if (st.refs > 0 || !this.unmountAll(st, infos)) continue;
-      this.db.prepare('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
-      this.db.prepare('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
+      this.sql('DELETE FROM layer_remote WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
+      this.sql('DELETE FROM layer_blobs WHERE digest = ? AND NOT EXISTS (SELECT 1 FROM image_layers WHERE digest = ?)').run(digest, digest);
       this.mounts.delete(digest);
       this.lazy.forget(digest);
       try {
@@ -901,7 +912,7 @@ export class LayerStore {
     try {
       this.db.transaction(() => {
         for (const l of args.layers) {
-          this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(l.digest, l.size, now, args.source);
+          this.sql('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(l.digest, l.size, now, args.source);
         }
         const parsed = parseName(args.name);
         const existing = this.findImageRow(parsed);
@@ -914,15 +925,15 @@ export class LayerStore {
                source = excluded.source, config = excluded.config`,
           )
           .run(name, digest, args.kind, createdAt, args.source, args.config ? JSON.stringify(args.config) : null);
-        this.db.prepare('DELETE FROM image_layers WHERE image_name = ?').run(name);
-        digests.forEach((d, i) => this.db.prepare('INSERT INTO image_layers (image_name, position, digest) VALUES (?, ?, ?)').run(name, i, d));
+        this.sql('DELETE FROM image_layers WHERE image_name = ?').run(name);
+        digests.forEach((d, i) => this.sql('INSERT INTO image_layers (image_name, position, digest) VALUES (?, ?, ?)').run(name, i, d));
         args.name = name;
       })();
     } catch (err) {
       // Leave nothing behind: a blob this import created and nobody references goes again.
       for (const l of args.layers) {
         if (!l.created) continue;
-        const used = this.db.prepare('SELECT 1 FROM layer_blobs WHERE digest = ?').get(l.digest);
+        const used = this.sql('SELECT 1 FROM layer_blobs WHERE digest = ?').get(l.digest);
         if (!used) unlinkSync(join(this.blobsDir, `${hexOf(l.digest)}.erofs`));
       }
       throw err;
@@ -1008,7 +1019,7 @@ export class LayerStore {
         copyFileSync(file, tmp);
       }
       const blob = this.finalizeBlob(tmp, await sha256File(tmp));
-      this.db.prepare('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
+      this.sql('INSERT OR IGNORE INTO layer_blobs (digest, size_bytes, created_at, source) VALUES (?, ?, ?, ?)').run(blob.digest, blob.size, new Date().toISOString(), source);
       return blob.digest;
     });
   }
