@@ -59,6 +59,14 @@ while read -r key _ value; do
   if [ "$current" -lt "$value" ]; then sysctl -q -w "$key=$value" || echo "setup: cannot raise $key to $value" >&2; fi
 done < /etc/sysctl.d/90-warren.conf
 
+# Cgroup migrations without an RCU grace period each (src/shim/host-tunables.ts, which `warren up`
+# applies at start too): favordynmods on the cgroup2 mount, or the first cgroup mount without one.
+cgroup_mnt=$(awk '$3=="cgroup2"{print $2; exit}' /proc/self/mounts)
+[ -n "$cgroup_mnt" ] || cgroup_mnt=$(awk '$3=="cgroup"{print $2; exit}' /proc/self/mounts)
+if [ -n "$cgroup_mnt" ] && ! awk '$3=="cgroup2"||$3=="cgroup"{print $4}' /proc/self/mounts | grep -q favordynmods; then
+  mount -o remount,favordynmods "$cgroup_mnt" || echo "setup: cannot set favordynmods on $cgroup_mnt" >&2
+fi
+
 # The unprivileged user jailed microVM monitors drop to (src/shim/backends/microvm/vmm.ts).
 id warren-vmm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin warren-vmm
 

@@ -10,7 +10,17 @@
  *   the hard one at start; raising the hard limit needs CAP_SYS_RESOURCE (fs.nr_open bounds it),
  *   which a container-run gateway often lacks: then the hard limit is the node's ceiling, and
  *   it is reported here.
+ * - cgroup favordynmods: moving a process into a cgroup (every exec on a cgroup v1 host joins its
+ *   sandbox's v1 groups; exec supervisors are attached after they start) takes the kernel's
+ *   cgroup threadgroup lock for writing, and unless a cgroup mount favours dynamic modifications
+ *   that writer first waits for an RCU grace period whenever no other migration happened within
+ *   the last one. Measured here: an exec after 50 ms of quiet took 13.5 ms p50, 3.0 ms with the
+ *   flag (2.6 and 2.0 ms back to back). The price is on the other side of the lock: forks and
+ *   exits take it through a shared atomic instead of a per-CPU count. The flag is set on one
+ *   cgroup mount (the cgroup2 one where there is one) with a remount; here that one mount was
+ *   enough for the v1 joins as well.
  */
+import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { openFilesLimit } from './capacity';
 
@@ -84,6 +94,7 @@ export function raiseHostLimits(raise = true): TunableReport[] {
       out.push({ name, value, wanted, status: 'short', reason: `cannot write ${sysctlPath(name)}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}` });
     }
   }
+  out.push(cgroupFavorDynmods(raise));
   const soft = openFilesLimit();
   const hard = hardOpenFiles();
   if (soft >= FDS_WANTED) out.push({ name: 'RLIMIT_NOFILE', value: soft, wanted: FDS_WANTED, status: 'ok' });
@@ -96,6 +107,34 @@ export function raiseHostLimits(raise = true): TunableReport[] {
   }
   last = out;
   return out;
+}
+
+/** The cgroup mounts of this mount namespace: [target, fstype, options] (octal escapes decoded). */
+function cgroupMounts(): Array<{ target: string; fstype: string; options: string[] }> {
+  try {
+    return readFileSync('/proc/self/mounts', 'utf8')
+      .split('\n')
+      .map((l) => l.split(' '))
+      .filter((f) => f[2] === 'cgroup2' || f[2] === 'cgroup')
+      .map((f) => ({ target: f[1]!.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))), fstype: f[2]!, options: (f[3] ?? '').split(',') }));
+  } catch {
+    return [];
+  }
+}
+
+const FAVOR = 'cgroup.favordynmods';
+
+/** Set `favordynmods` on a cgroup mount unless one has it (`raise`: false only reports). */
+function cgroupFavorDynmods(raise: boolean): TunableReport {
+  const mounts = cgroupMounts();
+  if (mounts.some((m) => m.options.includes('favordynmods'))) return { name: FAVOR, value: 1, wanted: 1, status: 'ok' };
+  const target = (mounts.find((m) => m.fstype === 'cgroup2') ?? mounts[0])?.target;
+  if (target === undefined) return { name: FAVOR, value: null, wanted: 1, status: 'short', reason: 'no cgroup file system is mounted here' };
+  if (!raise) return { name: FAVOR, value: 0, wanted: 1, status: 'short', reason: `not set on ${target} (report only)` };
+  const r = spawnSync('mount', ['-o', 'remount,favordynmods', target], { encoding: 'utf8', timeout: 10_000 });
+  if (r.status === 0 && cgroupMounts().some((m) => m.target === target && m.options.includes('favordynmods'))) return { name: FAVOR, value: 1, wanted: 1, status: 'raised' };
+  const why = r.error?.message ?? (r.stderr.trim() || `mount exited with ${r.status ?? r.signal}`);
+  return { name: FAVOR, value: 0, wanted: 1, status: 'short', reason: `cannot remount ${target} with favordynmods (the kernel has it from 6.0): ${why}; every cgroup migration after a quiet spell then waits for an RCU grace period` };
 }
 
 /** What the last raiseHostLimits found (a report-only pass when `warren up` did not run it). */
