@@ -12,13 +12,14 @@
  *   it is reported here.
  * - cgroup favordynmods: moving a process into a cgroup (every exec on a cgroup v1 host joins its
  *   sandbox's v1 groups; exec supervisors are attached after they start) takes the kernel's
- *   cgroup threadgroup lock for writing, and unless a cgroup mount favours dynamic modifications
- *   that writer first waits for an RCU grace period whenever no other migration happened within
- *   the last one. Measured here: an exec after 50 ms of quiet took 13.5 ms p50, 3.0 ms with the
- *   flag (2.6 and 2.0 ms back to back). The price is on the other side of the lock: forks and
- *   exits take it through a shared atomic instead of a per-CPU count. The flag is set on one
- *   cgroup mount (the cgroup2 one where there is one) with a remount; here that one mount was
- *   enough for the v1 joins as well.
+ *   global cgroup threadgroup lock for writing, and unless a cgroup mount favours dynamic
+ *   modifications that writer first waits for an RCU grace period whenever no other migration
+ *   happened within the last one. Measured here: an exec after 50 ms of quiet took 13.5 ms p50,
+ *   3.0 ms with the flag (2.6 and 2.0 ms back to back). With the flag, kernels from 6.18 lock
+ *   only the process being moved (and keep doing so until reboot, even if the flag is cleared);
+ *   6.0 to 6.17 keep the global lock in its writer-friendly mode, where forks and exits pay a
+ *   shared atomic instead of a per-CPU count. The flag is set on one cgroup mount (the cgroup2
+ *   one where there is one) with a remount; here that one mount was enough for the v1 joins too.
  */
 import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
