@@ -520,9 +520,9 @@ static void session_server(const char *portpath) {
     /* Whether the connection belongs to the running shell: 1 yes, 0 no (a RESUME with another
      * token), -1 not known yet (the port closed since). Every bridge opens a connection with START or
      * RESUME, so any other frame while not known comes from the bridge that was there before the
-     * close: the guest can learn of a close late, after that bridge's next frames are already on the
-     * way (the control queue that reports it is served after the data queue), and those frames are
-     * its commands, not a stranger's. */
+     * close: a close reaches the guest on virtio-serial's control queue, apart from the port's data,
+     * so the guest can learn of one after the frames that followed it, and those frames are that
+     * bridge's commands, not a stranger's. */
     int resumed = 1;
     for (;;) {
       struct pollfd fds[7];
