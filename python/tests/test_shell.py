@@ -176,3 +176,30 @@ def test_pty_input_exactly_once_across_broken_connections(server: WarrenServer) 
                     assert pty.reconnects == 4
 
     asyncio.run(main())
+
+
+def test_run_across_broken_connections_is_sent_once(server: WarrenServer) -> None:
+    """A run issued while the connection is broken, before or after the client notices, reaches
+    the shell once (keyed or not): on the new connection, never also from the re-attach."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with server.aclient() as c:
+            async with await c.create_sandbox(image="default") as sb:
+                async with await sb.shell() as sh:
+                    for i, key in enumerate([None, "py-broken-1", None, "py-broken-2"]):
+                        assert sh._ws is not None
+                        sh._ws.transport.abort()
+                        if i >= 2:
+                            # the client has noticed: this run waits for the re-attach in progress
+                            deadline = loop.time() + 10
+                            while sh._live.is_set():
+                                assert loop.time() < deadline, "the client never noticed the break"
+                                await asyncio.sleep(0.001)
+                        r = await sh.run(f"echo run-{i} >> /tmp/runs; echo ok-{i}", idempotency_key=key)
+                        assert (r.exit_code, r.stdout) == (0, f"ok-{i}\n"), (i, r)
+                    runs = await sh.run("cat /tmp/runs")
+                    assert runs.stdout.split() == [f"run-{i}" for i in range(4)]
+                    assert sh.reconnects == 4
+
+    asyncio.run(main())

@@ -77,7 +77,7 @@ class _ErrorBodyProtocol(WebSocketClientProtocol):
 
 
 class _Run:
-    __slots__ = ("id", "future", "stdout", "stderr", "on_output", "msg")
+    __slots__ = ("id", "future", "stdout", "stderr", "on_output", "msg", "sent")
 
     def __init__(self, rid: str, future: "asyncio.Future[CommandResult]", on_output: Optional[OutputCallback], msg: Dict[str, Any]) -> None:
         self.id = rid
@@ -87,6 +87,9 @@ class _Run:
         self.on_output = on_output
         # sent again after a re-attach: as a resume, or with its idempotency key
         self.msg = msg
+        # whether msg went to a connection: a run still waiting for the re-attach is sent once,
+        # by run() on the new connection, not also by the re-attach
+        self.sent = False
 
 
 def _ws_url(http_url: str) -> str:
@@ -273,7 +276,7 @@ class AsyncShellSession:
             self._replay_end = start
             self.reconnects += 1
             run = self._active
-            if run is not None and not run.future.done():
+            if run is not None and not run.future.done() and run.sent:
                 msg = dict(run.msg)
                 if "idempotencyKey" not in msg:
                     msg["resume"] = True
@@ -430,7 +433,10 @@ class AsyncShellSession:
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    async def _send(self, obj: Union[Mapping[str, Any], bytes]) -> None:
+    async def _send(self, obj: Union[Mapping[str, Any], bytes], run: Optional[_Run] = None) -> None:
+        """Send on the live connection, waiting for a re-attach in progress. With ``run``, a
+        connection that breaks under the send is not an error: the re-attach sends the run again,
+        or fails it when the session cannot be reached."""
         if not self._live.is_set() and not self._closed.is_set():
             # being attached again: what is sent goes on the new connection
             closed = asyncio.ensure_future(self._closed.wait())
@@ -443,9 +449,13 @@ class AsyncShellSession:
         ws = self._ws
         if ws is None or self._closed.is_set():
             raise UnavailableError("UNAVAILABLE", "shell connection is closed")
+        if run is not None:
+            run.sent = True
         try:
             await ws.send(obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")))
         except websockets.exceptions.ConnectionClosed:
+            if run is not None and self._reconnect:
+                return
             raise self._closed_error() from None
 
     async def run(
@@ -479,7 +489,7 @@ class AsyncShellSession:
             run = _Run(rid, asyncio.get_running_loop().create_future(), on_output, msg)
             self._active = run
             try:
-                await self._send(msg)
+                await self._send(msg, run)
                 # shield: a timeout or a cancellation must not cancel the future the reader
                 # completes; _abort waits on it for the killed command's end.
                 async with _timeout(wait):
