@@ -94,7 +94,12 @@ export interface BlockView {
 }
 
 export async function readBlocks(etcd: Etcd3, credential: ClusterCredential, account: string): Promise<BlockView> {
-  const [epoch, all] = await Promise.all([store('quota', () => etcd.get(keys.quotaEpoch(account)).exec()), store('quota blocks', () => etcd.getAll().prefix(keys.quotaBlocks(account)).exec())]);
+  // The epoch first, then the blocks, never both at once: every growth bumps the epoch, so blocks
+  // read after it are at least as new, and a growth between the two reads fails the transaction's
+  // compare. Read the other way round, the blocks could predate a growth whose epoch the compare
+  // then accepts, and the quota was handed out twice (seen: 4 sandboxes admitted under a quota of 3).
+  const epoch = await store('quota', () => etcd.get(keys.quotaEpoch(account)).exec());
+  const all = await store('quota blocks', () => etcd.getAll().prefix(keys.quotaBlocks(account)).exec());
   const blocks = new Map<string, { block: QuotaBlock; rev: string }>();
   for (const kv of all.kvs) {
     const b = readBlock(credential, kv.key.toString('utf8'), kv.value);
