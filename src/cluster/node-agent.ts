@@ -343,10 +343,17 @@ export class NodeAgent {
     this.epoch = Number.isInteger(saved) && saved > 0 ? saved : 1;
     const existing = await this.etcd.get(keys.node(this.nodeId)).string();
     const rec = existing === null ? null : this.opts.credential.verify(parseJson<NodeRecord & { sig: string }>(existing));
+    // The blocks before anything is admitted: unused reserved room goes back within half a second
+    // to a second (a gateway that finds the quota full while some block is unused waits for it; a
+    // burst of creates and deletes re-grows by chunks).
+    this.blocks = new NodeBlocks(this.etcd, this.opts.credential, this.nodeId, (owner) => this.held(owner), (line) => this.log(line), 500);
+    this.blocks.holdGiveBack = true; // until the job shares, part of the need, are loaded
+    await this.blocks.start();
     if (saved > 0 && (rec === null || rec.epoch !== this.epoch)) {
       // Our lease expired while we were down: gateways reported our sandboxes lost.
       this.log(`cluster: node ${this.nodeId} epoch ${this.epoch} expired while the node was down; reconciling`);
       await this.reconcileLost();
+      await this.blocks.giveBackAll();
       this.epoch++;
     }
     this.saveEpoch();
@@ -354,10 +361,7 @@ export class NodeAgent {
     this.heartbeat = setInterval(() => void this.beat(), 1000);
     this.heartbeat.unref();
     await this.watchShares();
-    // unused reserved room goes back within half a second to a second: a gateway that finds the quota
-    // full while some block is unused waits for it (a burst of creates and deletes re-grows by chunks)
-    this.blocks = new NodeBlocks(this.etcd, this.opts.credential, this.nodeId, (owner) => this.held(owner), (line) => this.log(line), 500);
-    await this.blocks.start();
+    this.blocks.holdGiveBack = false;
     await this.watchPolicy();
     if (this.opts.lazyLayers?.()) await this.watchStaged();
   }
@@ -504,6 +508,7 @@ export class NodeAgent {
       run.notify();
     }
     await this.reconcileLost();
+    await this.blocks?.giveBackAll();
     this.epoch = lostEpoch + 1;
     this.saveEpoch();
     this.runs.clear();

@@ -306,9 +306,33 @@ export class NodeBlocks {
     });
   }
 
-  /** Give back what an account's block holds beyond the node's need, once it has been so for idleMs. */
-  private async giveBack(): Promise<void> {
-    if (this.shrinking) return;
+  /**
+   * While true, the timer gives nothing back: the node has not yet loaded everything its need
+   * counts (its job shares), and would give back room they are about to use.
+   */
+  holdGiveBack = false;
+
+  /**
+   * Give back at once what every block holds beyond the node's need: for a node whose epoch was
+   * declared lost. While it was lost its blocks did not count, so the gateways may have handed
+   * that room to other nodes; it must not admit within them again. Waits for a give-back already
+   * under way, and tries again where a block changed meanwhile.
+   */
+  async giveBackAll(): Promise<void> {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      while (this.shrinking) await new Promise((r) => setTimeout(r, 10));
+      await this.giveBack(true);
+      if (![...this.blocks].some(([account, { block }]) => !fitsBlockOrEqual(block, this.need(account)))) return;
+      // a block moved under the transaction: read them all again
+      const all = await store('quota blocks', () => this.etcd.getAll().prefix(keys.quotaBlocksAll).exec());
+      for (const kv of all.kvs) this.put(kv.key.toString('utf8'), kv.value, kv.mod_revision);
+    }
+    this.log(`cluster: node ${this.node} could not give back every quota block of its lost epoch; the timer goes on trying`);
+  }
+
+  /** Give back what an account's block holds beyond the node's need, once it has been so for idleMs (`immediately`: at once). */
+  private async giveBack(immediately = false): Promise<void> {
+    if (this.shrinking || (this.holdGiveBack && !immediately)) return;
     this.shrinking = true;
     try {
       const now = Date.now();
@@ -320,11 +344,11 @@ export class NodeBlocks {
           continue;
         }
         const since = this.slackSince.get(account);
-        if (since === undefined) {
+        if (since === undefined && !immediately) {
           this.slackSince.set(account, now);
           continue;
         }
-        if (now - since < this.idleMs) continue;
+        if (!immediately && now - since! < this.idleMs) continue;
         this.slackSince.delete(account);
         const next: QuotaBlock = { ...block, sandboxes: Math.min(block.sandboxes, need.sandboxes), cpu: Math.min(block.cpu, need.cpu), memoryMb: Math.min(block.memoryMb, need.memoryMb), at: now };
         const key = keys.quotaBlock(account, this.node);

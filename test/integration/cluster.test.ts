@@ -23,7 +23,7 @@ import { ClusterFixture, type NodeNetwork, etcdReason, stopChild } from '../help
 import { type CountingProxy, type TestRegistry, registryReason, startCountingProxy, startRegistry } from '../helpers/registry';
 import { type Internet, egressSkipReason, SERVICE_PORT, startInternet } from '../helpers/network';
 import { testUnless } from '../helpers/skip';
-import { busyboxRootfs } from '../helpers/warren';
+import { busyboxRootfs, spec } from '../helpers/warren';
 import { waitFor, waitForValue } from '../helpers/wait';
 
 const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
@@ -97,7 +97,7 @@ async function codeOf(p: Promise<unknown>): Promise<string> {
 }
 
 interface ClusterNodes {
-  nodes: { id: string; epoch: number; fenced: boolean; pool: string }[];
+  nodes: { id: string; epoch: number; fenced: boolean; pool: string; shim: string }[];
   lost: { node: string; epochs: number[] }[];
 }
 
@@ -652,6 +652,52 @@ test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, t
     await a.deleteSandbox(fresh.id);
     await a.deleteSandbox(keep.id);
     await a.jobs.delete(job.id);
+  });
+});
+
+test.serial('a node back from a lost epoch gives back its quota blocks before it admits: their room went to other nodes while it was lost', async (t) => {
+  t.timeout(180_000);
+  await f.waitIdle(['n1', 'n2']);
+  await withClients(async (a) => {
+    const acct = await a.requestJson<{ id: string; token: string }>('POST', '/v1/accounts', { json: { name: 'comeback', role: 'runtime' } });
+    await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: 2 } });
+    const user = new WarrenClient({ url: f.gateways[0]!.url, token: acct.token });
+    const create = (nodes: string[]) => user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes } } });
+    const made: string[] = [];
+    const n2 = f.node('n2');
+    let direct: RemoteShim | null = null;
+    try {
+      for (let i = 0; i < 2; i++) made.push((await create(['n2'])).id);
+      await stopChild(n2.child, 'SIGKILL');
+      await waitFor(async () => !(await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes')).nodes.some((n) => n.id === 'n2'), 30_000, 'the lease of n2 expired', 100);
+      // while n2 is lost its block does not count: the whole quota goes to n1
+      for (let i = 0; i < 2; i++) made.push((await create(['n1'])).id);
+      await f.restartNode(n2);
+      // Straight at the node's own admission (its shim protocol, no gateway and its records in
+      // front), from the moment it is registered again: the quota is full, whatever n2's old
+      // block said.
+      const back = await waitForValue(() => a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n2' && !n.fenced), 60_000, 'n2 registered again', 20);
+      direct = await RemoteShim.connect({ url: back.nodes.find((n) => n.id === 'n2')!.shim, token: f.credential.shimToken('n2') });
+      const codes = new Set<string>();
+      const until = Date.now() + 1500;
+      while (Date.now() < until) {
+        codes.add(
+          await direct.createSandbox(spec({ image: 'busybox', owner: acct.id })).then(
+            (x) => {
+              made.push(x.id);
+              return 'ok';
+            },
+            (err: unknown) => (err instanceof WarrenError ? err.code : String(err)),
+          ),
+        );
+      }
+      t.false(codes.has('ok'), `n2 admitted past the quota: ${[...codes].join(', ')}`);
+      t.deepEqual([...codes], ['QUOTA_EXCEEDED']);
+    } finally {
+      await direct?.close();
+      for (const id of made) await a.deleteSandbox(id).catch(() => undefined);
+      await user.close();
+    }
   });
 });
 
