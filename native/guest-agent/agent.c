@@ -596,6 +596,15 @@ static void session_server(const char *portpath) {
           off += HDR + len;
           continue;
         }
+        if (type == S_START && shell > 0 && !exited && len >= 16 && memcmp(p, token, 16) == 0) {
+          /* the bridge sends START again until it hears STARTED: a repeat for the running shell */
+          unsigned char b[4];
+          put32(b, (uint32_t)shell);
+          resumed = 1;
+          send_frame(S_STARTED, 0, b, 4, NULL, 0);
+          off += HDR + len;
+          continue;
+        }
         if (type == S_START && shell > 0) {
           /* a new session on this port: whatever ran here before is over */
           kill(-shell, SIGKILL);

@@ -45,6 +45,8 @@ enum { S_START = 0x20, S_INPUT = 0x21, S_RESIZE = 0x22, S_SIGNAL = 0x23, S_RESUM
 enum { T_TREE = 2 };
 /* How long a tree kill waits for the guest to report the shell's end before the bridge ends itself. */
 #define TREE_KILL_WAIT_MS 1000
+/* How long the bridge waits for STARTED before it sends START again. */
+#define START_AGAIN_MS 2000
 #define HDR 9
 #define MAX_PAYLOAD (256 * 1024)
 
@@ -170,27 +172,35 @@ int main(int argc, char **argv) {
   size_t rec_have = 0;
   int tree_sig = 0;           /* a fatal tree signal was passed on: end when the guest reports, or at tree_deadline */
   long long tree_deadline = 0;
+  /* START goes again every START_AGAIN_MS until the guest answers STARTED (a repeat of the same
+   * token is only answered there), and nothing of the holder's is passed on before: a START the
+   * guest lost would otherwise leave its MARKs and input going to no shell, and this bridge
+   * waiting for an end that never comes. */
+  int started = 0;
+  long long start_sent = now_ms();
   for (;;) {
     /* the control pipe and stdin wait while the guest is unreachable: records and input are not lost */
-    struct pollfd fds[4] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 ? 0 : -1, POLLIN, 0}, {ctl >= 0 && sock >= 0 ? ctl : -1, POLLIN, 0}};
+    struct pollfd fds[4] = {{sfd, POLLIN, 0}, {sock, POLLIN, 0}, {stdin_open && sock >= 0 && started ? 0 : -1, POLLIN, 0}, {ctl >= 0 && sock >= 0 && started ? ctl : -1, POLLIN, 0}};
     if (sock < 0) {
       struct stat st;
       if (stat(dir, &st) != 0) exit(137); /* the sandbox is gone */
       sock = connect_to(path);
       have = 0;
       if (sock < 0) { usleep(100000); continue; }
-      send_frame(S_RESUME, token, sizeof token);
+      if (started) send_frame(S_RESUME, token, sizeof token);
+      else { send_frame(S_START, start, len); start_sent = now_ms(); }
       fds[1].fd = sock;
     }
     /* The guest stops sending this shell's output whenever it sees its port close, which a restored
      * VM can report after this bridge is already connected: say who we are again every second. */
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec != last_resume.tv_sec) { send_frame(S_RESUME, token, sizeof token); last_resume = now; }
+    if (started && now.tv_sec != last_resume.tv_sec) { send_frame(S_RESUME, token, sizeof token); last_resume = now; }
+    if (!started && now_ms() - start_sent >= START_AGAIN_MS) { send_frame(S_START, start, len); start_sent = now_ms(); }
     if (tree_sig && now_ms() >= tree_deadline) {
       signal(tree_sig, SIG_DFL); sigprocmask(SIG_UNBLOCK, &mask, NULL); raise(tree_sig); exit(128 + tree_sig);
     }
-    poll(fds, 4, tree_sig ? 50 : 1000);
+    poll(fds, 4, tree_sig ? 50 : started ? 1000 : 100);
     /* before stdin: the holder writes a command's MARK before its input */
     if (fds[3].fd >= 0 && fds[3].revents) {
       ssize_t r = read(ctl, rec + rec_have, sizeof rec - rec_have);
@@ -248,6 +258,8 @@ int main(int argc, char **argv) {
         if (in[off] == S_OUT && l >= 1) {
           int fd = p[0] == 2 ? 2 : p[0] == 3 ? 3 : 1;
           if (write_all(fd, p + 1, l - 1) < 0 && fd == 3) { /* the holder closed status: nothing to do */ }
+        } else if (in[off] == S_STARTED) {
+          started = 1;
         } else if (in[off] == S_EXIT && l == 8) {
           int code = (int)get32(p), sig = (int)get32(p + 4);
           if (sig) { signal(sig, SIG_DFL); sigprocmask(SIG_UNBLOCK, &mask, NULL); raise(sig); exit(128 + sig); }

@@ -231,6 +231,11 @@ it(title("a session port: frames after a close the guest saw belong to the shell
   const first = await rawPort(slot);
   first.send(portFrame(S_START, Buffer.concat([token, Buffer.from([0, 0, 0, 0, 0]), ...strings])));
   t.true(await until(async () => first.frames.some((x) => x.type === S_STARTED), 60_000), 'the shell started');
+  // the bridge sends START again until it hears STARTED: a repeat is answered, and starts nothing
+  first.send(portFrame(S_START, Buffer.concat([token, Buffer.from([0, 0, 0, 0, 0]), ...strings])));
+  t.true(await until(async () => first.frames.filter((x) => x.type === S_STARTED).length === 2, 60_000), 'a repeated START is answered');
+  const pids = first.frames.filter((x) => x.type === S_STARTED).map((x) => x.payload.readUInt32LE(0));
+  t.is(pids[1], pids[0], 'the same shell');
   await first.close();
   // a round trip through the agent while the port is closed: the guest has seen the close by then
   await f.shim.exec(vm.id, { cmd: 'true' });
