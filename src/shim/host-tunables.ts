@@ -24,6 +24,7 @@
 import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { openFilesLimit } from './capacity';
+import { readMountInfo } from './layers/sys';
 
 export interface TunableReport {
   name: string;
@@ -110,14 +111,12 @@ export function raiseHostLimits(raise = true): TunableReport[] {
   return out;
 }
 
-/** The cgroup mounts of this mount namespace: [target, fstype, options] (octal escapes decoded). */
+/** The cgroup mounts of this mount namespace (favordynmods is a super option: the file system's, not the mount's). */
 function cgroupMounts(): Array<{ target: string; fstype: string; options: string[] }> {
   try {
-    return readFileSync('/proc/self/mounts', 'utf8')
-      .split('\n')
-      .map((l) => l.split(' '))
-      .filter((f) => f[2] === 'cgroup2' || f[2] === 'cgroup')
-      .map((f) => ({ target: f[1]!.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))), fstype: f[2]!, options: (f[3] ?? '').split(',') }));
+    return readMountInfo()
+      .filter((m) => m.fstype === 'cgroup2' || m.fstype === 'cgroup')
+      .map((m) => ({ target: m.mountPoint, fstype: m.fstype, options: m.superOptions.split(',') }));
   } catch {
     return [];
   }
