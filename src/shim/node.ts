@@ -382,8 +382,9 @@ export class ShimNode {
     try {
       this.capacity.admit();
     } catch (err) {
-      if (!(err instanceof WarrenError && err.code === 'NODE_AT_CAPACITY') || this.prepared.size === 0) throw err;
-      // Prepared sandboxes never cost a create its place: they are given back, and the node looks again.
+      if (!(err instanceof WarrenError && err.code === 'NODE_AT_CAPACITY') || !this.prepared.holding) throw err;
+      // Prepared sandboxes never cost a create its place: those held and those being made or given
+      // back are gone before the node looks again.
       await this.prepared.flush();
       this.capacity.admit();
     }

@@ -85,6 +85,14 @@ export class PreparedPool<S> {
     return n;
   }
 
+  /**
+   * Whether the pool holds anything or has work under way: a make in flight holds its tasks and
+   * memory before it is ready, and a give-back holds them until its pid 1 is gone.
+   */
+  get holding(): boolean {
+    return this.size > 0 || this.inFlight.size > 0;
+  }
+
   /** Per shape, the ids ready now and how long ago it was last asked for (features report, tests). */
   report(): Array<{ shape: string; ready: string[]; lastAskedMs: number }> {
     return [...this.shapes].map(([shape, s]) => ({ shape, ready: s.ready.map((p) => p.id), lastAskedMs: this.now() - s.lastAsked }));
@@ -102,13 +110,18 @@ export class PreparedPool<S> {
     return p;
   }
 
-  /** Give back what is held and stop making (a policy change, an image removal). */
+  /**
+   * Give back what is held and stop making (a policy change, an image removal, a create the
+   * node has no room for). Resolves when what was held or under way at the call is gone: a make
+   * in flight lands in a shape that no longer exists and is given back then.
+   */
   async flush(): Promise<void> {
     const all: Prepared[] = [];
     for (const s of this.shapes.values()) all.push(...s.ready.splice(0));
     this.shapes.clear();
-    // a make in flight ends in a shape that is gone: it is given back when it lands
+    const underWay = [...this.inFlight];
     await Promise.all(all.map((p) => this.discard(p)));
+    await Promise.allSettled(underWay);
   }
 
   async close(): Promise<void> {

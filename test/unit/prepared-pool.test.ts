@@ -163,3 +163,23 @@ test('flush gives back everything held; close also waits for a make in flight an
   t.is(h.pool.take('b', 'b'), undefined, 'a closed pool hands nothing out');
   t.deepEqual(h.made.filter((id) => !h.discarded.includes(id)), [], 'everything made was given back');
 });
+
+test('a make in flight counts as holding, and flush resolves only once it has landed and been given back', async (t) => {
+  const h = harness({ perShape: 1 });
+  t.false(h.pool.holding, 'an empty pool holds nothing');
+  const release = h.hold();
+  h.pool.take('a', 'a');
+  await waitFor(() => h.started.includes('a'), 2000, 'a make of a started');
+  t.is(h.pool.size, 0, 'nothing is ready yet');
+  t.true(h.pool.holding, 'the make under way holds what it is making');
+  let flushed = false;
+  const flushing = h.pool.flush().then(() => (flushed = true));
+  await Promise.resolve();
+  t.false(flushed, 'flush waits for the make');
+  release();
+  await flushing;
+  t.deepEqual(h.made, ['a-0']);
+  t.deepEqual(h.discarded, ['a-0'], 'the make landed in a flushed pool and was given back before flush resolved');
+  t.false(h.pool.holding);
+  await h.pool.close();
+});
