@@ -41,11 +41,20 @@ function open(url: string, opts: { token?: string; origin?: string; protocols?: 
       waiters = [];
       w.forEach((f) => f());
     });
-    const closed = new Promise<{ code: number; reason: string }>((r) => ws.on('close', (code, reason) => r({ code, reason: reason.toString() })));
+    let closedWith: string | null = null;
+    const closed = new Promise<{ code: number; reason: string }>((r) =>
+      ws.on('close', (code, reason) => {
+        closedWith = `${code} ${reason.toString()}`;
+        r({ code, reason: reason.toString() });
+      }),
+    );
     let cursor = 0;
     const next: Conn['next'] = (pred = () => true, timeoutMs = 10_000) =>
       new Promise((res, rej) => {
-        const timer = setTimeout(() => rej(new Error(`timed out waiting for a frame; got ${JSON.stringify(frames.slice(cursor))}`)), timeoutMs);
+        const timer = setTimeout(() => {
+          const seen = frames.slice(-6).map((f) => (Buffer.isBuffer(f) ? `<${f.length} bytes>` : f));
+          rej(new Error(`timed out after ${timeoutMs} ms waiting for a frame (${pred.toString().slice(0, 160)}); the last frames: ${JSON.stringify(seen)}; ${closedWith === null ? 'the socket is open' : `the socket closed: ${closedWith}`}`));
+        }, timeoutMs);
         const check = () => {
           while (cursor < frames.length) {
             const f = frames[cursor++]!;
