@@ -12,6 +12,12 @@
  * answer from etcd that the lease is gone (TTL <= 0, or a put refused for an
  * unknown lease) fences the node.
  *
+ * A node admits only while etcd has confirmed its lease recently enough: a keepalive answered
+ * with a TTL proves the lease lives at least that long after the keepalive was sent, by the
+ * monotonic clock, which runs on while the process is stopped. A node woken after a SIGSTOP, or
+ * cut off from etcd, finds its lease unconfirmed at once; it asks etcd and waits for the answer
+ * before it admits, so it never admits a create in a lost epoch before it knows of the loss.
+ *
  * Fencing: stop admitting (creates answer NODE_FENCED), stop the job shares,
  * record the loss (/warren/lost/<node>/<epoch>, so jobs and owners are told
  * even if no gateway saw the lease expire), destroy the sandboxes of the
@@ -118,6 +124,10 @@ export interface ShareProgress {
 export type JobControlState = 'running' | 'paused' | 'cancelled' | 'deleted';
 
 const MAX_FAILURES = 50;
+/** Keepalives a stream may leave unanswered before it is replaced. */
+const MAX_UNANSWERED_KEEPALIVES = 16;
+
+type KeepStream = Awaited<ReturnType<Etcd3['leaseClient']['leaseKeepAlive']>>;
 export const JOB_LABEL = 'warren.job';
 export const SHARE_LABEL = 'warren.share';
 export const INDEX_LABEL = 'warren.index';
@@ -235,7 +245,14 @@ export class NodeAgent {
   private closed = false;
   private heartbeat: NodeJS.Timeout | null = null;
   private keepTimer: NodeJS.Timeout | null = null;
-  private keepStream: Awaited<ReturnType<Etcd3['leaseClient']['leaseKeepAlive']>> | null = null;
+  private keepStream: KeepStream | null = null;
+  private keepOpening: Promise<KeepStream> | null = null;
+  /** performance.now() until which etcd has confirmed the lease (see admit). */
+  private leaseValidUntil = 0;
+  /** When each keepalive on the stream was sent, oldest first: etcd answers them in order. */
+  private keepSent: number[] = [];
+  /** Admissions waiting for etcd to answer a keepalive. */
+  private confirmWaiters: Array<() => void> = [];
   private readonly runs = new Map<string, ShareRun>();
   private readonly control = new Map<string, JobControlState>();
   private creating = 0;
@@ -257,9 +274,49 @@ export class NodeAgent {
     return this.opts.shim.nodeId;
   }
 
+  /**
+   * Whether etcd's last word on the lease still holds, with a margin for the clocks' rates
+   * (a tenth of the TTL, at most a second).
+   */
+  private leaseConfirmed(): boolean {
+    return performance.now() < this.leaseValidUntil - Math.min(1000, this.ttl * 100);
+  }
+
+  /**
+   * Resolves once the lease is confirmed, the node is fenced, or a TTL has passed without an
+   * answer from etcd (then admit refuses). A keepalive goes out at once: a node that was stopped
+   * learns now whether its lease survived, not at its next keepalive.
+   */
+  private async confirmLease(): Promise<void> {
+    const deadline = performance.now() + this.ttl * 1000;
+    while (!this.fenced && this.leaseId !== null && !this.closed && !this.leaseConfirmed()) {
+      const left = deadline - performance.now();
+      if (left <= 0) return;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(done, left);
+        timer.unref();
+        function done(): void {
+          clearTimeout(timer);
+          resolve();
+        }
+        this.confirmWaiters.push(done);
+        // one keepalive in flight is enough: its answer wakes every waiter (an answer to one sent
+        // before a stop confirms too little, and the loop asks again)
+        if (this.keepSent.length === 0) void this.keepAlive();
+      });
+    }
+  }
+
+  private wakeConfirmWaiters(): void {
+    for (const w of this.confirmWaiters.splice(0)) w();
+  }
+
   /** The node's final admission: throws when it may not take one more sandbox. */
   admit(): void {
     if (this.fenced || this.leaseId === null) throw new WarrenError('NODE_FENCED', `node ${this.nodeId} is not registered in the cluster (it lost its lease or has not registered yet); it admits nothing until it has`);
+    if (!this.leaseConfirmed()) {
+      throw new WarrenError('NODE_FENCED', `node ${this.nodeId} has no recent word from etcd that its lease lives (the node was stopped, or is cut off from etcd); it admits nothing until etcd renews the lease`, { node: this.nodeId, retryAfterS: 1 });
+    }
     const live = this.liveCount();
     if (live + this.creating >= this.opts.maxSandboxes) {
       throw new WarrenError('RESOURCE_EXHAUSTED', `node ${this.nodeId} is full (${live} sandboxes, ${this.creating} being created, capacity ${this.opts.maxSandboxes})`, { node: this.nodeId, retryAfterS: 1 });
@@ -294,6 +351,7 @@ export class NodeAgent {
    * (a block given back meanwhile keeps room for it).
    */
   async admitOne(spec: Pick<SandboxSpec, 'owner' | 'cpu' | 'memoryMb'>): Promise<(created: boolean) => void> {
+    await this.confirmLease();
     this.admit();
     this.creating++;
     const used = this.held(spec.owner);
@@ -434,8 +492,10 @@ export class NodeAgent {
       let delay = 200;
       while (!this.closed) {
         try {
+          const asked = performance.now();
           const grant = await this.etcd.leaseClient.leaseGrant({ TTL: this.ttl });
           this.leaseId = grant.ID;
+          this.leaseValidUntil = asked + (Number(grant.TTL) || this.ttl) * 1000;
           this.fenced = false;
           await this.putRecord();
           this.startKeepAlive();
@@ -464,24 +524,49 @@ export class NodeAgent {
     const id = this.leaseId;
     if (id === null || this.closed) return;
     try {
-      if (this.keepStream === null) {
-        const s = await this.etcd.leaseClient.leaseKeepAlive();
-        s.on('data', (res: { ID: string; TTL: string }) => {
-          if (res.ID === this.leaseId && Number(res.TTL) <= 0) void this.onLeaseLost('etcd answered that the lease expired');
-        });
-        s.on('error', () => {
-          if (this.keepStream === s) this.keepStream = null;
-        });
-        s.on('end', () => {
-          if (this.keepStream === s) this.keepStream = null;
-        });
-        this.keepStream = s;
+      // A stream without answers (no quorum) is replaced before its list of sent times grows long;
+      // the old stream's late answers are ignored, so an answer is never taken for a later keepalive.
+      if (this.keepStream !== null && this.keepSent.length >= MAX_UNANSWERED_KEEPALIVES) {
+        this.keepStream.end();
+        this.keepStream = null;
+        this.keepSent = [];
       }
-      this.keepStream.write({ ID: id });
+      const s = this.keepStream ?? (await (this.keepOpening ??= this.openKeepStream().finally(() => (this.keepOpening = null))));
+      if (id !== this.leaseId || this.closed || s !== this.keepStream) return;
+      this.keepSent.push(performance.now());
+      s.write({ ID: id });
     } catch {
-      // etcd unreachable or without quorum: keep going; only etcd saying the lease is gone fences us
+      // etcd unreachable or without quorum: keep going; only etcd saying the lease is gone fences
+      // us (meanwhile the lease goes unconfirmed and the node admits nothing)
       this.keepStream = null;
+      this.keepSent = [];
     }
+  }
+
+  private async openKeepStream(): Promise<KeepStream> {
+    const s = await this.etcd.leaseClient.leaseKeepAlive();
+    s.on('data', (res: { ID: string; TTL: string }) => {
+      if (this.keepStream !== s) return;
+      const sentAt = this.keepSent.shift();
+      if (res.ID !== this.leaseId) return;
+      if (Number(res.TTL) <= 0) {
+        void this.onLeaseLost('etcd answered that the lease expired');
+      } else if (sentAt !== undefined) {
+        // the lease lives at least TTL seconds from when etcd took the keepalive, which is after it was sent
+        this.leaseValidUntil = Math.max(this.leaseValidUntil, sentAt + Number(res.TTL) * 1000);
+        this.wakeConfirmWaiters();
+      }
+    });
+    const lost = (): void => {
+      if (this.keepStream !== s) return;
+      this.keepStream = null;
+      this.keepSent = [];
+    };
+    s.on('error', lost);
+    s.on('end', lost);
+    this.keepStream = s;
+    this.keepSent = [];
+    return s;
   }
 
   private async beat(): Promise<void> {
@@ -501,8 +586,11 @@ export class NodeAgent {
     const lostEpoch = this.epoch;
     this.log(`cluster: node ${this.nodeId} lost its lease (${why}): fencing, reconciling epoch ${lostEpoch}`);
     this.leaseId = null;
+    this.leaseValidUntil = 0;
     this.keepStream?.end();
     this.keepStream = null;
+    this.keepSent = [];
+    this.wakeConfirmWaiters();
     for (const run of this.runs.values()) {
       run.stopped = true;
       run.notify();
@@ -594,6 +682,7 @@ export class NodeAgent {
         const index = todo[next++]!;
         const spec: SandboxSpec = { ...share.spec, labels: { ...share.spec.labels, [JOB_LABEL]: share.job, [SHARE_LABEL]: share.share, [INDEX_LABEL]: String(index) } };
         try {
+          await this.confirmLease();
           this.admit();
           this.creating++;
           let info: SandboxInfo;

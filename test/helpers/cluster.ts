@@ -158,6 +158,11 @@ export class EtcdCluster {
     this.spawn(i, 'existing');
   }
 
+  /** A signal to every running member (SIGSTOP and SIGCONT: etcd silent for a while, nothing lost). */
+  signalAll(signal: NodeJS.Signals): void {
+    for (const m of this.members) if (m.child && !exited(m.child)) m.child.kill(signal);
+  }
+
   async close(): Promise<void> {
     for (let i = 0; i < this.members.length; i++) await this.kill(i);
   }

@@ -24,7 +24,7 @@ import { type CountingProxy, type TestRegistry, registryReason, startCountingPro
 import { type Internet, egressSkipReason, SERVICE_PORT, startInternet } from '../helpers/network';
 import { testUnless } from '../helpers/skip';
 import { busyboxRootfs, spec } from '../helpers/warren';
-import { waitFor, waitForValue } from '../helpers/wait';
+import { elapse, waitFor, waitForValue } from '../helpers/wait';
 
 const test = testUnless(etcdReason, anyTest as TestFn<unknown>);
 const JOB_COUNT = 2000;
@@ -701,22 +701,37 @@ test.serial('a node back from a lost epoch gives back its quota blocks before it
   });
 });
 
-test.serial('a node stopped past its lease fences itself when it wakes: it stops admitting, removes the lost sandboxes and re-registers', async (t) => {
+test.serial('a node stopped past its lease fences itself when it wakes: it admits nothing before it knows, removes the lost sandboxes and re-registers', async (t) => {
   t.timeout(120_000);
   await withClients(async (a) => {
     const n1 = f.node('n1');
+    const local = new WarrenClient({ url: n1.url, token: n1.adminToken });
     const sb = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n1'] } } });
     const epoch = (await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes')).nodes.find((n) => n.id === 'n1')!.epoch;
+    let early: Promise<unknown> | null = null;
     n1.child.kill('SIGSTOP');
     try {
       await waitFor(async () => !(await a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes')).nodes.some((n) => n.id === 'n1'), 30_000, 'the lease of n1 expired', 100);
       t.is(await codeOf(a.getSandbox(sb.id)), 'SANDBOX_LOST');
+      // The node wakes to a create sent to its own API while it was stopped, and etcd says nothing
+      // for a moment: the node must not take its silence for a live lease.
+      f.etcd.signalAll('SIGSTOP');
+      try {
+        early = local.createSandbox({ image: 'busybox' });
+        early.catch(() => undefined);
+        n1.child.kill('SIGCONT');
+        await elapse(1500, 'etcd is silent while the woken node reads the create');
+      } finally {
+        f.etcd.signalAll('SIGCONT');
+      }
     } finally {
       n1.child.kill('SIGCONT');
     }
+    const made = await early!.then((s) => s as { id: string }, () => null);
+    if (made !== null) await local.deleteSandbox(made.id).catch(() => undefined);
+    t.is(await codeOf(early!), 'NODE_FENCED', 'a create that reached the node as it woke was not admitted in the lost epoch');
     await waitForValue(() => a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n1' && n.epoch === epoch + 1), 30_000, 'n1 re-registered', 100);
     await waitFor(() => n1.log.join('').includes('lost its lease'), 5_000, 'n1 logged the fence');
-    const local = new WarrenClient({ url: n1.url, token: n1.adminToken });
     t.false((await local.listSandboxes()).some((s) => s.id === sb.id), 'the sandbox of the lost epoch is gone');
     await local.close();
   });
