@@ -47,6 +47,8 @@ export const ErrorCodes = {
   IDEMPOTENCY_IN_PROGRESS: 409,
   /** The first run under this idempotency key was cut by a gateway restart; its outcome is unknown and it is not run again. */
   IDEMPOTENCY_INTERRUPTED: 409,
+  /** A cluster node holds its lease: what the cluster keeps of a lost node cannot be forgotten while it is back. */
+  NODE_LIVE: 409,
   // 410: it was there and is gone for good
   /** The sandbox's node lost its cluster lease: the sandbox is gone with it (its owner and job were told). */
   SANDBOX_LOST: 410,

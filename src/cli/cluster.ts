@@ -292,13 +292,24 @@ export async function cmdJob(args: string[], io: Io): Promise<number> {
 
 /** `warren nodes`: the nodes of a cluster, through a cluster gateway (admin). */
 export async function cmdNodes(args: string[], io: Io): Promise<number> {
-  const { values } = parse(args, { json: { type: 'boolean' } });
+  const { values, positionals } = parse(args, { json: { type: 'boolean' } });
   if (values.help) {
-    io.out('usage: warren nodes [--json]   the nodes of a cluster as their records say (through a cluster gateway; admin)\n');
+    io.out(
+      'usage: warren nodes [--json]          the nodes of a cluster as their records say (through a cluster gateway; admin)\n' +
+        '       warren nodes forget NODE       forget a node that is gone for good: its lost epochs and quota blocks\n',
+    );
     return 0;
   }
+  if (positionals.length > 0 && positionals[0] !== 'forget') throw new UsageError(`unknown nodes command ${JSON.stringify(positionals[0])} (forget)`);
+  if (positionals[0] === 'forget' && positionals.length !== 2) throw new UsageError('usage: warren nodes forget NODE');
   const client = clientFor(values, io);
   try {
+    if (positionals[0] === 'forget') {
+      const r = await client.forgetNode(positionals[1]!);
+      if (values.json) io.out(`${JSON.stringify(r, null, 2)}\n`);
+      else io.out(`forgot node ${r.node}: lost epochs ${r.lostEpochs.join(', ') || 'none'}, ${r.quotaBlocks} quota block(s)\n`);
+      return 0;
+    }
     const r = await client.clusterNodes();
     if (values.json) {
       io.out(`${JSON.stringify(r, null, 2)}\n`);

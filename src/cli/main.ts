@@ -54,6 +54,7 @@ commands:
   gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT]   one node over the shim protocol
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls
   nodes [--json]                                   a cluster's nodes: pool, epoch, load, capacity (through a cluster gateway)
+  nodes forget NODE                                forget a node gone for good: its lost epochs and quota blocks (admin)
   create [--image I] [--backend B] [--cpu N] [--memory MB] [--pids N] [--disk MB]
          [--priority normal|idle] [--user U] [--env K=V]... [--label K=V]...
          [--workspace W]... [--toolkit T]... [--ttl S] [--idle S] [--on-idle pause|hibernate|stop|delete|reclaim]

@@ -41,6 +41,7 @@ export const keys = {
   /** A node declared lost, per epoch (the node's registration generation). */
   lost: (node: string, epoch: number) => `${PREFIX}lost/${node}/${epoch}`,
   lostAll: `${PREFIX}lost/`,
+  lostOf: (node: string) => `${PREFIX}lost/${node}/`,
   account: (id: string) => `${PREFIX}accounts/${id}`,
   accounts: `${PREFIX}accounts/`,
   token: (hashHex: string) => `${PREFIX}tokens/${hashHex}`,

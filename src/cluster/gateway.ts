@@ -469,6 +469,18 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       }),
     );
 
+    app.delete(
+      '/v1/cluster/nodes/:id',
+      authed(ctx, async (req, res, account) => {
+        rejectUnknownQuery(queryOf(req), []);
+        requirePermission(account, 'allSandboxes');
+        const id = req.path_parameters.id ?? '';
+        // the node ids a node accepts (src/shim/node.ts)
+        if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(id)) throw new WarrenError('INVALID_ID', `invalid node id: ${JSON.stringify(id.slice(0, 40))}`, { field: 'id' });
+        sendJson(res, 200, await members.forget(id));
+      }),
+    );
+
     app.post(
       '/v1/jobs',
       authed(ctx, async (req, res, account) => {

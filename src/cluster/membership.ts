@@ -8,6 +8,7 @@
  */
 import { EventEmitter } from 'node:events';
 import type { Etcd3 } from 'etcd3';
+import { WarrenError } from '../errors';
 import type { NodeDirectory } from './cluster-shim';
 import type { ClusterCredential } from './credential';
 import { RecentMisses, keys, nextRevision, parseJson, readPrefix, store } from './etcd';
@@ -58,6 +59,7 @@ export class Membership extends EventEmitter implements NodeDirectory {
     for (const kv of lost.kvs) this.putLost(kv.key);
     const lw = await this.etcd.watch().prefix(keys.lostAll).startRevision(nextRevision(lost.revision)).create();
     lw.on('put', (kv) => this.putLost(kv.key.toString('utf8')));
+    lw.on('delete', (kv) => this.dropLost(kv.key.toString('utf8')));
     this.watchers.push(lw);
     const staged = await readPrefix(this.etcd, keys.overflowStagedAll);
     for (const kv of staged.kvs) this.staged.add(kv.key.slice(keys.overflowStagedAll.length));
@@ -136,6 +138,49 @@ export class Membership extends EventEmitter implements NodeDirectory {
     if (!s) this.lost.set(m[1]!, (s = new Set()));
     s.add(Number(m[2]));
     this.emit('lost', m[1]!, Number(m[2]));
+  }
+
+  /** A lost epoch forgotten (forget): its sandboxes are no longer reported lost, only not found. */
+  private dropLost(key: string): void {
+    const m = /\/lost\/([^/]+)\/(\d+)$/.exec(key);
+    if (!m) return;
+    const s = this.lost.get(m[1]!);
+    s?.delete(Number(m[2]));
+    if (s?.size === 0) this.lost.delete(m[1]!);
+  }
+
+  /**
+   * Forget a node that is gone for good: its lost epochs (so its sandboxes answer SANDBOX_NOT_FOUND
+   * instead of SANDBOX_LOST) and its quota blocks, which counted for nothing while it was not live
+   * and would otherwise stay in etcd. Every delete compares the node's record key absent: a node
+   * that holds a lease again is refused with NODE_LIVE and loses nothing (it gives back its own
+   * blocks when it returns). A node that comes back after it was forgotten is like a new one: it
+   * finds no block and asks etcd, as a node that joins does.
+   */
+  async forget(node: string): Promise<{ node: string; lostEpochs: number[]; quotaBlocks: number }> {
+    const live = () => new WarrenError('NODE_LIVE', `node ${node} holds a lease: only a node that is gone can be forgotten`, { node });
+    if (this.nodes.has(node)) throw live();
+    const lost = await store('read lost epochs', () => readPrefix(this.etcd, keys.lostOf(node)));
+    const blocks = (await store('read quota blocks', () => readPrefix(this.etcd, keys.quotaBlocksAll))).kvs.filter((kv) => kv.key.slice(keys.quotaBlocksAll.length).split('/')[1] === node);
+    const doomed = [...lost.kvs, ...blocks].map((kv) => kv.key);
+    if (doomed.length === 0) {
+      if ((await store('read node', () => this.etcd.get(keys.node(node)).string())) !== null) throw live();
+      throw new WarrenError('NOT_FOUND', `the cluster keeps nothing of node ${node} (no lost epoch, no quota block)`, { node });
+    }
+    // etcd bounds the operations of one transaction (128 by default)
+    for (let i = 0; i < doomed.length; i += 100) {
+      const res = await store('forget node', () =>
+        this.etcd
+          .if(keys.node(node), 'Create', '==', 0)
+          .then(...doomed.slice(i, i + 100).map((k) => this.etcd.delete().key(k)))
+          .commit(),
+      );
+      if (!res.succeeded) throw live();
+    }
+    for (const kv of lost.kvs) this.dropLost(kv.key);
+    const lostEpochs = lost.kvs.map((kv) => Number(kv.key.slice(keys.lostOf(node).length))).sort((a, b) => a - b);
+    this.log(`cluster: node ${node} forgotten (lost epochs ${lostEpochs.join(', ') || 'none'}, ${blocks.length} quota block(s))`);
+    return { node, lostEpochs, quotaBlocks: blocks.length };
   }
 
   /** The lease of a node expired: its sandboxes are lost. One gateway records it (create-if-absent). */

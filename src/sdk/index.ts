@@ -341,6 +341,14 @@ export class WarrenClient {
     return this.requestJson('GET', '/v1/cluster/nodes');
   }
 
+  /**
+   * Admin, through a cluster gateway: forget a node that is gone for good (its lost epochs and its
+   * quota blocks). NODE_LIVE while the node holds a lease; NOT_FOUND when nothing of it is kept.
+   */
+  forgetNode(id: string): Promise<{ node: string; lostEpochs: number[]; quotaBlocks: number }> {
+    return this.requestJson('DELETE', `/v1/cluster/nodes/${encodeURIComponent(id)}`);
+  }
+
   async createSandbox(req: CreateSandboxRequest = {}): Promise<Sandbox> {
     const info = await this.requestJson<SandboxInfo>('POST', '/v1/sandboxes', { json: req });
     return new Sandbox(this, info);

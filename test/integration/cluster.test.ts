@@ -645,7 +645,7 @@ test.serial('without etcd quorum creates answer 503 CLUSTER_UNAVAILABLE while ru
   });
 });
 
-test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, the others are untouched; it comes back, reconciles and re-registers', async (t) => {
+test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, the others are untouched; forgetting it removes its lost epoch and quota blocks; it comes back, reconciles and re-registers', async (t) => {
   t.timeout(180_000);
   await f.waitIdle(['n1', 'n2']);
   await withClients(async (a, b) => {
@@ -655,6 +655,11 @@ test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, t
     t.true(onN2 > 0 && (done.nodes.n1?.created ?? 0) > 0, JSON.stringify(done.nodes));
     const keep = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n1'] } } });
     const doomed = await a.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n2'] } } });
+    // an account with a quota holds a block of it on n2
+    const acct = await a.requestJson<{ id: string; token: string }>('POST', '/v1/accounts', { json: { name: 'forgotten', role: 'runtime' } });
+    await a.requestJson('PUT', `/v1/accounts/${acct.id}/quota`, { json: { maxSandboxes: 4 } });
+    const user = new WarrenClient({ url: f.gateways[0]!.url, token: acct.token });
+    await user.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n2'] } } });
     const n2 = f.node('n2');
     await stopChild(n2.child, 'SIGKILL');
     const lostStatus = await waitForValue(() => b.jobs.get(job.id), (s: JobStatus) => s.lost === onN2, 30_000, 'the job reports the lost sandboxes', 100);
@@ -662,6 +667,29 @@ test.serial('kill -9 of a node: its sandboxes are lost to their owner and job, t
     t.is(lostStatus.nodes.n2!.state, 'lost');
     t.is(await codeOf(b.getSandbox(doomed.id)), 'SANDBOX_LOST');
     t.is((await (await b.getSandbox(keep.id)).exec(['echo', 'alive'])).stdout, 'alive\n');
+
+    // A node gone for good is forgotten: its lost epoch and its quota block leave etcd. A live
+    // node, a name the cluster keeps nothing of and a malformed one are refused.
+    const etcd = new Etcd3({ hosts: f.etcd.endpoints });
+    try {
+      const blockKey = `/warren/quota-blocks/${acct.id}/n2`;
+      t.not(await etcd.get(blockKey).string(), null, 'n2 held a quota block');
+      t.is(await codeOf(a.forgetNode('n1')), 'NODE_LIVE');
+      t.is(await codeOf(a.forgetNode('n9')), 'NOT_FOUND');
+      t.is(await codeOf(a.forgetNode('N2!')), 'INVALID_ID');
+      t.is(await codeOf(user.forgetNode('n2')), 'FORBIDDEN');
+      const forgot = await b.forgetNode('n2');
+      t.deepEqual(forgot, { node: 'n2', lostEpochs: [1], quotaBlocks: 1 });
+      t.is(await etcd.get(blockKey).string(), null, 'the quota block of n2 is gone');
+      t.deepEqual(await etcd.getAll().prefix('/warren/lost/n2/').keys(), []);
+      // the other gateway learns it by watch: the sandbox is no longer reported lost, only not found
+      await waitFor(async () => (await codeOf(a.getSandbox(doomed.id))) === 'SANDBOX_NOT_FOUND', 10_000, 'gateway a to forget n2', 100);
+      t.false((await a.clusterNodes()).lost.some((l) => l.node === 'n2'));
+      t.is(await codeOf(a.forgetNode('n2')), 'NOT_FOUND', 'nothing is left to forget');
+    } finally {
+      etcd.close();
+      await user.close();
+    }
     // the node comes back on its data dir: its lease is gone, so it removes the lost sandboxes and registers anew
     await f.restartNode(n2);
     const back = await waitForValue(() => a.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n2' && n.epoch === 2 && !n.fenced), 30_000, 'n2 registered again', 100);
