@@ -57,6 +57,8 @@ export interface HostCapacity {
 // ---------------------------------------------------------------- ids
 
 export const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,62}$/;
+/** A node id: the prefix of its sandboxes' ids. */
+export const NODE_ID_RE = /^[a-z0-9][a-z0-9-]{0,15}$/;
 export const SESSION_ID_RE = /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/;
 /** "name", "name:tag" or "sha256:<hex>". */
 export const IMAGE_REF_RE = /^[a-z0-9][a-z0-9._-]{0,127}(?::[A-Za-z0-9][A-Za-z0-9._-]{0,127})?$/;
@@ -687,7 +689,7 @@ export function validatePlacementAsk(v: unknown): PlacementAsk {
   const out: PlacementAsk = {};
   if (o.nodeSelector !== undefined) out.nodeSelector = validateLabels(o.nodeSelector, 'placement.nodeSelector');
   if (o.nodes !== undefined) {
-    if (!Array.isArray(o.nodes) || o.nodes.length > 256 || o.nodes.some((n) => typeof n !== 'string' || !/^[a-z0-9][a-z0-9-]{0,15}$/.test(n))) {
+    if (!Array.isArray(o.nodes) || o.nodes.length > 256 || o.nodes.some((n) => typeof n !== 'string' || !NODE_ID_RE.test(n))) {
       throw new WarrenError('INVALID_ARGUMENT', 'placement.nodes must be a list of node ids', { field: 'placement.nodes' });
     }
     out.nodes = o.nodes as string[];

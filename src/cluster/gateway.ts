@@ -30,7 +30,7 @@ import { NDJSON_CONTENT_TYPE } from '../gateway/ndjson';
 import { createGateway } from '../gateway/server';
 import type { BackendName, SandboxUsage } from '../shim/types';
 import { openDatabase } from '../state/db';
-import { validateCreateRequest, validatePlacementAsk } from '../validation';
+import { NODE_ID_RE, validateCreateRequest, validatePlacementAsk } from '../validation';
 import { ClusterAccounts } from './accounts';
 import { ClusterShim } from './cluster-shim';
 import type { ClusterCredential } from './credential';
@@ -475,8 +475,7 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         rejectUnknownQuery(queryOf(req), []);
         requirePermission(account, 'allSandboxes');
         const id = req.path_parameters.id ?? '';
-        // the node ids a node accepts (src/shim/node.ts)
-        if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(id)) throw new WarrenError('INVALID_ID', `invalid node id: ${JSON.stringify(id.slice(0, 40))}`, { field: 'id' });
+        if (!NODE_ID_RE.test(id)) throw new WarrenError('INVALID_ID', `invalid node id: ${JSON.stringify(id.slice(0, 40))}`, { field: 'id' });
         sendJson(res, 200, await members.forget(id));
       }),
     );

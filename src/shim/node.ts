@@ -10,6 +10,7 @@ import { join, posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import type { Database } from 'better-sqlite3';
 import { WarrenError, errorFromToolOutput } from '../errors';
+import { NODE_ID_RE } from '../validation';
 import { OutputCapture } from './exec-output';
 import { featureReport } from '../features';
 import { onPolicyApplied, policyStore } from '../security/confinement';
@@ -158,7 +159,7 @@ export class ShimNode {
 
   constructor(private readonly opts: ShimOptions) {
     this.nodeId = opts.nodeId ?? defaultNodeId();
-    if (!/^[a-z0-9][a-z0-9-]{0,15}$/.test(this.nodeId)) throw new WarrenError('INVALID_ARGUMENT', `invalid node id: ${this.nodeId}`);
+    if (!NODE_ID_RE.test(this.nodeId)) throw new WarrenError('INVALID_ARGUMENT', `invalid node id: ${this.nodeId}`);
     this.log = opts.log ?? (() => undefined);
     this.registry = new SandboxRegistry(opts.db);
     this.layers = new LayerStore({
