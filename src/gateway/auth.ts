@@ -160,6 +160,7 @@ export class Auth {
   private readonly insertToken;
   private readonly countAdmins;
   private readonly listStmt;
+  private readonly quotaStmt;
 
   constructor(private readonly db: Database) {
     initAuth(db);
@@ -175,11 +176,13 @@ export class Auth {
         WHERE a.role = 'admin' AND t.revoked_at IS NULL`,
     );
     this.listStmt = db.prepare('SELECT id, name, role, created_at FROM auth_accounts ORDER BY created_at, id');
+    // read by every create
+    this.quotaStmt = db.prepare('SELECT max_sandboxes, max_cpu, max_memory_mb FROM auth_quotas WHERE account_id = ?');
   }
 
   /** The account's quota: its own row, else `fallback` (the gateway's default). */
   quota(accountId: string, fallback: Quota = UNLIMITED): Quota {
-    const row = this.db.prepare('SELECT max_sandboxes, max_cpu, max_memory_mb FROM auth_quotas WHERE account_id = ?').get(accountId) as
+    const row = this.quotaStmt.get(accountId) as
       | { max_sandboxes: number | null; max_cpu: number | null; max_memory_mb: number | null }
       | undefined;
     if (row === undefined) return fallback;

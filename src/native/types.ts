@@ -214,6 +214,8 @@ export interface NativeAddon {
   cgroupCreateAsync(name: string, limits: CgroupLimits): Promise<void>;
   cgroupUpdate(name: string, limits: CgroupLimits): void;
   cgroupStats(name: string): CgroupStats;
+  /** The group's OOM kill count alone (CgroupStats.oomKills), one file read. */
+  cgroupOomKills(name: string): number;
   cgroupProcs(name: string): number[];
   cgroupFreeze(name: string, frozen: boolean): void;
   /** SIGKILL every process in the group; returns how many were signalled. */

@@ -124,6 +124,7 @@ it.serial('exhaustion: a memory balloon is OOM-killed inside its cgroup and repo
   const a = node.boxes[0]!;
   const r = await a.sh('head -c 400m /dev/zero | tail -c 300m > /dev/null', { timeoutMs: 30_000 });
   t.true(native.cgroupStats(a.id).oomKills > 0, `status ${r.status}`);
+  t.is(native.cgroupOomKills(a.id), native.cgroupStats(a.id).oomKills, 'the one-file read gives the same count');
   await neighbourHealthy(t);
   t.is((await a.sh('echo still-here')).stdout, 'still-here\n');
 });

@@ -80,6 +80,7 @@ maybe('create writes the limits to disk, update changes them, destroy removes ev
     t.is(st.frozen, false);
     t.is(st.pidsCurrent, 0);
     t.is(st.oomKills, 0);
+    t.is(native.cgroupOomKills(id), 0);
     for (const k of ['memoryCurrentBytes', 'memoryPeakBytes', 'cpuUsageUs'] as const) t.is(typeof st[k], 'number');
 
     native.cgroupDestroy(id);
@@ -144,8 +145,10 @@ maybe('bad names and limits are INVALID_ARGUMENT, checked again in C++', (t) => 
     const err = warrenErrorOf(t, () => native.cgroupCreate(uniqueId('cg'), limits as never));
     t.is(err.code, 'INVALID_ARGUMENT', JSON.stringify(limits));
   }
+  t.is(warrenErrorOf(t, () => native.cgroupOomKills('../etc')).code, 'INVALID_ARGUMENT');
   const e = warrenErrorOf(t, () => native.cgroupStats('no-such-group-here'));
   t.is(e.code, 'CGROUP_ERROR');
+  t.is(warrenErrorOf(t, () => native.cgroupOomKills('no-such-group-here')).code, 'CGROUP_ERROR');
   t.is(e.errno, 2);
   t.true(e instanceof WarrenError);
   t.false(native.cgroupExists('no-such-group-here'));

@@ -246,6 +246,16 @@ Napi::Value CgroupStats(const Napi::CallbackInfo& info) {
   return o;
 }
 
+Napi::Value CgroupOomKills(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  RequireInit(env);
+  std::string name = ArgId(info, 0, "name");
+  uint64_t n = 0;
+  wn_error e;
+  if (wn_cg_oom_kills(name.c_str(), &n, &e) < 0) Throw(env, e);
+  return Napi::Number::New(env, static_cast<double>(n));
+}
+
 Napi::Value CgroupProcs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   RequireInit(env);
@@ -1034,6 +1044,7 @@ Napi::Object InitModule(Napi::Env env, Napi::Object exports) {
       {"cgroupCreate", CgroupCreate},
       {"cgroupUpdate", CgroupUpdate},
       {"cgroupStats", CgroupStats},
+      {"cgroupOomKills", CgroupOomKills},
       {"cgroupProcs", CgroupProcs},
       {"cgroupFreeze", CgroupFreeze},
       {"cgroupKill", CgroupKill},

@@ -490,6 +490,16 @@ int wn_cg_stats_read(const char *name, wn_cg_stats *st, wn_error *e) {
   return 0;
 }
 
+/* The group's OOM kill count alone: one file, read before and after every exec, where
+   wn_cg_stats_read reads six (cpuacct.usage sums every cpu). */
+int wn_cg_oom_kills(const char *name, uint64_t *out, wn_error *e) {
+  const wn_cg_layout *l;
+  if (wn_check_id(e, "cgroup name", name) < 0) return -1;
+  if (wn_cg_layout_get(&l, e) < 0) return -1;
+  *out = 0;
+  return cg_read_key(l, WN_CG_MEMORY, name, l->version == 2 ? "memory.events" : "memory.oom_control", "oom_kill", out, e);
+}
+
 static int read_procs(const wn_cg_layout *l, int role, const char *name, pid_t **out, size_t *n, wn_error *e) {
   char path[PATH_MAX];
   wn_cg_path(l, role, name, path, sizeof path);

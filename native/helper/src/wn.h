@@ -173,6 +173,7 @@ int wn_cg_path(const wn_cg_layout *l, int role, const char *name, char *buf, siz
 int wn_cg_create(const char *name, const wn_cg_limits *lim, wn_error *e);
 int wn_cg_update(const char *name, const wn_cg_limits *lim, wn_error *e);
 int wn_cg_stats_read(const char *name, wn_cg_stats *st, wn_error *e);
+int wn_cg_oom_kills(const char *name, uint64_t *out, wn_error *e);
 /* malloc'd array of pids in *out (caller frees), count in *n. */
 int wn_cg_procs(const char *name, pid_t **out, size_t *n, wn_error *e);
 int wn_cg_freeze(const char *name, int frozen, wn_error *e);

@@ -663,7 +663,7 @@ export class ContainerSandbox implements HostProcessSandbox {
   /** OOM kills of the sandbox so far; 0 once its cgroup is gone (a delete raced the exec). */
   private oomKills(): number {
     try {
-      return native.cgroupStats(this.id).oomKills;
+      return native.cgroupOomKills(this.id);
     } catch {
       return 0;
     }

@@ -230,7 +230,7 @@ export class LayerStore {
     this.lazyCacheBytes = opts.lazyCacheBytes;
   }
 
-  /** Every create resolves its image (twice: the access check and the create): compile each query once. */
+  /** Every create resolves its image and layers (twice: the access check and the create): compile each query once. */
   private readonly statements = new Map<string, import('better-sqlite3').Statement>();
   private sql(text: string): import('better-sqlite3').Statement {
     let st = this.statements.get(text);
@@ -347,8 +347,7 @@ export class LayerStore {
   }
 
   private toInfo(row: ImageRow): ImageInfo {
-    const layers = this.db
-      .prepare('SELECT l.digest AS digest, b.size_bytes AS size FROM image_layers l JOIN layer_blobs b ON b.digest = l.digest WHERE l.image_name = ? ORDER BY l.position')
+    const layers = this.sql('SELECT l.digest AS digest, b.size_bytes AS size FROM image_layers l JOIN layer_blobs b ON b.digest = l.digest WHERE l.image_name = ? ORDER BY l.position')
       .all(row.name) as Array<{ digest: string; size: number }>;
     return {
       name: row.name,
@@ -413,12 +412,10 @@ export class LayerStore {
     if (r.type === 'digest') {
       const layer = this.layerRow(r.digest);
       if (!layer) throw new WarrenError('LAYER_NOT_FOUND', `${what} ${ref} not found`, { ref });
-      const owners = this.db
-        .prepare(
-          `SELECT i.name AS name, i.kind AS kind FROM image_images i
+      const owners = this.sql(
+        `SELECT i.name AS name, i.kind AS kind FROM image_images i
            WHERE i.digest = ? AND (SELECT COUNT(*) FROM image_layers l WHERE l.image_name = i.name) = 1 ORDER BY i.name`,
-        )
-        .all(r.digest) as Array<{ name: string; kind: ImageKind }>;
+      ).all(r.digest) as Array<{ name: string; kind: ImageKind }>;
       const owner = owners.find((o) => o.kind === kind) ?? owners[0];
       return { digest: r.digest, name: owner?.name ?? null, kind: kind ?? owner?.kind ?? 'base', sizeBytes: layer.size_bytes, createdAt: layer.created_at, source: layer.source };
     }
