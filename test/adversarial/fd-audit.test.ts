@@ -11,8 +11,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { WarrenClient } from '../../src/sdk';
 import { removeTree } from '../../src/shim/layers/sys';
-import { busyboxRootfs } from '../helpers/warren';
-import { kill9 } from '../helpers/warren-process';
+import { busyboxRootfs, countHostResources } from '../helpers/warren';
+import { stopNode } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 import { adversarialSkipReason } from './helpers';
 import { waitFor } from '../helpers/wait';
@@ -138,11 +138,15 @@ testUnless(adversarialSkipReason())('fd audit: no sandbox process holds a descri
     }
     for (const s of more) await s.delete();
     t.is(await keyed, 'IDEMPOTENCY_INTERRUPTED', 'the keyed exec ended with its sandbox');
+    // the node's stop gives back its prepared sandboxes: nothing of the node is left
+    await stopNode(child);
+    const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
+    t.deepEqual({ processes: left.processes, cgroups: left.cgroups }, { processes: 0, cgroups: 0 });
   } finally {
     // a failed assertion must not leave the sandboxes running after the gateway is gone
     for (const s of (await client?.listSandboxes().catch(() => [])) ?? []) await client?.deleteSandbox(s.id).catch(() => undefined);
     await client?.close().catch(() => undefined);
-    await kill9(child);
+    await stopNode(child);
     removeTree(dataDir);
   }
 });

@@ -56,3 +56,21 @@ export function kill9(child: ChildProcess): Promise<void> {
     child.kill('SIGKILL');
   });
 }
+
+/**
+ * The last stop of a test's node. A clean shutdown gives back the node's prepared sandboxes
+ * (made ahead, in no record); a kill -9 leaves their cgroups for the next start of the same
+ * node id to sweep, and a test's node id never starts again. SIGKILL if it is not down in `ms`.
+ */
+export async function stopNode(child: ChildProcess, ms = 30_000): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  child.kill('SIGTERM');
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((r) => (timer = setTimeout(() => r(true), ms)));
+  if (await Promise.race([exited.then(() => false), late])) {
+    child.kill('SIGKILL');
+    await exited;
+  }
+  clearTimeout(timer);
+}

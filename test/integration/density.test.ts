@@ -12,7 +12,7 @@ import { WarrenClient } from '../../src/sdk';
 import { skipReason } from '../../src/features';
 import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
-import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { startWarrenProcess, stopNode } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 
 const N = Number(process.env.WARREN_DENSITY_N ?? 1000);
@@ -88,10 +88,14 @@ it.serial(`density: ${N} idle sandboxes alive at once, then none; processes, mou
     t.is(fdsAfter.pidfds, fdsBefore.pidfds, 'no pidfd left');
     t.is(fdsAfter.total, fdsBefore.total, 'no descriptor left');
     t.is(w.child.exitCode, null);
+    // and once the node stops, nothing of it is left: its pool's prepared sandboxes go with it
+    await stopNode(w.child);
+    const left = countHostResources(scope);
+    t.deepEqual({ processes: left.processes, cgroups: left.cgroups, netns: left.netns, mounts: left.mounts }, { processes: 0, cgroups: 0, netns: 0, mounts: 0 });
   } finally {
     for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
     await client.close().catch(() => undefined);
-    await kill9(w.child);
+    await stopNode(w.child);
     removeTree(dataDir);
   }
 });

@@ -16,7 +16,7 @@ import { testUnless } from '../helpers/skip';
 import { WarrenClient } from '../../src/sdk';
 import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs } from '../helpers/warren';
-import { kill9, startWarrenProcess } from '../helpers/warren-process';
+import { startWarrenProcess, stopNode } from '../helpers/warren-process';
 import { peakOver, pollUntil, rssBytes, stuckHttp, type StuckSocket } from '../helpers/slow-client';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces');
@@ -49,7 +49,7 @@ function node(): Promise<Node> {
     cleanup = async () => {
       for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
       await client.close();
-      await kill9(child);
+      await stopNode(child);
       removeTree(dataDir);
     };
     await client.images.import('busybox', await busyboxRootfs(), { type: 'directory' });

@@ -11,7 +11,7 @@ import { skipReason } from '../../src/features';
 import { hostTasks } from '../../src/shim/capacity';
 import { removeTree } from '../../src/shim/layers/sys';
 import { busyboxRootfs, countHostResources } from '../helpers/warren';
-import { kill9, startWarrenProcess, type WarrenProcess } from '../helpers/warren-process';
+import { startWarrenProcess, stopNode, type WarrenProcess } from '../helpers/warren-process';
 import { testUnless } from '../helpers/skip';
 import { waitForValue } from '../helpers/wait';
 
@@ -51,7 +51,7 @@ async function withGateway(t: { teardown(fn: () => Promise<void> | void): void }
     // a failed assertion must not leave the sandboxes running after the gateway is gone
     for (const s of await client.listSandboxes().catch(() => [])) await client.deleteSandbox(s.id).catch(() => undefined);
     await client.close().catch(() => undefined);
-    await kill9(w.child);
+    await stopNode(w.child);
     removeTree(dataDir);
   });
   await client.images.import('busybox', await busyboxRootfs());
@@ -127,4 +127,9 @@ it.serial('pids, with prepared sandboxes: the node gives them back before it ref
   t.is(countHostResources({ dataDir, idPrefix: `${nodeId}-` }).processes, ids.length, 'every process of the node is a live sandbox');
   await stillServing(t, client, w, ids);
   for (const id of ids) await client.deleteSandbox(id);
+  // the node's own stop gives back what its pool made since
+  await stopNode(w.child);
+  const left = countHostResources({ dataDir, idPrefix: `${nodeId}-` });
+  t.is(left.processes, 0);
+  t.is(left.cgroups, 0);
 });
