@@ -5,14 +5,15 @@
 // mount). Linux only, run as root by scripts/test.sh:
 //   node scripts/leak-audit.js snapshot FILE   record what exists now
 //   node scripts/leak-audit.js check FILE      exit 1, listing them, if new ones are still there
-//                                              after a grace period (teardowns finish asynchronously)
+//                                              after a grace period (teardowns finish asynchronously;
+//                                              LEAK_AUDIT_GRACE_MS, 20 s by default)
 'use strict';
 const fs = require('node:fs');
 const path = require('node:path');
 
 // names as the kernel keeps them (comm: 15 characters at most)
 const HELPERS = new Set(['warren-init', 'warren-session', 'warren-nsexec', 'qemu-system-x86', 'warren-vmm-exec', 'warren-lazyfs', 'etcd', 'docker-registry']);
-const GRACE_MS = 20_000;
+const GRACE_MS = Number(process.env.LEAK_AUDIT_GRACE_MS ?? 20_000);
 
 function mountinfo() {
   return fs
@@ -115,7 +116,7 @@ async function main() {
     console.log('leak audit: the suite left no Warren cgroup, mount or helper process behind');
     return;
   }
-  console.error(`leak audit: the suite left ${count(left)} things behind:`);
+  console.error(`leak audit: the suite left ${count(left)} behind:`);
   for (const [k, list] of Object.entries(left)) for (const x of list) console.error(`  ${k}: ${x}`);
   process.exit(1);
 }
