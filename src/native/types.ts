@@ -79,6 +79,8 @@ export interface SpawnSandboxSpec {
   mountTemplateFd?: number;
   /** With mountTemplateFd: the template's mask tmpfs (`mountTemplateCreate`'s `mask`), bound over every masked directory. */
   maskDir?: string;
+  /** With mountTemplateFd: the template's sysfs (`mountTemplateCreate`'s `sysfs`), bound at /sys instead of a sysfs of the sandbox's own. */
+  sysfsDir?: string;
   /** confinement; absent = whatever the confinement provider decides (src/native/index.ts), null = none. */
   confine?: ConfineSpec | null;
 }
@@ -301,9 +303,10 @@ export interface NativeAddon {
    * A mount namespace for new sandboxes: this process's, less every mount that is not "/", /dev,
    * /proc, /sys (and below) or a mount holding one of `keep` (native/helper/src/mnt_template.c);
    * with `mask` (an empty directory on a kept mount), an empty read-only tmpfs there, in the
-   * template only. Returns its descriptor (close with `close`).
+   * template only; with `sysfs` (another), a read-only sysfs of a network namespace of its own
+   * (only `lo`) there, for every sandbox to bind at /sys. Returns its descriptor (close with `close`).
    */
-  mountTemplateCreate(keep: string[], mask?: string): number;
+  mountTemplateCreate(keep: string[], mask?: string, sysfs?: string): number;
 
   // scheduling
   /** Whether prctl(PR_SCHED_CORE) works here; never throws. */

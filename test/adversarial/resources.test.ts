@@ -103,7 +103,7 @@ it.serial('exhaustion: a gateway holding more descriptors than the sandbox RLIMI
   }
 });
 
-it.serial('density: a sandbox with a disk mounts as few superblocks as it can (/dev and /dev/shm on its disk, one mask tmpfs for the whole node)', async (t) => {
+it.serial('density: a sandbox with a disk mounts as few superblocks as it can (/dev and /dev/shm on its disk, one mask tmpfs and one sysfs for the whole node)', async (t) => {
   // Each superblock costs every memory cgroup of the node a slot in its shrinker bookkeeping.
   const devOf = (pid: number | 'self') => new Map(readFileSync(`/proc/${pid}/mountinfo`, 'utf8').split('\n').filter((l) => l !== '').map((l) => [l.split(' ')[4]!, l.split(' ')[2]!]));
   const host = new Set(devOf('self').values());
@@ -113,9 +113,15 @@ it.serial('density: a sandbox with a disk mounts as few superblocks as it can (/
   const masks = new Set([...maskedIn(a), ...maskedIn(b)]);
   t.true(maskedIn(a).length > 0, 'some directory is masked');
   t.is(masks.size, 1, `every masked directory of both sandboxes is the same tmpfs: ${[...masks].join(' ')}`);
-  // overlay, proc, sysfs, devpts and the disk; the mask is the node's
-  const own = new Set([...a.values()].filter((d) => !host.has(d) && !masks.has(d)));
-  t.true(own.size <= 5, `superblocks of its own: ${[...own].join(' ')}`);
+  // one sysfs for the node too, and not the host's (that one shows the host's network interfaces)
+  t.is(a.get('/sys'), b.get('/sys'), 'both sandboxes bind the node sysfs');
+  t.false(host.has(a.get('/sys')!), 'the node sysfs is not the host one');
+  // overlay, proc, devpts and the disk; the mask and the sysfs are the node's
+  const own = new Set([...a.values()].filter((d) => !host.has(d) && !masks.has(d) && d !== a.get('/sys')));
+  t.true(own.size <= 4, `superblocks of its own: ${[...own].join(' ')}`);
+  // read-only, and no network interface in it: neither the host's nor a sandbox's
+  const sys = await node.boxes[0]!.sh('ls /sys/class/net | wc -l; ls -d /sys/kernel; touch /sys/x 2>/dev/null || echo ro');
+  t.is(sys.stdout, '0\n/sys/kernel\nro\n');
   const r = await node.boxes[0]!.sh('echo x > /dev/probe && cat /dev/probe && rm /dev/probe && stat -c %a /dev; touch /proc/acpi/x 2>/dev/null || echo masked-ro');
   t.is(r.stdout, 'x\n755\nmasked-ro\n');
 });

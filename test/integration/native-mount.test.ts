@@ -146,8 +146,10 @@ maybe('mount template: keeps /, /proc, /sys, /dev and the mounts holding the kep
       mounted.push(d);
     }
     const mask = path.join(kept, 'mask');
+    const sysfs = path.join(kept, 'sysfs');
     fs.mkdirSync(mask);
-    fd = native.mountTemplateCreate([kept], mask);
+    fs.mkdirSync(sysfs);
+    fd = native.mountTemplateCreate([kept], mask, sysfs);
     native.mount('tmpfs', later, 'tmpfs', [], 'size=1m');
     mounted.push(later);
     const mps = templateMounts(fd);
@@ -155,6 +157,11 @@ maybe('mount template: keeps /, /proc, /sys, /dev and the mounts holding the kep
     for (const m of [inside, other, later]) t.false(mps.includes(m), `${m} is not in the template`);
     t.true(mps.includes(mask), 'the mask tmpfs is mounted in the template');
     t.is(mountLine(mask), undefined, 'and only there');
+    // the sandboxes' sysfs: read-only, of a network namespace of its own that has no interface left
+    const sys = execFileSync('nsenter', [`--mount=/proc/${process.pid}/fd/${fd}`, 'sh', '-c', `grep " ${sysfs} " /proc/self/mountinfo; ls ${sysfs}/class/net | wc -l; ls ${sysfs}/kernel >/dev/null && echo kernel`], { encoding: 'utf8' });
+    t.regex(sys, new RegExp(` ${sysfs} ro,nosuid,nodev,noexec[^ ]*( .*)? - sysfs sysfs `), sys);
+    t.regex(sys, /\n0\nkernel\n$/, `no network interface, the kernel's objects: ${sys}`);
+    t.is(mountLine(sysfs), undefined, 'the sysfs is mounted in the template only');
     t.true(mps.length < fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n').length, 'the template holds fewer mounts than this namespace');
     // the host's own mounts are untouched
     for (const m of [holder, inside, other]) t.truthy(mountLine(m), `${m} is still mounted here`);
@@ -169,4 +176,5 @@ maybe('mount template: bad keep paths are INVALID_ARGUMENT', (t) => {
   for (const bad of [['relative'], ['/a/../b'], [''], 'x' as unknown as string[]]) {
     t.is(warrenErrorOf(t, () => native.mountTemplateCreate(bad)).code, 'INVALID_ARGUMENT', JSON.stringify(bad));
   }
+  t.is(warrenErrorOf(t, () => native.mountTemplateCreate(['/tmp'], undefined, 'relative')).code, 'INVALID_ARGUMENT', 'a relative sysfs directory');
 });

@@ -308,7 +308,7 @@ Napi::Value CgroupAttach(const Napi::CallbackInfo& info) {
 // A parsed spawn request that owns every string the C spec points into, so it can
 // run on a thread-pool thread after the JS call has returned. Never moved.
 struct SpawnJob {
-  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir, dev_dir, mask_dir;
+  std::string id, hostname, upper, work, rootfs, init, netns, shm_dir, dev_dir, mask_dir, sysfs_dir;
   std::vector<std::string> lowers;
   std::vector<const char*> lower_ptrs;
   ConfineArgs confine_args;
@@ -360,6 +360,11 @@ std::unique_ptr<SpawnJob> ParseSpawn(const Napi::CallbackInfo& info) {
     j->mask_dir = ToStr(env, o.Get("maskDir"), "maskDir");
     if (!wn_valid_abs_path(j->mask_dir.c_str())) Invalid(env, "maskDir must be an absolute normalized path");
     s.mask_dir = j->mask_dir.c_str();
+  }
+  if (Has(o, "sysfsDir")) {
+    j->sysfs_dir = ToStr(env, o.Get("sysfsDir"), "sysfsDir");
+    if (!wn_valid_abs_path(j->sysfs_dir.c_str())) Invalid(env, "sysfsDir must be an absolute normalized path");
+    s.sysfs_dir = j->sysfs_dir.c_str();
   }
   s.id = j->id.c_str();
   s.hostname = j->hostname.c_str();
@@ -930,10 +935,11 @@ Napi::Value MountTemplateCreate(const Napi::CallbackInfo& info) {
   RequireInit(env);
   std::vector<std::string> keep = ToStrArray(env, ArgOrUndefined(info, 0), "keep", 16, WN_MAX_PATH);
   std::vector<const char*> ptrs = CPtrs(keep);
-  std::string mask;
+  std::string mask, sysfs;
   if (info.Length() > 1 && !info[1].IsUndefined()) mask = ArgAbsPath(info, 1, "mask");
+  if (info.Length() > 2 && !info[2].IsUndefined()) sysfs = ArgAbsPath(info, 2, "sysfs");
   wn_error e;
-  int fd = wn_mnt_template_create(ptrs.data(), keep.size(), mask.empty() ? nullptr : mask.c_str(), &e);
+  int fd = wn_mnt_template_create(ptrs.data(), keep.size(), mask.empty() ? nullptr : mask.c_str(), sysfs.empty() ? nullptr : sysfs.c_str(), &e);
   if (fd < 0) Throw(env, e);
   return Napi::Number::New(env, fd);
 }

@@ -33,6 +33,7 @@ struct tmpl_ctx {
   const char *const *keep;
   size_t n_keep;
   const char *mask; /* NULL, or an empty directory that gets the node's mask tmpfs */
+  const char *sysfs; /* NULL, or an empty directory that gets the node's sandbox sysfs */
   char *buf;
   size_t cap;
   int ns_fd; /* set by the child (CLONE_FILES: the fd is ours too) */
@@ -114,16 +115,26 @@ static int template_child(void *arg) {
      it masks: a superblock per node instead of one per sandbox (spawn.c, on superblocks). */
   if (c->mask && mount("tmpfs", c->mask, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=555,size=4k") < 0)
     return c->err = errno, 1;
+  /* One sysfs for every sandbox, read-only. A sysfs mount is a superblock of the mounter's network
+     namespace: one per sandbox made each create look through all the others' (sget) and cost
+     every memory cgroup a shrinker slot. This one belongs to a network namespace of its own
+     with only a loopback device, which the superblock keeps alive: sandboxes see the kernel's
+     devices and no host or sandbox network interface but that `lo`. */
+  if (c->sysfs) {
+    if (unshare(CLONE_NEWNET) < 0) return c->err = errno, 1;
+    if (mount("sysfs", c->sysfs, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return c->err = errno, 1;
+  }
   int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
   if (ns < 0) return c->err = errno, 1;
   c->ns_fd = ns;
   return 0;
 }
 
-int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *mask, wn_error *e) {
+int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *mask, const char *sysfs, wn_error *e) {
   for (size_t i = 0; i < n_keep; i++)
     if (wn_check_abs_path(e, "keep[]", keep[i]) < 0) return -1;
   if (mask != NULL && wn_check_abs_path(e, "mask", mask) < 0) return -1;
+  if (sysfs != NULL && wn_check_abs_path(e, "sysfs", sysfs) < 0) return -1;
   /* room for the mountinfo as it is now and for growth while the child reads it */
   size_t cap = 1 << 20;
   {
@@ -136,7 +147,7 @@ int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *m
     close(fd);
     while (cap < total * 2 + 65536) cap *= 2;
   }
-  struct tmpl_ctx c = {keep, n_keep, mask, NULL, cap, -1, 0};
+  struct tmpl_ctx c = {keep, n_keep, mask, sysfs, NULL, cap, -1, 0};
   c.buf = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (c.buf == MAP_FAILED) return wn_fail_errno(e, WN_SPAWN_ERROR, "mmap mountinfo buffer");
   char *stack = mmap(NULL, TEMPLATE_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);

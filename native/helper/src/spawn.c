@@ -100,6 +100,8 @@ typedef struct setup_op {
 #define MS_HARDEN (MS_NOSUID | MS_NODEV | MS_NOEXEC)
 /* data marker: use the per-spawn "mode=1777,size=N" string */
 static const char k_shm_data[] = "<shm>";
+/* source marker: /sys, a bind of the spec's sysfs_dir when it has one */
+static const char k_sysfs_src[] = "sysfs";
 /* data marker: /dev, a bind of the spec's dev_dir when it has one */
 static const char k_dev_data[] = "mode=755,size=64k,nr_inodes=64";
 
@@ -107,7 +109,7 @@ static const setup_op k_ops[] = {
     {OP_MKDIR, "proc", NULL, NULL, 0, NULL, 0555},
     {OP_MOUNT, "proc", "proc", "proc", MS_HARDEN, NULL, 0},
     {OP_MKDIR, "sys", NULL, NULL, 0, NULL, 0555},
-    {OP_MOUNT, "sys", "sysfs", "sysfs", MS_HARDEN | MS_RDONLY, NULL, 0},
+    {OP_MOUNT, "sys", k_sysfs_src, "sysfs", MS_HARDEN | MS_RDONLY, NULL, 0},
     {OP_MKDIR, "dev", NULL, NULL, 0, NULL, 0755},
     /* nodev: device nodes made in /dev by the sandbox (it keeps CAP_MKNOD) stay inert;
        the bind-mounted host devices below are their own mounts and keep working. */
@@ -218,6 +220,10 @@ static int run_op(struct spawn_ctx *c, const setup_op *op) {
          a directory on the disk tmpfs when there is one, not a tmpfs of its own. */
       if (op->data == k_dev_data && c->s->dev_dir != NULL) {
         if (mount(c->s->dev_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
+        return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | op->flags, NULL);
+      }
+      if (op->src == k_sysfs_src && c->s->sysfs_dir != NULL) {
+        if (mount(c->s->sysfs_dir, op->path, NULL, MS_BIND, NULL) < 0) return -1;
         return mount(NULL, op->path, NULL, MS_BIND | MS_REMOUNT | op->flags, NULL);
       }
       if (op->data == k_shm_data && c->s->shm_dir != NULL) {
@@ -377,6 +383,10 @@ int wn_spawn_spec_check(const wn_spawn_spec *s, wn_error *e) {
   if (s->mask_dir != NULL) {
     if (!s->has_mnt_template) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "maskDir needs mountTemplateFd (it is a mount of the template)");
     if (wn_check_abs_path(e, "maskDir", s->mask_dir) < 0) return -1;
+  }
+  if (s->sysfs_dir != NULL) {
+    if (!s->has_mnt_template) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "sysfsDir needs mountTemplateFd (it is a mount of the template)");
+    if (wn_check_abs_path(e, "sysfsDir", s->sysfs_dir) < 0) return -1;
   }
   return 0;
 }

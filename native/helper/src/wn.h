@@ -242,13 +242,18 @@ typedef struct wn_spawn_spec {
   int mnt_template_fd;
   /* With the template: the template's mask tmpfs, bound over every masked directory. */
   const char *mask_dir;
+  /* With the template: the template's sysfs (wn_mnt_template_create's `sysfs`), bound at /sys
+     instead of a sysfs of the sandbox's own network namespace. */
+  const char *sysfs_dir;
 } wn_spawn_spec;
 
 /* A mount namespace for new sandboxes (mnt_template.c): the caller's, less every mount that is
    not "/", /dev, /proc, /sys (and below) or a mount holding one of `keep`; with `mask` (an
    empty directory on a kept mount), an empty read-only tmpfs there for spawns to bind over
-   the directories they mask (wn_spawn_spec.mask_dir). Returns its nsfs fd. */
-int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *mask, wn_error *e);
+   the directories they mask (wn_spawn_spec.mask_dir); with `sysfs` (another such directory), a
+   read-only sysfs of a network namespace of its own there, for spawns to bind at /sys
+   (wn_spawn_spec.sysfs_dir). Returns its nsfs fd. */
+int wn_mnt_template_create(const char *const *keep, size_t n_keep, const char *mask, const char *sysfs, wn_error *e);
 
 typedef struct wn_spawn_result {
   pid_t pid;

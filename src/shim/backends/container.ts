@@ -91,11 +91,16 @@ export class ContainerBackend implements HostProcessBackend {
    * and at thousands of sandboxes that copy is most of a create. Made at the first create;
    * null when it cannot be (then each create copies the namespace). `WARREN_MOUNT_TEMPLATE=0` turns it off.
    */
-  private template: { fd: number; keep: string[] } | null | undefined;
+  private template: { fd: number; keep: string[]; sysfs: boolean } | null | undefined;
 
   /** The node's one mask tmpfs lives on this empty directory, mounted in the template only. */
   private get maskDir(): string {
     return `${this.sandboxesDir}-mask`;
+  }
+
+  /** The node's one sandbox sysfs lives on this empty directory, mounted in the template only. */
+  private get sysfsDir(): string {
+    return `${this.sandboxesDir}-sysfs`;
   }
 
   /** The template's descriptor for a create from `layers`; undefined: this create copies the namespace. */
@@ -107,9 +112,15 @@ export class ContainerBackend implements HostProcessBackend {
       if (process.env.WARREN_MOUNT_TEMPLATE !== '0') {
         try {
           mkdirSync(this.maskDir, { recursive: true, mode: 0o555 });
-          this.template = { fd: native.mountTemplateCreate(keep, this.maskDir), keep };
+          mkdirSync(this.sysfsDir, { recursive: true, mode: 0o555 });
+          this.template = { fd: native.mountTemplateCreate(keep, this.maskDir, this.sysfsDir), keep, sysfs: true };
         } catch {
-          // an older kernel (no open_tree, or no mount roots in statx): the copy still works
+          try {
+            // a sysfs that cannot be mounted there: each sandbox mounts its own
+            this.template = { fd: native.mountTemplateCreate(keep, this.maskDir), keep, sysfs: false };
+          } catch {
+            // an older kernel (no open_tree, or no mount roots in statx): the copy still works
+          }
         }
       }
     }
@@ -186,7 +197,7 @@ export class ContainerBackend implements HostProcessBackend {
         coreSched: false,
         ...(shmDir !== undefined ? { shmDir } : {}),
         ...(devDir !== undefined ? { devDir } : {}),
-        ...(template !== undefined ? { mountTemplateFd: template, maskDir: this.maskDir } : {}),
+        ...(template !== undefined ? { mountTemplateFd: template, maskDir: this.maskDir, ...(this.template?.sysfs ? { sysfsDir: this.sysfsDir } : {}) } : {}),
         confine: confineFor(profileName),
       });
       const runtime: ContainerRuntime = { pid: proc.pid, startTime: proc.startTime, dir, profile: profileName, diskMb, ...(net ? { network: net } : {}) };
