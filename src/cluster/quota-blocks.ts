@@ -226,7 +226,8 @@ export class NodeBlocks {
   private readonly caps = new Map<string, Amount>();
   private watcher: { cancel(): Promise<void> } | null = null;
   private timer: NodeJS.Timeout | null = null;
-  private shrinking = false;
+  /** The give-back under way: one at a time. */
+  private shrinking: Promise<void> | null = null;
   /** Accounts etcd had no block for, and when it said so. */
   private readonly unlimitedAt = new Map<string, number>();
   /** When each account's block was last seen with more than the node needs. */
@@ -320,7 +321,7 @@ export class NodeBlocks {
    */
   async giveBackAll(): Promise<void> {
     for (let attempt = 0; attempt < 5; attempt++) {
-      while (this.shrinking) await new Promise((r) => setTimeout(r, 10));
+      while (this.shrinking !== null) await this.shrinking;
       await this.giveBack(true);
       if (![...this.blocks].some(([account, { block }]) => !fitsBlockOrEqual(block, this.need(account)))) return;
       // a block moved under the transaction: read them all again
@@ -332,40 +333,45 @@ export class NodeBlocks {
 
   /** Give back what an account's block holds beyond the node's need, once it has been so for idleMs (`immediately`: at once). */
   private async giveBack(immediately = false): Promise<void> {
-    if (this.shrinking || (this.holdGiveBack && !immediately)) return;
-    this.shrinking = true;
+    if (this.shrinking !== null || (this.holdGiveBack && !immediately)) return;
+    const run = this.shrink(immediately);
+    this.shrinking = run;
     try {
-      const now = Date.now();
-      for (const [account, { block, rev }] of [...this.blocks]) {
-        const need = this.need(account);
-        const slack = block.sandboxes > need.sandboxes || block.cpu > need.cpu + EPS || block.memoryMb > need.memoryMb;
-        if (!slack) {
-          this.slackSince.delete(account);
-          continue;
-        }
-        const since = this.slackSince.get(account);
-        if (since === undefined && !immediately) {
-          this.slackSince.set(account, now);
-          continue;
-        }
-        if (!immediately && now - since! < this.idleMs) continue;
-        this.slackSince.delete(account);
-        const next: QuotaBlock = { ...block, sandboxes: Math.min(block.sandboxes, need.sandboxes), cpu: Math.min(block.cpu, need.cpu), memoryMb: Math.min(block.memoryMb, need.memoryMb), at: now };
-        const key = keys.quotaBlock(account, this.node);
-        this.caps.set(account, next);
-        try {
-          // the cap holds from before the write: what is given back is never admitted meanwhile
-          if (!fitsBlockOrEqual(this.need(account), next)) continue;
-          const res = await this.etcd.if(key, 'Mod', '==', rev).then(this.etcd.put(key).value(JSON.stringify(this.credential.sign(next)))).commit();
-          if (res.succeeded) this.put(key, JSON.stringify(this.credential.sign(next)), res.header.revision);
-        } catch (err) {
-          this.log(`cluster: cannot give back the unused quota block of ${account}: ${(err as Error).message}`);
-        } finally {
-          this.caps.delete(account);
-        }
-      }
+      await run;
     } finally {
-      this.shrinking = false;
+      this.shrinking = null;
+    }
+  }
+
+  private async shrink(immediately: boolean): Promise<void> {
+    const now = Date.now();
+    for (const [account, { block, rev }] of [...this.blocks]) {
+      const need = this.need(account);
+      const slack = block.sandboxes > need.sandboxes || block.cpu > need.cpu + EPS || block.memoryMb > need.memoryMb;
+      if (!slack) {
+        this.slackSince.delete(account);
+        continue;
+      }
+      const since = this.slackSince.get(account);
+      if (since === undefined && !immediately) {
+        this.slackSince.set(account, now);
+        continue;
+      }
+      if (!immediately && now - since! < this.idleMs) continue;
+      this.slackSince.delete(account);
+      const next: QuotaBlock = { ...block, sandboxes: Math.min(block.sandboxes, need.sandboxes), cpu: Math.min(block.cpu, need.cpu), memoryMb: Math.min(block.memoryMb, need.memoryMb), at: now };
+      const key = keys.quotaBlock(account, this.node);
+      this.caps.set(account, next);
+      try {
+        // the cap holds from before the write: what is given back is never admitted meanwhile
+        if (!fitsBlockOrEqual(this.need(account), next)) continue;
+        const res = await this.etcd.if(key, 'Mod', '==', rev).then(this.etcd.put(key).value(JSON.stringify(this.credential.sign(next)))).commit();
+        if (res.succeeded) this.put(key, JSON.stringify(this.credential.sign(next)), res.header.revision);
+      } catch (err) {
+        this.log(`cluster: cannot give back the unused quota block of ${account}: ${(err as Error).message}`);
+      } finally {
+        this.caps.delete(account);
+      }
     }
   }
 
