@@ -3,12 +3,14 @@
  * synchronous exec errors, users, PATH search, and the warren-nsexec helper.
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { readFileSync, readdirSync } from 'node:fs';
+import net from 'node:net';
+import { closeSync, openSync, readFileSync, readdirSync } from 'node:fs';
 
 import {
   PATH_ENV,
   execSpec,
   exitOf,
+  readFd,
   helperBinary,
   native,
   run,
@@ -48,6 +50,35 @@ maybe('exec echo with pipes: output, exit codes, stderr, stdin, status pipe', as
 
     const r6 = await sh(sb, 'pwd; echo $FOO', { cwd: '/tmp', env: [PATH_ENV, 'FOO=bar'] });
     t.is(r6.stdout, '/tmp\nbar\n');
+  });
+});
+
+maybe("an exec's process gets a small descriptor table however many descriptors the caller holds (it leaves the caller's table without copying it)", async (t) => {
+  await withSandbox(t, {}, async (sb) => {
+    const held: number[] = [];
+    try {
+      // like a gateway with a pidfd per sandbox (as many as this process may open, up to 5,000)
+      const soft = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024);
+      const n = Math.min(5000, soft - 256);
+      t.true(n >= 512, `RLIMIT_NOFILE ${soft} leaves room for ${n} descriptors`);
+      for (let i = 0; i < n; i++) held.push(openSync('/dev/null', 'r'));
+      // the process as exec left it, seen from here while it waits on its stdin
+      const p = native.exec(execSpec(sb, ['cat']));
+      const exit = exitOf(p.pidfd);
+      const out = readFd(p.stdout!);
+      native.close(p.stderr!);
+      // a copy of this table would be sized for all those descriptors (1,024 or more)
+      const fdsize = /^FDSize:\s+(\d+)/m.exec(readFileSync(`/proc/${p.pid}/status`, 'utf8'))?.[1];
+      t.true(Number(fdsize) <= 256, `FDSize ${fdsize}`);
+      t.deepEqual(readdirSync(`/proc/${p.pid}/fd`).sort(), ['0', '1', '2'], 'stdin, stdout and stderr only');
+      const stdin = new net.Socket({ fd: p.stdin!, readable: false, writable: true });
+      stdin.end('through the pipe');
+      t.is(await out, 'through the pipe');
+      t.is((await exit).exitCode, 0);
+      native.close(p.pidfd);
+    } finally {
+      for (const fd of held) closeSync(fd);
+    }
   });
 });
 

@@ -195,6 +195,9 @@ Napi::Value Init(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "init(WarrenError): a class is required");
   State(env)->error_ctor = Napi::Persistent(info[0].As<Napi::Function>());
+  // The exec slots are reserved now, while this process holds few descriptors: a gateway that
+  // adopts thousands of sandboxes opens a pidfd for each before its first exec.
+  wn_exec_slots_reserve();
   return env.Undefined();
 }
 

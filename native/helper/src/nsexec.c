@@ -17,6 +17,15 @@
  * back synchronously as {step, index, errno} through a CLOEXEC pipe. The
  * children share the caller's memory and only make raw syscalls.
  *
+ * The descriptor table. A child made without CLONE_FILES gets a copy of the caller's table and
+ * must close it before the exec, and stage 1 closes its own copy when it exits: in a gateway
+ * that holds a pidfd per sandbox that is four passes over thousands of descriptors per exec
+ * (+2 ms at 10,000). So both clones share the caller's table (CLONE_FILES), and the child leaves
+ * it with close_range(top, ~0, CLOSE_RANGE_UNSHARE), which copies only the descriptors below
+ * `top`: the few it needs are first placed in reserved slots there (dup3 over a placeholder,
+ * put back after the exec). Without slots (none reserved in time, or the descriptors were
+ * already too many) it copies as before.
+ *
  * The caller must reap every child it gets (watchExit / waitid): an unreaped
  * zombie lives in the sandbox's pid namespace, and that namespace's init cannot
  * finish exiting (zap_pid_ns_processes) until it is reaped.
@@ -111,8 +120,12 @@ struct exec_ctx {
   int unified_dir;   /* cgroup2 group: CLONE_INTO_CGROUP target of the real child */
   int unified_procs; /* fallback when clone3 is unavailable */
   int child_fds[4]; /* fds that become the child's 0..3; -1: none (inherit mode) */
+  int child_src[4]; /* what the child dups them from: child_fds, or their slots */
   int n_child_fds;
   int want_ctty;  /* fd 0 becomes the controlling terminal: 1 required (pty), 2 best effort (inherit) */
+  int shared_files; /* both clones share the caller's table; the child leaves it keeping fds below files_top */
+  int files_top;
+  wn_confine confine; /* the spec's, with the ruleset in its slot */
   int keep_from;  /* first fd to mark close-on-exec in the child */
   int core_share; /* share the init's core-scheduling cookie */
   const char *path_env;
@@ -124,6 +137,81 @@ struct exec_ctx {
      process in the cgroup does that); child_pid is only set once clone returns in stage 1. */
   volatile pid_t child_tid;
 };
+
+/* ---- descriptor slots --------------------------------------------------------- */
+
+#define SLOT_GROUPS 8
+#define SLOTS_PER_GROUP 6 /* stdin, stdout, stderr, status, the error pipe, the Landlock ruleset */
+#define SLOT_BASE 64      /* above what a process has open at start-up */
+#define SLOT_TOP_MAX 1024 /* past this, copying the table below the slots costs what it saves */
+
+static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
+static int slot_state; /* 0: not tried, 1: reserved, -1: none */
+static int slot_placeholder = -1;
+static int slot_fd[SLOT_GROUPS][SLOTS_PER_GROUP];
+static int slot_busy[SLOT_GROUPS];
+static int slot_top; /* one past the highest slot */
+
+static void slots_reserve_locked(void) {
+  slot_state = -1;
+  int ph = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (ph < 0) return;
+  int top = 0, n = 0;
+  for (int g = 0; g < SLOT_GROUPS; g++)
+    for (int i = 0; i < SLOTS_PER_GROUP; i++) {
+      /* the lowest free number from SLOT_BASE on: allocated, never taken from another thread */
+      int fd = fcntl(ph, F_DUPFD_CLOEXEC, SLOT_BASE);
+      if (fd < 0 || fd + 1 > SLOT_TOP_MAX) {
+        if (fd >= 0) close(fd);
+        for (int k = 0; k < n; k++) close(slot_fd[k / SLOTS_PER_GROUP][k % SLOTS_PER_GROUP]);
+        close(ph);
+        return;
+      }
+      slot_fd[g][i] = fd;
+      n++;
+      if (fd + 1 > top) top = fd + 1;
+    }
+  slot_placeholder = ph;
+  slot_top = top;
+  slot_state = 1;
+}
+
+void wn_exec_slots_reserve(void) {
+  pthread_mutex_lock(&slot_mu);
+  if (slot_state == 0) slots_reserve_locked();
+  pthread_mutex_unlock(&slot_mu);
+}
+
+/* A free group of slots, or -1. */
+static int slots_take(void) {
+  int got = -1;
+  pthread_mutex_lock(&slot_mu);
+  if (slot_state == 0) slots_reserve_locked();
+  if (slot_state == 1)
+    for (int g = 0; g < SLOT_GROUPS; g++)
+      if (!slot_busy[g]) {
+        slot_busy[g] = 1;
+        got = g;
+        break;
+      }
+  pthread_mutex_unlock(&slot_mu);
+  return got;
+}
+
+/* Put the placeholder back over every slot of group g (closing what was placed there) and free it. */
+static void slots_give(int g) {
+  if (g < 0) return;
+  for (int i = 0; i < SLOTS_PER_GROUP; i++) dup3(slot_placeholder, slot_fd[g][i], O_CLOEXEC);
+  pthread_mutex_lock(&slot_mu);
+  slot_busy[g] = 0;
+  pthread_mutex_unlock(&slot_mu);
+}
+
+/* fd placed in slot i of group g (close-on-exec), or -1 when it cannot be. */
+static int slot_place(int g, int i, int fd) {
+  if (fd < 0) return -1;
+  return dup3(fd, slot_fd[g][i], O_CLOEXEC) < 0 ? -1 : slot_fd[g][i];
+}
 
 static void __attribute__((noreturn)) child_fail(struct exec_ctx *c, int step, int index, int err) {
   struct child_report r = {step, index, err};
@@ -185,12 +273,16 @@ static int exec_child(void *arg) {
   TRACE();
   wn_child_reset_signals();
   if (setns(c->ns_pidfd, CLONE_NEWCGROUP) < 0) child_fail(c, X_SETNS, 1, errno);
+  if (c->shared_files && syscall(SYS_close_range, (unsigned)c->files_top, ~0U, CLOSE_RANGE_UNSHARE) < 0) {
+    /* a kernel without CLOSE_RANGE_UNSHARE (before 5.9): a copy of the whole table, closed below */
+    if (unshare(CLONE_FILES) < 0) child_fail(c, X_CLOSE_FDS, 0, errno);
+  }
   if (setsid() < 0) child_fail(c, X_SETSID, 0, errno);
   if (c->n_child_fds > 0) {
     /* Move the sources out of 0..3 first so the dup2s below cannot clobber each other. */
     int tmp[4];
     for (int i = 0; i < c->n_child_fds; i++) {
-      tmp[i] = fcntl(c->child_fds[i], F_DUPFD_CLOEXEC, 10);
+      tmp[i] = fcntl(c->child_src[i], F_DUPFD_CLOEXEC, 10);
       if (tmp[i] < 0) child_fail(c, X_STDIO, i, errno);
     }
     for (int i = 0; i < c->n_child_fds; i++)
@@ -201,7 +293,7 @@ static int exec_child(void *arg) {
   if (c->want_ctty == 1 && ioctl(0, TIOCSCTTY, 0) < 0) child_fail(c, X_CTTY, 0, errno);
   if (c->want_ctty == 2) ioctl(0, TIOCSCTTY, 1);
   {
-    int keep[2] = {c->errfd, s->confine && s->confine->ll_have_ruleset ? s->confine->ll_ruleset_fd : -1};
+    int keep[2] = {c->errfd, c->confine.active && c->confine.ll_have_ruleset ? c->confine.ll_ruleset_fd : -1};
     int crc = wn_close_fds_except(c->keep_from, keep, 2);
     if (crc < 0) child_fail(c, X_CLOSE_FDS, 0, -crc);
   }
@@ -231,7 +323,7 @@ static int exec_child(void *arg) {
   /* seccomp / Landlock / AppArmor / rlimits, the last step before execve */
   if (s->confine) {
     int cf_step = 0;
-    int crc = wn_confine_apply(s->confine, -1, &cf_step);
+    int crc = wn_confine_apply(&c->confine, -1, &cf_step);
     if (crc < 0) child_fail(c, X_CONFINE, cf_step, -crc);
   }
   TRACE();
@@ -249,7 +341,7 @@ static int exec_stage1(void *arg) {
   if (setns(c->ns_pidfd, CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) < 0)
     child_fail(c, X_SETNS, 0, errno);
   TRACE();
-  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_PARENT_SETTID;
+  const int flags = CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_PARENT_SETTID | (c->shared_files ? CLONE_FILES : 0);
   pid_t pid = -1;
   int into = 0;
   if (c->unified_dir >= 0) {
@@ -396,6 +488,8 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   memset(&c, 0, sizeof c);
   c.s = s;
   c.errfd = c.ns_pidfd = c.unified_dir = c.unified_procs = -1;
+  if (s->confine) c.confine = *s->confine;
+  int g = -1; /* the slot group, when the child shares the table */
   for (int i = 0; i < 4; i++) c.child_fds[i] = -1;
   c.path_env = DEFAULT_PATH;
   for (size_t i = 0; i < s->envc; i++)
@@ -496,12 +590,35 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
     goto out;
   }
   int err_rd = pipefd[0];
-  c.errfd = pipefd[1];
+  int err_wr = pipefd[1];
+  c.errfd = err_wr;
+  for (int i = 0; i < 4; i++) c.child_src[i] = c.child_fds[i];
+  /* What the child needs, in slots below files_top (the descriptor table, at the top). Inherit
+     mode (warren-nsexec on a terminal) passes the caller's own 0..3 through: it copies. */
+  if (s->stdio != WN_STDIO_INHERIT) g = slots_take();
+  if (g >= 0) {
+    int ok = 1;
+    for (int i = 0; i < c.n_child_fds && ok; i++) ok = (c.child_src[i] = slot_place(g, i, c.child_fds[i])) >= 0;
+    if (ok) ok = (c.errfd = slot_place(g, 4, err_wr)) >= 0;
+    if (ok && c.confine.active && c.confine.ll_have_ruleset) ok = (c.confine.ll_ruleset_fd = slot_place(g, 5, s->confine->ll_ruleset_fd)) >= 0;
+    if (ok) {
+      c.shared_files = 1;
+      c.files_top = slot_top;
+    } else {
+      slots_give(g);
+      g = -1;
+      for (int i = 0; i < 4; i++) c.child_src[i] = c.child_fds[i];
+      c.errfd = err_wr;
+      if (s->confine) c.confine.ll_ruleset_fd = s->confine->ll_ruleset_fd;
+    }
+  }
 
   char *stacks = mmap(NULL, 2 * STAGE_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (stacks == MAP_FAILED) {
     wn_fail_errno(e, WN_SPAWN_ERROR, "mmap child stacks");
     close(err_rd);
+    close(err_wr);
+    slots_give(g);
     goto out;
   }
   c.child_stack = stacks + STAGE_STACK_SIZE;
@@ -512,14 +629,27 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t stage1 = clone(exec_stage1, stacks + STAGE_STACK_SIZE, CLONE_VM | CLONE_VFORK | SIGCHLD, &c);
+  pid_t stage1 = clone(exec_stage1, stacks + STAGE_STACK_SIZE, CLONE_VM | CLONE_VFORK | SIGCHLD | (c.shared_files ? CLONE_FILES : 0), &c);
   int clone_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   TRACE();
   if (stage1 > 0) wait_reap(stage1);
   TRACE();
   munmap(stacks, 2 * STAGE_STACK_SIZE);
-  close_fd(&c.errfd);
+  close(err_wr);
+  /* The child is ours to reap (CLONE_PARENT) whatever happened to stage 1: left unreaped, it would
+     keep the sandbox's init from finishing its exit. */
+  pid_t child = c.child_pid > 0 ? c.child_pid : c.child_tid;
+  int child_reaped = 0;
+  if (c.child_pid <= 0 && child > 0) {
+    /* Stage 1 died (killed) before clone returned in it, so the child may not have exec'd, nor
+       left the shared table yet: it goes before its slots are given to another exec. */
+    kill(child, SIGKILL);
+    wait_reap(child);
+    child_reaped = 1;
+  }
+  /* Otherwise the child has exec'd or exited (vfork): it holds its own table now. */
+  slots_give(g);
   if (stage1 < 0) {
     close(err_rd);
     wn_fail(e, WN_SPAWN_ERROR, clone_errno, "clone exec stage");
@@ -532,13 +662,10 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   while (got < 0 && errno == EINTR);
   int read_errno = errno;
   close(err_rd);
-  /* The child is ours to reap (CLONE_PARENT) whatever happened to stage 1: left unreaped, it would
-     keep the sandbox's init from finishing its exit. */
-  pid_t child = c.child_pid > 0 ? c.child_pid : c.child_tid;
   /* Failed: the child reported why (it has exited), or the report broke off, or stage 1 died
      (killed) before clone returned in it, so the child may not have exec'd. */
   if (got != 0 || c.child_pid <= 0) {
-    if (child > 0) {
+    if (child > 0 && !child_reaped) {
       if (got != (ssize_t)sizeof rep) kill(child, SIGKILL);
       wait_reap(child);
     }

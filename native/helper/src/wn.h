@@ -301,6 +301,9 @@ int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e);
 
 int wn_exec_spec_check(const wn_exec_spec *s, wn_error *e);
 int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);
+/* Reserve the descriptor slots wn_exec places its child's descriptors in (nsexec.c), while the
+   process holds few: done by the first wn_exec otherwise, which may be too late to find room. */
+void wn_exec_slots_reserve(void);
 
 /* ---- filesystem confined to a root ------------------------------------ */
 enum { WN_OPEN_READ = 0, WN_OPEN_WRITE, WN_OPEN_APPEND, WN_OPEN_DIR };
