@@ -82,6 +82,26 @@ maybe("an exec's process gets a small descriptor table however many descriptors 
   });
 });
 
+maybe("a sandbox's pid 1 gets a small descriptor table however many descriptors the caller holds (its spawn leaves the caller's table without copying it)", async (t) => {
+  const held: number[] = [];
+  try {
+    // the addon reserves its slots when it loads, as a gateway's does before it holds a pidfd per sandbox
+    t.truthy(native.cgroupLayout());
+    const soft = Number(/^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? 1024);
+    const n = Math.min(5000, soft - 256);
+    t.true(n >= 512, `RLIMIT_NOFILE ${soft} leaves room for ${n} descriptors`);
+    for (let i = 0; i < n; i++) held.push(openSync('/dev/null', 'r'));
+    await withSandbox(t, {}, async (sb) => {
+      const fdsize = /^FDSize:\s+(\d+)/m.exec(readFileSync(`/proc/${sb.pid}/status`, 'utf8'))?.[1];
+      t.true(Number(fdsize) <= 256, `FDSize ${fdsize}`);
+      t.deepEqual(readdirSync(`/proc/${sb.pid}/fd`).sort(), ['0', '1', '2'], 'pid 1 keeps its stdio only');
+      t.is((await run(sb, ['echo', 'up'])).stdout, 'up\n');
+    });
+  } finally {
+    for (const fd of held) closeSync(fd);
+  }
+});
+
 maybe('exec runs as the requested user with no capabilities left', async (t) => {
   await withSandbox(t, {}, async (sb) => {
     const r = await sh(sb, 'id -u; id -g; grep -E "^Cap(Prm|Eff)" /proc/self/status', { uid: 1000, gid: 1000, cwd: '/home/user' });

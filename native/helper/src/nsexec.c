@@ -24,7 +24,7 @@
  * it with close_range(top, ~0, CLOSE_RANGE_UNSHARE), which copies only the descriptors below
  * `top`: the few it needs are first placed in reserved slots there (dup3 over a placeholder,
  * put back after the exec). Without slots (none reserved in time, or the descriptors were
- * already too many) it copies as before.
+ * already too many) it copies as before. A sandbox's spawn (spawn.c) uses the same slots.
  *
  * The caller must reap every child it gets (watchExit / waitid): an unreaped
  * zombie lives in the sandbox's pid namespace, and that namespace's init cannot
@@ -176,6 +176,10 @@ static void slots_reserve_locked(void) {
   slot_state = 1;
 }
 
+int wn_slots_top(void) {
+  return slot_top;
+}
+
 void wn_exec_slots_reserve(void) {
   pthread_mutex_lock(&slot_mu);
   if (slot_state == 0) slots_reserve_locked();
@@ -183,7 +187,7 @@ void wn_exec_slots_reserve(void) {
 }
 
 /* A free group of slots, or -1. */
-static int slots_take(void) {
+int wn_slots_take(void) {
   int got = -1;
   pthread_mutex_lock(&slot_mu);
   if (slot_state == 0) slots_reserve_locked();
@@ -199,7 +203,7 @@ static int slots_take(void) {
 }
 
 /* Put the placeholder back over every slot of group g (closing what was placed there) and free it. */
-static void slots_give(int g) {
+void wn_slots_give(int g) {
   if (g < 0) return;
   for (int i = 0; i < SLOTS_PER_GROUP; i++) dup3(slot_placeholder, slot_fd[g][i], O_CLOEXEC);
   pthread_mutex_lock(&slot_mu);
@@ -208,7 +212,7 @@ static void slots_give(int g) {
 }
 
 /* fd placed in slot i of group g (close-on-exec), or -1 when it cannot be. */
-static int slot_place(int g, int i, int fd) {
+int wn_slot_place(int g, int i, int fd) {
   if (fd < 0) return -1;
   return dup3(fd, slot_fd[g][i], O_CLOEXEC) < 0 ? -1 : slot_fd[g][i];
 }
@@ -595,17 +599,17 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
   for (int i = 0; i < 4; i++) c.child_src[i] = c.child_fds[i];
   /* What the child needs, in slots below files_top (the descriptor table, at the top). Inherit
      mode (warren-nsexec on a terminal) passes the caller's own 0..3 through: it copies. */
-  if (s->stdio != WN_STDIO_INHERIT) g = slots_take();
+  if (s->stdio != WN_STDIO_INHERIT) g = wn_slots_take();
   if (g >= 0) {
     int ok = 1;
-    for (int i = 0; i < c.n_child_fds && ok; i++) ok = (c.child_src[i] = slot_place(g, i, c.child_fds[i])) >= 0;
-    if (ok) ok = (c.errfd = slot_place(g, 4, err_wr)) >= 0;
-    if (ok && c.confine.active && c.confine.ll_have_ruleset) ok = (c.confine.ll_ruleset_fd = slot_place(g, 5, s->confine->ll_ruleset_fd)) >= 0;
+    for (int i = 0; i < c.n_child_fds && ok; i++) ok = (c.child_src[i] = wn_slot_place(g, i, c.child_fds[i])) >= 0;
+    if (ok) ok = (c.errfd = wn_slot_place(g, 4, err_wr)) >= 0;
+    if (ok && c.confine.active && c.confine.ll_have_ruleset) ok = (c.confine.ll_ruleset_fd = wn_slot_place(g, 5, s->confine->ll_ruleset_fd)) >= 0;
     if (ok) {
       c.shared_files = 1;
       c.files_top = slot_top;
     } else {
-      slots_give(g);
+      wn_slots_give(g);
       g = -1;
       for (int i = 0; i < 4; i++) c.child_src[i] = c.child_fds[i];
       c.errfd = err_wr;
@@ -618,7 +622,7 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
     wn_fail_errno(e, WN_SPAWN_ERROR, "mmap child stacks");
     close(err_rd);
     close(err_wr);
-    slots_give(g);
+    wn_slots_give(g);
     goto out;
   }
   c.child_stack = stacks + STAGE_STACK_SIZE;
@@ -649,7 +653,7 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e) {
     child_reaped = 1;
   }
   /* Otherwise the child has exec'd or exited (vfork): it holds its own table now. */
-  slots_give(g);
+  wn_slots_give(g);
   if (stage1 < 0) {
     close(err_rd);
     wn_fail(e, WN_SPAWN_ERROR, clone_errno, "clone exec stage");

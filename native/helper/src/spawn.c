@@ -188,6 +188,9 @@ struct spawn_ctx {
   char disk_dir[WN_MAX_PATH];
   int errfd;
   int init_fd;
+  int shared_files; /* the child shares the caller's table until it leaves it keeping fds below files_top */
+  int files_top;
+  wn_confine confine; /* the spec's, with the ruleset in its slot */
   int netns_fd; /* -1: a new network namespace */
   int cg_fds[WN_CG_MAX_FDS];
   int cg_roles[WN_CG_MAX_FDS];
@@ -285,6 +288,12 @@ static int sandbox_child(void *arg) {
       if (syscall(SYS_move_mount, c->clone_fds[i], "", AT_FDCWD, c->clone_at[i], MOVE_MOUNT_F_EMPTY_PATH) < 0)
         child_fail(c, S_TEMPLATE, 2 + i, errno);
   }
+  /* Everything below makes descriptors or stdio of its own: not in the caller's table (the
+     descriptor table, at the top of nsexec.c). Up to here only the caller's were read. */
+  if (c->shared_files && syscall(SYS_close_range, (unsigned)c->files_top, ~0U, CLOSE_RANGE_UNSHARE) < 0) {
+    /* a kernel without CLOSE_RANGE_UNSHARE (before 5.9): a copy of the whole table, closed below */
+    if (unshare(CLONE_FILES) < 0) child_fail(c, S_CLOSE_FDS, 1, errno);
+  }
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) child_fail(c, S_MAKE_PRIVATE, 0, errno);
   TRACE();
   if (mount("overlay", s->rootfs_dir, "overlay", MS_NODEV, c->overlay_opts) < 0) child_fail(c, S_OVERLAY, 0, errno);
@@ -332,7 +341,7 @@ static int sandbox_child(void *arg) {
     if (nfd > 2) close(nfd);
   }
   {
-    int keep[3] = {c->errfd, c->init_fd, s->confine && s->confine->ll_have_ruleset ? s->confine->ll_ruleset_fd : -1};
+    int keep[3] = {c->errfd, c->init_fd, c->confine.active && c->confine.ll_have_ruleset ? c->confine.ll_ruleset_fd : -1};
     int crc = wn_close_fds_except(3, keep, 3);
     if (crc < 0) child_fail(c, S_CLOSE_FDS, 0, -crc);
   }
@@ -342,7 +351,7 @@ static int sandbox_child(void *arg) {
   /* seccomp / Landlock / AppArmor / rlimits, the last step before exec */
   if (s->confine) {
     int cf_step = 0;
-    int crc = wn_confine_apply(s->confine, c->init_fd, &cf_step);
+    int crc = wn_confine_apply(&c->confine, c->init_fd, &cf_step);
     if (crc < 0) child_fail(c, S_CONFINE, cf_step, -crc);
   }
 
@@ -500,6 +509,7 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   memset(&c, 0, sizeof c);
   c.s = s;
   c.errfd = c.init_fd = c.unified_dir = c.unified_procs = -1;
+  if (s->confine) c.confine = *s->confine;
   c.mask_dir = s->mask_dir; /* only with a template (wn_spawn_spec_check) */
 
   /* overlay options: lowerdir=a:b:c,upperdir=...,workdir=... */
@@ -547,11 +557,31 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
     return wn_fail_errno(e, WN_SPAWN_ERROR, "pipe2");
   }
   cleanup_fd int err_rd = pipefd[0];
-  c.errfd = pipefd[1];
+  int err_wr = pipefd[1];
+  c.errfd = err_wr;
+  /* What the child needs once it has left the caller's table, in slots below files_top: the
+     error pipe, the init it executes and a Landlock ruleset (nsexec.c, the descriptor table). */
+  int slots = wn_slots_take();
+  if (slots >= 0) {
+    int ok = (c.errfd = wn_slot_place(slots, 4, err_wr)) >= 0;
+    if (ok) ok = (c.init_fd = wn_slot_place(slots, 0, init_fd)) >= 0;
+    if (ok && c.confine.active && c.confine.ll_have_ruleset) ok = (c.confine.ll_ruleset_fd = wn_slot_place(slots, 5, s->confine->ll_ruleset_fd)) >= 0;
+    if (ok) {
+      c.shared_files = 1;
+      c.files_top = wn_slots_top();
+    } else {
+      wn_slots_give(slots);
+      slots = -1;
+      c.errfd = err_wr;
+      c.init_fd = init_fd;
+      if (s->confine) c.confine.ll_ruleset_fd = s->confine->ll_ruleset_fd;
+    }
+  }
 
   char *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (stack == MAP_FAILED) {
-    close(c.errfd);
+    close(err_wr);
+    wn_slots_give(slots);
     close_all(c.cg_fds, c.n_cg);
     return wn_fail_errno(e, WN_SPAWN_ERROR, "mmap child stack");
   }
@@ -562,7 +592,8 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int pidfd = -1;
   const int flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
-                    (s->has_mnt_template ? 0 : CLONE_NEWNS) | (c.netns_fd >= 0 ? 0 : CLONE_NEWNET);
+                    (s->has_mnt_template ? 0 : CLONE_NEWNS) | (c.netns_fd >= 0 ? 0 : CLONE_NEWNET) |
+                    (c.shared_files ? CLONE_FILES : 0);
   pid_t pid = -1;
   if (unified_dir >= 0) {
     /* born in the cgroup2 group: no migration there */
@@ -576,7 +607,9 @@ int wn_spawn_sandbox(const wn_spawn_spec *s, wn_spawn_result *r, wn_error *e) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 
   munmap(stack, CHILD_STACK_SIZE);
-  close(c.errfd);
+  close(err_wr);
+  /* the child has exec'd or exited (vfork): it holds its own table now */
+  wn_slots_give(slots);
   close_all(c.cg_fds, c.n_cg);
   if (pid < 0) return wn_fail(e, WN_SPAWN_ERROR, clone_errno, "clone sandbox init");
 

@@ -304,6 +304,13 @@ int wn_exec(const wn_exec_spec *s, wn_exec_result *r, wn_error *e);
 /* Reserve the descriptor slots wn_exec places its child's descriptors in (nsexec.c), while the
    process holds few: done by the first wn_exec otherwise, which may be too late to find room. */
 void wn_exec_slots_reserve(void);
+/* The slots themselves, for spawn.c too: a free group (or -1), fd placed in slot i of group g
+   (close-on-exec; -1 on failure), the group put back to its placeholder and freed, and one past
+   the highest slot (what a child that leaves the table keeps below). */
+int wn_slots_take(void);
+int wn_slot_place(int g, int i, int fd);
+void wn_slots_give(int g);
+int wn_slots_top(void);
 
 /* ---- filesystem confined to a root ------------------------------------ */
 enum { WN_OPEN_READ = 0, WN_OPEN_WRITE, WN_OPEN_APPEND, WN_OPEN_DIR };
