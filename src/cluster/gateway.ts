@@ -37,7 +37,7 @@ import type { ClusterCredential } from './credential';
 import { type EtcdConfig, type StagedImage, keys, openEtcd, parseJson, readPrefix, store } from './etcd';
 import { type CachedJob, JobsCache, type JobSpec, type JobStatus, type ShareRef, isTerminal, jobStatus, validateJobRequest } from './jobs';
 import { Membership } from './membership';
-import { type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
+import { JOB_LABEL, type JobControlState, type JobShare, type ShareProgress, indicesOf, toRanges } from './node-agent';
 import { placeMany, placementRequest } from './placement';
 import { type BlockContext, blockGrowth, committedOf, growBlock, limited, readBlocks, roomFor, viewWithRoom, whenUnchanged } from './quota-blocks';
 
@@ -394,10 +394,32 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     const reportedLost = new Set<string>();
     const statusNow = () => jobStatus(job.spec!, job.control, job.progress, (n, e) => members.isLost(n, e));
     write({ type: 'status', ...statusNow() });
-    // the ids already made (a stream that starts late still gets every sandbox)
-    for (const [key, p] of job.progress) seen.set(key, p.batch.seq);
+    // Each progress record carries only the ids of its latest batch. A stream does not see every
+    // write: the batches written before it started, and any write the cache skipped (a read of
+    // the job through any route jumps it to etcd's latest record). So every id goes out once,
+    // from the batches as they come and from the job's sandboxes as the nodes list them: at the
+    // start, when a batch number shows one was missed, and before `done`.
     let timer: NodeJS.Timeout | null = null;
     let ended = false;
+    /** The client went away: nothing more is listed for it. */
+    let gone = false;
+    const emitted = new Set<string>();
+    const emit = (node: string, ids: readonly string[]) => {
+      const fresh = ids.filter((i) => !emitted.has(i));
+      for (const i of fresh) emitted.add(i);
+      if (fresh.length > 0) write({ type: 'sandboxes', node, ids: fresh });
+    };
+    const listed = async () => {
+      const list = await shim.listSandboxes({ labels: { [JOB_LABEL]: job.spec!.id }, owner: job.spec!.owner }).catch(() => null);
+      if (list === null || gone) return;
+      const byNode = new Map<string, string[]>();
+      for (const sb of list) byNode.set(sb.node, [...(byNode.get(sb.node) ?? []), sb.id]);
+      for (const [node, ids] of byNode) emit(node, ids.sort());
+    };
+    let catchingUp: Promise<void> | null = null;
+    const catchUp = () => (catchingUp ??= listed().finally(() => (catchingUp = null)));
+    for (const [key, p] of job.progress) seen.set(key, p.batch.seq);
+    await listed();
     const checkLost = () => {
       for (const ref of job.spec!.shares) {
         const key = `${ref.node}/${ref.epoch}`;
@@ -421,9 +443,12 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
     };
     const onProgress = (p: ShareProgress) => {
       const key = `${p.node}/${p.share}`;
-      if (p.batch.ids.length > 0 && p.batch.seq > (seen.get(key) ?? 0)) {
+      const last = seen.get(key) ?? 0;
+      if (p.batch.seq > last) {
         seen.set(key, p.batch.seq);
-        write({ type: 'sandboxes', node: p.node, ids: p.batch.ids });
+        emit(p.node, p.batch.ids);
+        // a batch between the last one seen and this one never reached this stream
+        if (p.batch.seq > last + (p.batch.ids.length > 0 ? 1 : 0)) void catchUp();
       }
       if (p.failures.length > 0) schedule();
       schedule();
@@ -437,14 +462,22 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       members.off('lost', onAny);
     };
     const finish = (st: JobStatus) => {
-      write({ type: 'done', ...st });
       cleanup();
-      void chain.then(() => endChunked(res));
+      // the ids no batch brought here, then the end
+      void (catchingUp ?? Promise.resolve())
+        .then(() => listed())
+        .then(() => {
+          write({ type: 'done', ...st });
+          return chain.then(() => endChunked(res));
+        });
     };
     jobs.on(`progress:${id}`, onProgress);
     jobs.on(`job:${id}`, onAny);
     members.on('lost', onAny);
-    res.once('close', cleanup);
+    res.once('close', () => {
+      gone = true;
+      cleanup();
+    });
     schedule();
   }
 

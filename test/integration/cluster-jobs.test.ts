@@ -22,6 +22,7 @@ import { join } from 'node:path';
 import type { TestFn } from 'ava';
 import anyTest from 'ava';
 import { type JobStatus, WarrenClient, WarrenError } from '../../src/sdk';
+import type { JobEvent } from '../../src/sdk/jobs';
 import { ClusterFixture, type NodeOptions, type NodeProc, etcdReason } from '../helpers/cluster';
 import { testUnless } from '../helpers/skip';
 import { elapse, waitFor, waitForValue, within } from '../helpers/wait';
@@ -525,6 +526,13 @@ test.serial('a node started with a create window of 2 never has more than 2 of a
       t.is(end.state, 'done', JSON.stringify(end.nodes));
       const ids = (await c.jobs.sandboxes(job.id)).map((s) => s.id);
       t.is(ids.length, 32);
+      // a stream that starts after every batch was written still gets every sandbox, each once
+      const late: string[] = [];
+      const again = await c.jobs.watch(job.id, (ev: JobEvent) => {
+        if (ev.type === 'sandboxes') late.push(...ev.ids);
+      });
+      t.is(again.state, 'done');
+      t.deepEqual([...late].sort(), [...ids].sort());
       await waitFor(() => badExport !== null || ids.every((id) => createSpans.has(id)), 30_000, 'the create span of every sandbox of the job', 50);
       t.is(badExport, null);
       // Each span runs from the start of the node's create to its end, around every await of it:
