@@ -10,38 +10,28 @@
 'use strict';
 const fs = require('node:fs');
 const path = require('node:path');
+// the project's own mountinfo parser (built by scripts/setup.sh before the suite runs)
+const { readMountInfo } = require('../dist/src/shim/layers/sys');
 
 // names as the kernel keeps them (comm: 15 characters at most)
 const HELPERS = new Set(['warren-init', 'warren-session', 'warren-nsexec', 'qemu-system-x86', 'warren-vmm-exec', 'warren-lazyfs', 'etcd', 'docker-registry']);
 const GRACE_MS = Number(process.env.LEAK_AUDIT_GRACE_MS ?? 20_000);
 
-function mountinfo() {
-  return fs
-    .readFileSync('/proc/self/mountinfo', 'utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((l) => {
-      const f = l.split(' ');
-      const dash = f.indexOf('-');
-      return { target: f[4].replace(/\\040/g, ' '), fstype: f[dash + 1] };
-    });
-}
-
 /** The groups inside each hierarchy's warren* directories, and those directories but the parent
     group `warren` itself, which every node shares and keeps. */
 function cgroups() {
   const out = [];
-  for (const m of mountinfo()) {
+  for (const m of readMountInfo()) {
     if (m.fstype !== 'cgroup' && m.fstype !== 'cgroup2') continue;
     let top;
     try {
-      top = fs.readdirSync(m.target, { withFileTypes: true });
+      top = fs.readdirSync(m.mountPoint, { withFileTypes: true });
     } catch {
       continue;
     }
     for (const d of top) {
       if (!d.isDirectory() || !d.name.startsWith('warren')) continue;
-      const dir = path.join(m.target, d.name);
+      const dir = path.join(m.mountPoint, d.name);
       if (d.name !== 'warren') out.push(dir);
       try {
         for (const g of fs.readdirSync(dir, { withFileTypes: true })) if (g.isDirectory()) out.push(path.join(dir, g.name));
@@ -54,9 +44,9 @@ function cgroups() {
 }
 
 function mounts() {
-  return mountinfo()
-    .filter((m) => m.fstype !== 'cgroup' && m.fstype !== 'cgroup2' && /warren/.test(m.target))
-    .map((m) => `${m.target} (${m.fstype})`);
+  return readMountInfo()
+    .filter((m) => m.fstype !== 'cgroup' && m.fstype !== 'cgroup2' && /warren/.test(m.mountPoint))
+    .map((m) => `${m.mountPoint} (${m.fstype})`);
 }
 
 function processes() {

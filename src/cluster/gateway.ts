@@ -413,7 +413,11 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
       const list = await shim.listSandboxes({ labels: { [JOB_LABEL]: job.spec!.id }, owner: job.spec!.owner }).catch(() => null);
       if (list === null || gone) return;
       const byNode = new Map<string, string[]>();
-      for (const sb of list) byNode.set(sb.node, [...(byNode.get(sb.node) ?? []), sb.id]);
+      for (const sb of list) {
+        const ids = byNode.get(sb.node);
+        if (ids) ids.push(sb.id);
+        else byNode.set(sb.node, [sb.id]);
+      }
       for (const [node, ids] of byNode) emit(node, ids.sort());
     };
     let catchingUp: Promise<void> | null = null;
@@ -450,7 +454,6 @@ export async function startClusterGateway(opts: ClusterGatewayOptions): Promise<
         // a batch between the last one seen and this one never reached this stream
         if (p.batch.seq > last + (p.batch.ids.length > 0 ? 1 : 0)) void catchUp();
       }
-      if (p.failures.length > 0) schedule();
       schedule();
     };
     const onAny = () => schedule();

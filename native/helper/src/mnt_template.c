@@ -117,9 +117,9 @@ static int template_child(void *arg) {
     return c->err = errno, 1;
   /* One sysfs for every sandbox, read-only. A sysfs mount is a superblock of the mounter's network
      namespace: one per sandbox made each create look through all the others' (sget) and cost
-     every memory cgroup a shrinker slot. This one belongs to a network namespace of its own
-     with only a loopback device, which the superblock keeps alive: sandboxes see the kernel's
-     devices and no host or sandbox network interface but that `lo`. */
+     every memory cgroup a shrinker slot. This one belongs to a network namespace of its own,
+     which ends with this child (the superblock holds it only passively, so even its `lo` goes):
+     sandboxes see the kernel's devices and no network interface, the host's or their own. */
   if (c->sysfs) {
     if (unshare(CLONE_NEWNET) < 0) return c->err = errno, 1;
     if (mount("sysfs", c->sysfs, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) return c->err = errno, 1;
