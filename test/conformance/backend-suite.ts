@@ -170,7 +170,7 @@ export function backendConformance(test: TestFn, name: BackendName, open: () => 
     try {
       const again = await harness.backend.adopt(record);
       t.not(again, null);
-      t.is((await again!.exec({ cmd: ['echo', 'adopted'] })).stdout, 'adopted\n');
+      t.is((await again!.exec({ cmd: ['echo', 'adopted'], timeoutMs: 60_000 })).stdout, 'adopted\n');
       t.is(await harness.backend.adopt({ ...record, runtime: { ...record.runtime, startTime: 1 } }), null);
     } finally {
       await box.destroy();

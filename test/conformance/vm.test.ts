@@ -27,7 +27,14 @@ backendConformance(
     const image = fixture.shim.layers.resolveImage('busybox');
     const layers = await fixture.shim.layers.acquire(image.layers);
     const dir = tempDir('warren-conf-fullvm-');
-    const backend = BackendRegistry.build({ dataDir: dir, network: null, log: () => undefined }).get('vm');
+    const backend = BackendRegistry.build({
+      dataDir: dir,
+      network: null,
+      log: () => undefined,
+      // A boot that stalls fails the create with the guest's console well inside a test's 10 minutes
+      // (a desktop boots in about 20 s here, under TCG, even with the suite running beside it).
+      bootTimeoutMs: 4 * 60_000,
+    }).get('vm');
     const prefix = `f${process.pid.toString(36)}`;
     return {
       backend,

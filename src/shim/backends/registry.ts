@@ -20,6 +20,8 @@ export interface BackendRegistryOptions {
   dataDir: string;
   network: NetworkManager | null;
   log: (line: string) => void;
+  /** How long a VM backend waits for a guest to come up before the create fails with its console (default: theirs). */
+  bootTimeoutMs?: number;
 }
 
 interface Entry {
@@ -39,9 +41,9 @@ export class BackendRegistry {
       status: container,
     });
     const microvm = microvmBackendStatus();
-    entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log, network: opts.network }) : null, status: microvm });
+    entries.set('microvm', { backend: microvm.available ? new MicroVMBackend({ dataDir: opts.dataDir, log: opts.log, network: opts.network, ...(opts.bootTimeoutMs ? { bootTimeoutMs: opts.bootTimeoutMs } : {}) }) : null, status: microvm });
     const vm = vmBackendStatus();
-    entries.set('vm', { backend: vm.available ? new VmBackend({ dataDir: opts.dataDir, log: opts.log }) : null, status: vm });
+    entries.set('vm', { backend: vm.available ? new VmBackend({ dataDir: opts.dataDir, log: opts.log, ...(opts.bootTimeoutMs ? { bootTimeoutMs: opts.bootTimeoutMs } : {}) }) : null, status: vm });
     for (const e of entries.values()) if (e.backend !== null) e.status = { ...e.status, facets: e.backend.facets };
     return new BackendRegistry(entries);
   }
