@@ -69,6 +69,8 @@ fi
 
 # The unprivileged user jailed microVM monitors drop to (src/shim/backends/microvm/vmm.ts).
 id warren-vmm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin warren-vmm
+# Firecracker (where installed) runs as that user from its start, so it opens /dev/kvm as it.
+if getent group kvm >/dev/null && ! id -nG warren-vmm | grep -qw kvm; then usermod -aG kvm warren-vmm; fi
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "setup: npm ci" >&2

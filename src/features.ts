@@ -238,10 +238,25 @@ const probes: Record<FeatureName, () => FeatureStatus> = {
     if (!hasBinary('modprobe') || !hasBinary('cpio') || !hasBinary('mkfs.ext4')) return no('modprobe, cpio or mkfs.ext4 missing (kmod, cpio, e2fsprogs)', 'the microvm backend is unavailable');
     return yes(`kernel ${k.release}`);
   },
-  firecracker: () =>
-    hasBinary('firecracker')
-      ? no('firecracker is installed, but it has no virtio-serial and the guest agent speaks only virtio-serial', 'microVMs use QEMU')
-      : no('firecracker is not installed (Debian 12 has no package)', 'microVMs use QEMU microvm'),
+  // Firecracker runs guests only under KVM (it has no emulator), and describes its virtio-mmio
+  // devices to the guest with ACPI only from 1.8 on: the cloud kernel cannot find them otherwise.
+  firecracker: () => {
+    const bin = hasBinary('firecracker');
+    if (bin === null) return no('firecracker is not installed (Debian 12 has no package; put the release binary on PATH)', 'microVMs use QEMU microvm');
+    let version = '';
+    try {
+      version = execFileSync(bin, ['--version'], { encoding: 'utf8', timeout: 5000, stdio: ['ignore', 'pipe', 'ignore'] });
+    } catch (err) {
+      return no(`firecracker --version failed: ${(err as Error).message.split('\n')[0]}`, 'microVMs use QEMU microvm');
+    }
+    const m = /v?(\d+)\.(\d+)\.(\d+)/.exec(version);
+    if (m === null) return no(`firecracker --version printed no version (${JSON.stringify(version.slice(0, 80))})`, 'microVMs use QEMU microvm');
+    if (Number(m[1]) < 1 || (Number(m[1]) === 1 && Number(m[2]) < 8)) return no(`firecracker ${m[0]} is older than 1.8 (no ACPI: the guest kernel would not find its disks)`, 'microVMs use QEMU microvm');
+    const kvm = feature('kvm-hardware');
+    if (!kvm.supported) return no(`firecracker ${m[0]} is installed, but it needs KVM that runs the guest: ${kvm.reason}`, 'microVMs use QEMU microvm');
+    if (!hasBinary('setpriv') || !hasBinary('mkfifo')) return no('setpriv or mkfifo missing (util-linux, coreutils)', 'microVMs use QEMU microvm');
+    return yes(`firecracker ${m[0]} (WARREN_MICROVM_VMM=firecracker uses it)`);
+  },
   qemu: () => (hasBinary('qemu-system-x86_64') ? yes() : no('qemu-system-x86 is not installed', 'microvm and vm backends are unavailable')),
   runc: () => (hasBinary('runc') ? yes('baseline in benchmarks') : no('runc is not installed', 'benchmarks skip the runc baseline')),
   debootstrap: () => (hasBinary('debootstrap') ? yes() : no('debootstrap is not installed', 'the default Debian image cannot be built')),
@@ -344,9 +359,18 @@ export function microvmBackendStatus(): { available: boolean; reason?: string; a
     const s = feature(n);
     if (!s.supported) return { available: false, reason: `${n}: ${s.reason}` };
   }
-  const a = microvmAccelerator();
   const fc = feature('firecracker');
-  return { available: true, reason: `QEMU microvm, ${feature('microvm-guest').action}; Firecracker: ${fc.reason}`, accelerator: `${a.accel} (${a.why})` };
+  if (microvmVmm() === 'firecracker') {
+    if (!fc.supported) return { available: false, reason: `WARREN_MICROVM_VMM=firecracker, but: ${fc.reason}` };
+    return { available: true, reason: `${fc.action}, ${feature('microvm-guest').action}`, accelerator: 'kvm (Firecracker runs only under KVM)' };
+  }
+  const a = microvmAccelerator();
+  return { available: true, reason: `QEMU microvm, ${feature('microvm-guest').action}; Firecracker: ${fc.supported ? fc.action : fc.reason}`, accelerator: `${a.accel} (${a.why})` };
+}
+
+/** The VMM microVMs run under: QEMU unless WARREN_MICROVM_VMM=firecracker. */
+export function microvmVmm(): 'qemu' | 'firecracker' {
+  return process.env.WARREN_MICROVM_VMM === 'firecracker' ? 'firecracker' : 'qemu';
 }
 
 /** The accelerator full VMs use here and why (the same probe as microVMs: can this host's KVM run a guest?). */

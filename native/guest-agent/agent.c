@@ -1,7 +1,8 @@
 /*
  * warren-agent: the guest side of a Warren microVM. It runs as pid 1 in the
  * guest (exec'd by the initramfs /init once the sandbox root is mounted at
- * /newroot) and serves the host over one virtio-serial port.
+ * /newroot) and serves the host over one virtio-serial port (QEMU), or over a
+ * vsock port where the VMM has no virtio-serial (Firecracker).
  *
  * The guest is untrusted and so is everything in it; this program only has to
  * be correct, not to defend itself: the host validates every frame it sends.
@@ -13,7 +14,10 @@
  *
  * A guest read on the port returns 0 while no host client is connected (and
  * after one went away, e.g. a gateway restart): the agent then polls again a
- * little later, and forgets any half-received frame.
+ * little later, and forgets any half-received frame. Over vsock each host
+ * connection is a stream of its own: the agent listens, and the newest
+ * connection replaces the one before (a host that went away without a close
+ * is replaced by the one that came back), with the same clean frame boundary.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -23,6 +27,7 @@
 #include <linux/openat2.h>
 #include <linux/random.h>
 #include <poll.h>
+#include <linux/vm_sockets.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +39,7 @@
 #include <sys/reboot.h>
 #include <termios.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -64,6 +70,42 @@ static struct proc procs[MAX_PROCS];
 
 static void put32(unsigned char *p, uint32_t v) { p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24; }
 static uint32_t get32(const unsigned char *p) { return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24); }
+
+/*
+ * Where the host reaches a server of this agent: "vsock:PORT" (a listening
+ * vsock socket; connections are accepted as they come) or a virtio port's
+ * device (opened once and kept).
+ */
+struct endpoint { char dev[300]; int lfd; };
+
+/* Set up `spec`; returns the virtio port's fd, or -1 for vsock (no host yet) or on error (errno). */
+static int endpoint_open(struct endpoint *e, const char *spec) {
+  e->lfd = -1;
+  snprintf(e->dev, sizeof e->dev, "%s", spec);
+  if (strncmp(spec, "vsock:", 6) != 0) return open(spec, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  char *end;
+  unsigned long vport = strtoul(spec + 6, &end, 10);
+  if (*end != 0 || vport == 0 || vport > 0xffffffffUL) { errno = EINVAL; return -1; }
+  struct sockaddr_vm a;
+  memset(&a, 0, sizeof a);
+  a.svm_family = AF_VSOCK;
+  a.svm_cid = VMADDR_CID_ANY;
+  a.svm_port = (unsigned)vport;
+  int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
+    int saved = errno;
+    if (fd >= 0) close(fd);
+    errno = saved;
+    return -1;
+  }
+  e->lfd = fd;
+  return -1;
+}
+
+/* A vsock endpoint's pending host connection, or -1. */
+static int endpoint_accept(struct endpoint *e) {
+  return e->lfd < 0 ? -1 : accept4(e->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+}
 
 static void write_all(const unsigned char *b, size_t n) {
   while (n > 0) {
@@ -501,7 +543,9 @@ static void kill_if_new(pid_t pid, unsigned long long start, int sig) { if (!was
 static void kill_session_but(pid_t sid, pid_t except, int sig) { each_in_session(sid, except, kill_one, sig); }
 
 static void session_server(const char *portpath) {
-  port = -1;
+  struct endpoint ep;
+  port = endpoint_open(&ep, portpath);
+  if (port < 0 && ep.lfd < 0) { fprintf(stderr, "warren-agent: session port %s: %m\n", portpath); return; }
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
@@ -509,8 +553,16 @@ static void session_server(const char *portpath) {
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   unsigned char *in = malloc(HDR + MAX_PAYLOAD);
   for (;;) {
-    if (port < 0) port = open(portpath, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (port < 0) { sleep(1); continue; }
+    while (port < 0) {
+      if (ep.lfd >= 0) {
+        struct pollfd pl = {ep.lfd, POLLIN, 0};
+        poll(&pl, 1, -1);
+        port = endpoint_accept(&ep);
+      } else {
+        port = open(portpath, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        if (port < 0) sleep(1);
+      }
+    }
     size_t have = 0;
     pid_t shell = 0;
     int mode = 0, fin = -1, fout = -1, ferr = -1, fstat_ = -1, master = -1;
@@ -525,10 +577,11 @@ static void session_server(const char *portpath) {
      * bridge's commands, not a stranger's. */
     int resumed = 1;
     for (;;) {
-      struct pollfd fds[7];
-      int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1;
+      struct pollfd fds[8];
+      int nf = 0, ip = -1, io = -1, ie = -1, is = -1, im = -1, il = -1;
       fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
-      if (connected) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
+      if (connected && port >= 0) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
+      if (ep.lfd >= 0) { il = nf; fds[nf++] = (struct pollfd){ep.lfd, POLLIN, 0}; }
       /* Until the connection is known to be this shell's bridge (START or RESUME with its token, or a
        * frame only that bridge sends), its output stays in the pipes: nothing is lost while the host
        * is away or has not said who it is. */
@@ -537,7 +590,19 @@ static void session_server(const char *portpath) {
       if (resumed == 1 && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
       if (resumed == 1 && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
       poll(fds, (nfds_t)nf, connected ? 1000 : 100);
-      if (!connected) {
+      if (il >= 0 && fds[il].revents) {
+        /* a host connection: the newest one is the bridge (the one before is gone or going) */
+        int c = endpoint_accept(&ep);
+        if (c >= 0) {
+          if (port >= 0) close(port);
+          port = c;
+          have = 0;
+          if (connected) { connected = 0; lost_at = now_ms(); }
+        }
+      }
+      /* no host over vsock: the shell lives as long as over a virtio port with no host */
+      if (!connected && port < 0 && shell > 0 && now_ms() - lost_at > SESSION_GRACE_MS) kill(-shell, SIGKILL), kill_session_but(shell, 0, SIGKILL);
+      if (!connected && port >= 0) {
         connected = 1;
         resumed = -1;
         if (shell == 0) { have = 0; }
@@ -578,6 +643,8 @@ static void session_server(const char *portpath) {
         connected = 0;
         have = 0;
         lost_at = now_ms();
+        /* a vsock stream that ended does not come back: the next host connection is accepted */
+        if (ep.lfd >= 0) { close(port); port = -1; }
         if (shell == 0) continue;
         continue;
       }
@@ -737,6 +804,17 @@ static void respawn_server(pid_t dead) {
 }
 
 static void start_session_servers(void) {
+  /* "FIRST:COUNT": vsock ports FIRST.. for the sessions (no virtio-serial) */
+  const char *vs = getenv("WARREN_SESSION_VSOCK");
+  if (vs && *vs) {
+    unsigned first = 0, count = 0;
+    if (sscanf(vs, "%u:%u", &first, &count) != 2 || first == 0) { fprintf(stderr, "warren-agent: bad WARREN_SESSION_VSOCK\n"); return; }
+    for (unsigned k = 0; k < count && nservers < MAX_SESSION_PORTS; k++) {
+      snprintf(servers[nservers].dev, sizeof servers[nservers].dev, "vsock:%u", first + k);
+      spawn_server(nservers++);
+    }
+    return;
+  }
   DIR *d = opendir("/sys/class/virtio-ports");
   if (!d) return;
   struct dirent *e;
@@ -831,8 +909,9 @@ int main(int argc, char **argv) {
   if (rp) root_path = rp;
   rootfd = open(root_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (rootfd < 0) { perror("warren-agent: root"); return 1; }
-  port = open(portname, O_RDWR | O_NONBLOCK | O_CLOEXEC);
-  if (port < 0) { perror("warren-agent: port"); return 1; }
+  struct endpoint ep;
+  port = endpoint_open(&ep, portname);
+  if (port < 0 && ep.lfd < 0) { perror("warren-agent: port"); return 1; }
   const char *cg = getenv("WARREN_CGROUP");
   if (cg && *cg) {
     char procs_path[256];
@@ -849,24 +928,37 @@ int main(int argc, char **argv) {
   size_t cap = HDR + MAX_PAYLOAD;
   unsigned char *in = malloc(cap);
   size_t have = 0;
-  int connected = 1;
+  int connected = port >= 0;
   start_session_servers();
   fprintf(stderr, "warren-agent: ready\n");
   for (;;) {
-    struct pollfd fds[2 + 2 * MAX_PROCS];
-    struct { struct proc *p; int stream; } who[2 + 2 * MAX_PROCS];
-    int nf = 0;
+    struct pollfd fds[3 + 2 * MAX_PROCS];
+    struct { struct proc *p; int stream; } who[3 + 2 * MAX_PROCS];
+    int nf = 0, ip = -1, il = -1;
     fds[nf++] = (struct pollfd){sfd, POLLIN, 0};
-    if (connected) fds[nf++] = (struct pollfd){port, POLLIN, 0};
+    if (connected && port >= 0) { ip = nf; fds[nf++] = (struct pollfd){port, POLLIN, 0}; }
+    if (ep.lfd >= 0) { il = nf; fds[nf++] = (struct pollfd){ep.lfd, POLLIN, 0}; }
+    int base = nf;
     for (int i = 0; i < MAX_PROCS; i++) {
       if (procs[i].pid == 0) continue;
       if (procs[i].out >= 0) { who[nf].p = &procs[i]; who[nf].stream = 1; fds[nf++] = (struct pollfd){procs[i].out, POLLIN, 0}; }
       if (procs[i].err >= 0) { who[nf].p = &procs[i]; who[nf].stream = 2; fds[nf++] = (struct pollfd){procs[i].err, POLLIN, 0}; }
     }
-    int r = poll(fds, (nfds_t)nf, connected ? -1 : 100);
+    /* over vsock a new host connection wakes the poll; a virtio port is polled again shortly */
+    int r = poll(fds, (nfds_t)nf, connected || ep.lfd >= 0 ? -1 : 100);
     if (r < 0 && errno != EINTR) return 1;
-    if (!connected) connected = 1; /* try the port again */
-    int base = 1;
+    if (!connected && ep.lfd < 0) connected = 1; /* try the port again */
+    if (il >= 0 && fds[il].revents) {
+      int c = endpoint_accept(&ep);
+      if (c >= 0) {
+        /* the newest host connection wins, from a clean frame boundary */
+        if (port >= 0) close(port);
+        port = c;
+        connected = 1;
+        have = 0;
+        ip = -1; /* what was polled was the old connection */
+      }
+    }
     if (fds[0].revents) {
       struct signalfd_siginfo si;
       while (read(sfd, &si, sizeof si) == sizeof si) {}
@@ -888,13 +980,13 @@ int main(int argc, char **argv) {
         }
       }
     }
-    if (nf > 1 && fds[1].fd == port) {
-      base = 2;
-      if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+    if (ip >= 0) {
+      if (fds[ip].revents & (POLLIN | POLLHUP | POLLERR)) {
         ssize_t got = read(port, in + have, cap - have);
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
           connected = 0; /* no host client: poll again shortly, and start from a clean frame boundary */
           have = 0;
+          if (ep.lfd >= 0) { close(port); port = -1; } /* a vsock stream does not come back */
         } else if (got > 0) {
           have += (size_t)got;
           size_t off = 0;

@@ -6,7 +6,11 @@
  * session server over one of the VM's "warren.session.N" virtio ports.
  *
  *   warren-vmshell --dir RUNDIR --slots N --mode command|pty --cwd C --uid U --gid G
- *                  [--control-fd N] [--env K=V]... -- argv...
+ *                  [--vsock FIRST] [--control-fd N] [--env K=V]... -- argv...
+ *
+ * With --vsock the VM has no virtio-serial (Firecracker): slot N is the guest's
+ * vsock port FIRST+N, reached through the VMM's unix socket RUNDIR/v.sock with
+ * its "CONNECT <port>" handshake.
  *
  * A slot is claimed with flock on RUNDIR/sN.lock for the bridge's lifetime.
  * With --control-fd (the holder's --control-fd), the holder's MARKs and its
@@ -85,11 +89,35 @@ static void send_frame(int type, const void *a, size_t an) {
   if (write_all(sock, h, HDR) == 0 && an) write_all(sock, a, an);
 }
 
+/* The guest's vsock port this bridge's slot is (0: a virtio port's socket). */
+static unsigned vsock_port;
+
+/* Firecracker's host-initiated vsock: "CONNECT <port>\n", answered "OK <host port>\n" once the
+ * guest accepted (or the connection is closed). The answer is read a byte at a time, so nothing
+ * of the guest's stream that follows it is consumed here. */
+static int vsock_handshake(int fd, unsigned gport) {
+  char line[32];
+  int n = snprintf(line, sizeof line, "CONNECT %u\n", gport);
+  if (write_all(fd, line, (size_t)n) < 0) return -1;
+  size_t got = 0;
+  long long deadline = now_ms() + 5000;
+  while (got < sizeof line - 1) {
+    struct pollfd p = {fd, POLLIN, 0};
+    long long left = deadline - now_ms();
+    if (left <= 0 || poll(&p, 1, (int)left) <= 0) return -1;
+    if (read(fd, line + got, 1) != 1) return -1;
+    if (line[got++] == '\n') break;
+  }
+  line[got] = 0;
+  return strncmp(line, "OK ", 3) == 0 && line[got - 1] == '\n' ? 0 : -1;
+}
+
 static int connect_to(const char *path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
   struct sockaddr_un a = {.sun_family = AF_UNIX};
   snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) { close(fd); return -1; }
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 || (vsock_port && vsock_handshake(fd, vsock_port) < 0)) { close(fd); return -1; }
   return fd;
 }
 
@@ -98,6 +126,7 @@ static void die(const char *m) { fprintf(stderr, "warren-vmshell: %s\n", m); exi
 int main(int argc, char **argv) {
   const char *dir = NULL, *mode = "command", *cwd = "/", *uid = "0", *gid = "0";
   int slots = 4, ctl = -1;
+  unsigned long vsock_first = 0;
   char *envs[512];
   int nenv = 0, i = 1;
   for (; i < argc; i++) {
@@ -109,6 +138,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cwd")) cwd = argv[++i];
     else if (!strcmp(argv[i], "--uid")) uid = argv[++i];
     else if (!strcmp(argv[i], "--gid")) gid = argv[++i];
+    else if (!strcmp(argv[i], "--vsock")) { vsock_first = strtoul(argv[++i], NULL, 10); if (vsock_first == 0 || vsock_first > 0xfffffff0UL) die("bad --vsock port"); }
     else if (!strcmp(argv[i], "--control-fd")) { ctl = atoi(argv[++i]); if (ctl < 3 || fcntl(ctl, F_GETFD) < 0) die("--control-fd is not open"); }
     else if (!strcmp(argv[i], "--env")) { if (nenv < 511) envs[nenv++] = argv[++i]; else i++; }
     else die("unknown option");
@@ -125,7 +155,10 @@ int main(int argc, char **argv) {
     else if (lf >= 0) close(lf);
   }
   if (slot < 0) die("every session slot of this microVM is in use");
-  snprintf(path, sizeof path, "%s/s%d.sock", dir, slot);
+  if (vsock_first) {
+    vsock_port = (unsigned)vsock_first + (unsigned)slot;
+    snprintf(path, sizeof path, "%s/v.sock", dir);
+  } else snprintf(path, sizeof path, "%s/s%d.sock", dir, slot);
   for (int t = 0; t < 100 && (sock = connect_to(path)) < 0; t++) usleep(50000);
   if (sock < 0) die("cannot reach the microVM");
   /* START: mode, cols, rows, then cwd uid gid argc argv... envc env... (NUL-terminated) */

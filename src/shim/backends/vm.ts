@@ -26,7 +26,7 @@ import { vmAccelerator } from '../../features';
 import { native } from '../../native';
 import { profile as policyProfile, profileForOwner } from '../../security/confinement';
 import type { Backend, BackendSandbox, ExecRequest, FacetName, FacetStatus, ResolvedLayer, SandboxRecord, SandboxSpec } from '../types';
-import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, consoleTail, inJail, killAndWait, launchVmm, readTail, vmLeftovers, vmmUser, vmmUserIds } from './microvm/backend';
+import { MicroVMSandbox, SESSION_SLOTS, type MicroVMRuntime, inJail, killAndWait, launchVmm, readTail, vmLeftovers, vmmUser, vmmUserIds } from './microvm/backend';
 import { destroyCgroup } from './cgroup';
 import { Qmp } from './microvm/qmp';
 import { hostTscKhz } from './microvm/vmm';
@@ -58,6 +58,7 @@ export interface VmBackendOptions {
 
 export class VmBackend implements Backend {
   readonly name = 'vm' as const;
+  readonly driver = qemuQ35;
   private readonly dir: string;
   private readonly runRoot: string;
   private readonly stash: string;
@@ -134,7 +135,7 @@ export class VmBackend implements Backend {
       return box;
     } catch (err) {
       const early = (await bootConsole?.stop()) ?? '';
-      const tail = lastLines(early + (pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : ''));
+      const tail = lastLines(early + (pid > 0 ? await qemuQ35.control.consoleTail(runDir) : ''));
       const vmmLog = readTail(join(dir, 'vmm.log'));
       if (pid > 0) await killAndWait(pid);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
@@ -165,6 +166,7 @@ export class VmBackend implements Backend {
     for (const f of ['agent.sock', 'qmp.sock', 'display.sock', 'vnc.sock'].map(sock).concat(sessionSockets)) await rm(f, { force: true });
     const launch: Q35Launch = {
       id,
+      runDir: runtime.runDir,
       accel: runtime.accel,
       kernel: runtime.kernel,
       initrd: runtime.initrd,

@@ -1,7 +1,7 @@
 /**
  * The shim's connection to a microVM's guest agent (a unix socket QEMU serves
- * for the virtio-serial port). Requests and processes are multiplexed on
- * channels.
+ * for the virtio-serial port, or a guest vsock port through Firecracker's).
+ * Requests and processes are multiplexed on channels.
  *
  * The guest is untrusted, so nothing it sends can make this side allocate
  * without bound, wait forever or act on host paths:
@@ -50,28 +50,35 @@ export class AgentClient {
     });
     sock.on('error', (err) => this.end(err));
     sock.on('close', () => this.end(new WarrenError('UNAVAILABLE', 'connection to the guest agent closed')));
+    // a dialer may hand the socket over paused (with bytes that came early put back)
+    sock.resume();
   }
 
   /**
-   * Connect to the agent socket and wait for HELLO (the agent answers PING
-   * once it runs). Retries until `timeoutMs`: QEMU creates the socket at
-   * start, the guest agent comes up seconds later.
+   * Connect to the agent (a socket path, or a dialer) and wait for HELLO (the
+   * agent answers PING once it runs). Retries until `timeoutMs`: the VMM
+   * creates its socket at start, the guest agent comes up seconds later.
    */
-  static async connect(path: string, timeoutMs: number, isAlive: () => boolean = () => true): Promise<AgentClient> {
+  static async connect(to: string | (() => Promise<net.Socket>), timeoutMs: number, isAlive: () => boolean = () => true): Promise<AgentClient> {
+    const dial =
+      typeof to === 'function'
+        ? to
+        : () =>
+            new Promise<net.Socket>((resolve, reject) => {
+              const s = net.createConnection({ path: to });
+              s.once('connect', () => {
+                s.removeAllListeners('error');
+                resolve(s);
+              });
+              s.once('error', reject);
+            });
     const deadline = Date.now() + timeoutMs;
     let lastErr = 'no answer';
     while (Date.now() < deadline) {
       if (!isAlive()) throw new WarrenError('UNAVAILABLE', 'the VMM exited before the guest agent answered');
       let sock: net.Socket;
       try {
-        sock = await new Promise<net.Socket>((resolve, reject) => {
-          const s = net.createConnection({ path });
-          s.once('connect', () => {
-            s.removeAllListeners('error');
-            resolve(s);
-          });
-          s.once('error', reject);
-        });
+        sock = await dial();
       } catch (err) {
         lastErr = (err as Error).message;
         await new Promise((r) => setTimeout(r, 50));

@@ -20,7 +20,7 @@ import { basename, dirname, join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { promisify } from 'node:util';
 import { WarrenError } from '../../../errors';
-import { feature, microvmAccelerator } from '../../../features';
+import { feature, microvmAccelerator, microvmVmm } from '../../../features';
 import { native } from '../../../native';
 import { destroyCgroup } from '../cgroup';
 import { profile as policyProfile, profileForOwner } from '../../../security/confinement';
@@ -51,9 +51,10 @@ import type { NetworkManager, SandboxNetworkRuntime } from '../../network/manage
 import { AgentClient } from './agent-client';
 import { AS_OVERHEAD, AgentType, MAX_AGENT_PAYLOAD, encodeAs, encodeClock, encodeExec, encodeFrame, encodeMkdirs, encodeRead, encodeWrite, cstrings } from './agent-protocol';
 import { findGuestKernel, guestInitramfs, vmmExecBinary, vmshellBinary } from './guest';
+import { firecracker, vsockCmdline } from './firecracker';
 import { Qmp } from './qmp';
 import { type Template, type TemplateShape, TemplateStore, configLine, portHandshake } from './template';
-import { type VmLaunch, type VmmDriver, hostTscKhz, qemuMicrovm, shellWord, spawnVmm } from './vmm';
+import { type VmLaunch, type VmmDriver, hostTscKhz, qemuAwaitIncoming, qemuConsoleTail, qemuMicrovm, qemuSaveVm, shellWord, spawnVmm, vmmUser, vmmUserIds } from './vmm';
 
 const SIGPIPE = 13;
 const run = promisify(execFile);
@@ -107,6 +108,7 @@ export interface MicroVMOptions {
   dataDir: string;
   /** Where sockets live (short: unix socket paths are limited to 108 bytes). */
   runRoot?: string;
+  /** The VMM (default: QEMU microvm, or Firecracker with WARREN_MICROVM_VMM=firecracker). */
   driver?: VmmDriver;
   bootTimeoutMs?: number;
   log?: (line: string) => void;
@@ -118,21 +120,21 @@ export interface MicroVMOptions {
 
 export class MicroVMBackend implements Backend {
   readonly name = 'microvm' as const;
-  private readonly driver: VmmDriver;
+  readonly driver: VmmDriver;
   private readonly dir: string;
   private readonly runRoot: string;
   /** Empty directory the jail mounts its scratch tmpfs on (outside the run root it hides). */
   private readonly stash: string;
 
   constructor(private readonly opts: MicroVMOptions) {
-    this.driver = opts.driver ?? qemuMicrovm;
+    this.driver = opts.driver ?? (microvmVmm() === 'firecracker' ? firecracker : qemuMicrovm);
     this.dir = join(opts.dataDir, 'microvm');
     this.runRoot = opts.runRoot ?? '/run/warren/vm';
     mkdirSync(this.dir, { recursive: true, mode: 0o700 });
     mkdirSync(this.runRoot, { recursive: true, mode: 0o700 });
     this.stash = opts.runRoot === undefined ? '/run/warren-vm-jail' : `${this.runRoot}-jail`;
     mkdirSync(this.stash, { recursive: true, mode: 0o700 });
-    if (opts.templates ?? process.env.WARREN_MICROVM_TEMPLATES !== '0') {
+    if (this.driver.templates && (opts.templates ?? process.env.WARREN_MICROVM_TEMPLATES !== '0')) {
       const store = new TemplateStore(join(opts.dataDir, 'microvm-templates'), (key, shape, dir) => this.buildTemplate(key, shape, dir), opts.log);
       this.templates = store;
       this.swept = store.sweep(killAndWait, destroyCgroup).then(
@@ -184,7 +186,7 @@ export class MicroVMBackend implements Backend {
       try {
         await q.execute('stop');
         await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
-        await saveVm(q, this.inJail(join(dir, 'snapshot')));
+        await qemuSaveVm(q, this.inJail(join(dir, 'snapshot')));
       } finally {
         q.close();
       }
@@ -197,7 +199,7 @@ export class MicroVMBackend implements Backend {
       }
       return { cmdline };
     } catch (err) {
-      const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const tail = pid > 0 ? await qemuConsoleTail(join(runDir, 'qmp.sock')) : '';
       const vmmLog = readTail(join(dir, 'vmm.log'));
       if (err instanceof WarrenError && (err.code === 'TIMEOUT' || err.code === 'UNAVAILABLE')) {
         throw new WarrenError('SPAWN_ERROR', `the microVM template did not come up: ${err.message}${tail ? `; guest console: ${tail}` : ''}${vmmLog ? `; VMM: ${vmmLog}` : ''}`, { console: tail, vmm: vmmLog });
@@ -214,7 +216,7 @@ export class MicroVMBackend implements Backend {
   get facets(): Record<FacetName, FacetStatus> {
     return {
       files: { offered: true, how: 'through the guest agent, resolved inside the guest root (openat2 RESOLVE_IN_ROOT)' },
-      sessions: { offered: true, how: `warren-session holder running warren-vmshell, bridged to one of ${SESSION_SLOTS} virtio session ports` },
+      sessions: { offered: true, how: `warren-session holder running warren-vmshell, bridged to one of ${SESSION_SLOTS} ${this.driver.channel.kind === 'vsock' ? 'guest vsock' : 'virtio'} session ports` },
       freeze: { offered: true, how: 'the VM (memory and devices) is saved to disk and the VMM ends; resume restores it' },
       snapshot: { offered: false, reason: 'pause already writes the whole VM to disk and ends the VMM; hibernate is pause here' },
       export: { offered: true, how: "tar of the guest's overlay upper dir (whiteouts kept, opaque-dir xattrs not), checked and unpacked on the host" },
@@ -251,7 +253,8 @@ export class MicroVMBackend implements Backend {
     const diskMb = spec.diskMb ?? policyProfile(profileForOwner(spec.owner)).limits.diskMb ?? 2048;
     const dir = join(this.dir, id);
     const runDir = join(this.runRoot, id);
-    const accel = microvmAccelerator().accel;
+    // Firecracker has no emulator: where it is available the host's KVM runs the guest
+    const accel = this.driver.name === 'firecracker' ? 'kvm' : microvmAccelerator().accel;
     const vcpus = Math.max(1, Math.min(Math.ceil(spec.cpu), 16));
     const template = await this.templateFor({ kernel: kernel.image, initrd: cachedInitrd, layerFiles: files, diskMb, guestMb: spec.memoryMb, vcpus, accel, nic: spec.network !== undefined, extra: `${hostTscKhz() ?? ''} ${vmmUser() ?? ''}` });
     // The sandbox keeps its own link to the initramfs it booted: a later build (another agent or
@@ -292,7 +295,7 @@ export class MicroVMBackend implements Backend {
           // the template's RAM is mapped from its file, not in the snapshot: both ends of the migration say so
           await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
           await q.execute('migrate-incoming', { uri: `exec:cat ${shellWord(template.snapshot)}` });
-          await awaitIncoming(q);
+          await qemuAwaitIncoming(q);
           await q.execute('cont');
         } finally {
           q.close();
@@ -305,9 +308,10 @@ export class MicroVMBackend implements Backend {
       await box.connect(this.opts.bootTimeoutMs ?? 180_000);
       return box;
     } catch (err) {
-      const tail = pid > 0 ? await consoleTail(join(runDir, 'qmp.sock')) : '';
+      const tail = pid > 0 ? await this.driver.control.consoleTail(runDir) : '';
       const vmmLog = readTail(join(dir, 'vmm.log'));
       if (pid > 0) await killAndWait(pid);
+      this.driver.control.forget(runDir);
       if (cgroup) await destroyCgroup(id).catch(() => undefined);
       await this.tearDownNetwork(id, runtime.network).catch(() => undefined);
       await rm(dir, { recursive: true, force: true }).catch(() => undefined);
@@ -339,7 +343,8 @@ export class MicroVMBackend implements Backend {
     const khz = hostTscKhz();
     const tap = runtime.network?.tap;
     const own = template ? ['warren.hold=1'] : [`warren.id=${id}`, ...(runtime.pids !== undefined ? [`warren.pids=${runtime.pids}`] : []), ...(tap ? [`warren.net=${tap.cidr},${tap.gateway}`] : [])];
-    return ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.layers=${runtime.layerFiles.length}`, ...own].join(' ');
+    const channel = this.driver.channel.kind === 'vsock' ? [vsockCmdline(SESSION_SLOTS)] : [];
+    return ['console=ttyS0', 'panic=-1', 'quiet', 'loglevel=3', ...(khz ? [`tsc_early_khz=${khz}`] : []), `warren.layers=${runtime.layerFiles.length}`, ...channel, ...own].join(' ');
   }
 
   /**
@@ -354,6 +359,7 @@ export class MicroVMBackend implements Backend {
     for (const f of [agentSocket, qmpSocket, ...Array.from({ length: SESSION_SLOTS }, (_, i) => join(runtime.runDir, `s${i}.sock`))]) await rm(f, { force: true });
     const launch: VmLaunch = {
       id,
+      runDir: runtime.runDir,
       accel: runtime.accel,
       kernel: runtime.kernel,
       initrd: runtime.initrd,
@@ -432,26 +438,8 @@ function cgroupDir(id: string): string {
   return join(root, id);
 }
 
-/** The unprivileged user QEMU drops to (scripts/setup.sh creates it); null when absent. */
-export function vmmUser(): string | null {
-  return vmmUserIds() === null ? null : VMM_USER;
-}
+export { vmmUser, vmmUserIds };
 
-const VMM_USER = 'warren-vmm';
-let vmmIds: { uid: number; gid: number } | null | undefined;
-export function vmmUserIds(): { uid: number; gid: number } | null {
-  if (vmmIds !== undefined) return vmmIds;
-  try {
-    const line = require('node:fs').readFileSync('/etc/passwd', 'utf8').split('\n').find((l: string) => l.startsWith(`${VMM_USER}:`)) as string | undefined;
-    const f = line?.split(':');
-    vmmIds = f && f.length >= 4 ? { uid: Number(f[2]), gid: Number(f[3]) } : null;
-  } catch {
-    vmmIds = null;
-  }
-  return vmmIds;
-}
-
-/** SIGKILL the VMM and everything under it (the jail's QEMU, its migration shell) and wait until all are gone. */
 /**
  * Start the VMM of `launch`: its output appended to the launch's log, the process counted in
  * the sandbox's cgroup (and SCHED_IDLE for an idle sandbox) before anything waits on it. A VMM
@@ -459,6 +447,7 @@ export function vmmUserIds(): { uid: number; gid: number } | null {
  * time go into `runtime` (re-adoption tells a live VMM from a reused pid by them).
  */
 export async function launchVmm(driver: VmmDriver, launch: VmLaunch, runtime: { vmmPid: number; startTime: number }, idle: boolean): Promise<number> {
+  await driver.prepare?.(launch);
   const log = openSync(launch.logFile, 'a', 0o600);
   let proc;
   try {
@@ -510,35 +499,6 @@ function processAlive(pid: number): boolean {
     return readState(pid) !== 'Z';
   } catch {
     return false;
-  }
-}
-
-/** Save the stopped VM through QEMU's `exec:` migration into `file` (a path the VMM can write). */
-async function saveVm(q: Qmp, file: string): Promise<void> {
-  await q.execute('migrate', { uri: `exec:cat > ${file}` });
-  const deadline = Date.now() + 300_000;
-  for (;;) {
-    const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
-    if (st.status === 'completed') return;
-    if (st.status === 'failed' || st.status === 'cancelled') throw new WarrenError('INTERNAL', `saving the VM failed: ${String(st['error-desc'] ?? st.status).slice(0, 300)}`);
-    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'saving the VM took longer than 300 s');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-/** Wait until a VMM started with `-incoming` has loaded its snapshot (it is then paused). */
-async function awaitIncoming(q: Qmp): Promise<void> {
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    const st = (await q.execute('query-status')) as { status?: string };
-    if (st.status === 'paused' || st.status === 'postmigrate' || st.status === 'prelaunch') {
-      const mig = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
-      if (mig.status === 'completed' || mig.status === undefined) return;
-      if (mig.status === 'failed') throw new WarrenError('INTERNAL', `restoring the VM failed: ${String(mig['error-desc'] ?? 'failed').slice(0, 300)}`);
-    }
-    if (st.status === 'running') return;
-    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'restoring the VM took longer than 120 s');
-    await new Promise((r) => setTimeout(r, 10));
   }
 }
 
@@ -628,23 +588,8 @@ export function readTail(path: string): string {
   }
 }
 
-/** The last lines of the guest console (QEMU's ring buffer), for a failed boot. */
-export async function consoleTail(qmpSocket: string): Promise<string> {
-  try {
-    const q = await Qmp.connect(qmpSocket, 2000);
-    try {
-      const text = String(await q.execute('ringbuf-read', { device: 'con', size: 65536, format: 'utf8' }, 2000));
-      return text.replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-8).join(' | ').slice(-1500);
-    } finally {
-      q.close();
-    }
-  } catch {
-    return '';
-  }
-}
-
 /** What a sandbox asks of its backend: start its VMM again (resume), and paths as the jailed VMM sees them. */
-export type VmHost = Pick<MicroVMBackend, 'launch' | 'inJail' | 'tearDownNetwork'>;
+export type VmHost = Pick<MicroVMBackend, 'launch' | 'inJail' | 'tearDownNetwork' | 'driver'>;
 
 /** Sandboxes this process holds a connection for, by id (see adopt). */
 const live = new Map<string, MicroVMSandbox>();
@@ -693,7 +638,8 @@ export class MicroVMSandbox implements BackendSandbox {
         const shell = hasBash ? ['/bin/bash', '--noprofile', '--norc'] : ['/bin/sh'];
         if (o.mode === 'pty') shell.push('-i');
         const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, HOSTNAME: this.id, LANG: 'C.UTF-8', TERM: o.mode === 'pty' ? 'xterm-256color' : 'dumb', ...this.spec.env, ...o.env };
-        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid), '--control-fd', String(BRIDGE_CONTROL_FD)];
+        const channel = this.backend.driver.channel;
+        const argv = [vmshellBinary(), '--dir', this.runtime.runDir, '--slots', String(SESSION_SLOTS), ...(channel.kind === 'vsock' ? ['--vsock', String(channel.firstSessionPort)] : []), '--mode', o.mode, '--cwd', o.cwd ?? user.home, '--uid', String(user.uid), '--gid', String(user.gid), '--control-fd', String(BRIDGE_CONTROL_FD)];
         for (const [k, v] of Object.entries(env)) argv.push('--env', `${k}=${v}`);
         argv.push('--', ...shell);
         // the holder cannot see the guest's processes: the bridge passes its MARKs and signals on
@@ -840,7 +786,7 @@ export class MicroVMSandbox implements BackendSandbox {
         return false;
       }
     };
-    const client = await AgentClient.connect(join(this.runtime.runDir, 'agent.sock'), timeoutMs, alive);
+    const client = await AgentClient.connect(() => this.backend.driver.control.dialAgent(this.runtime.runDir), timeoutMs, alive);
     this.agent = client;
     live.set(this.id, this);
     client.onEnd(() => {
@@ -1109,33 +1055,21 @@ export class MicroVMSandbox implements BackendSandbox {
     const started = performance.now();
     const before = native.cgroupStats(this.id).memoryCurrentBytes;
     const file = join(this.runtime.dir, 'snapshot');
-    const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'));
-    try {
-      await q.execute('stop');
-      try {
-        // a VM restored from a template was told its RAM is someone else's; its own snapshot holds all of it
-        if (this.runtime.namedRam) await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: false }] });
-        await saveVm(q, this.backend.inJail(file));
-      } catch (err) {
-        await q.execute('cont').catch(() => undefined);
-        throw err;
-      }
-    } finally {
-      q.close();
-    }
+    const files = await this.backend.driver.control.save(this.runtime.runDir, { host: file, vmm: this.backend.inJail(file) }, { namedRam: this.runtime.namedRam === true });
     this.suspended = true;
     this.agent?.close();
     this.agent = null;
     // What ending the VMM gives back: the resident memory of its processes (guest RAM, TCG cache, QEMU).
     const vmmRss = treeRss(this.runtime.vmmPid);
     await killAndWait(this.runtime.vmmPid);
-    // The snapshot's page cache was charged to the sandbox's cgroup (QEMU's `cat` wrote it): flush it to disk and drop it.
-    for (const f of [file, join(this.runtime.dir, 'disk.img')]) {
+    this.backend.driver.control.forget(this.runtime.runDir);
+    // The snapshot's page cache was charged to the sandbox's cgroup (the VMM wrote it): flush it to disk and drop it.
+    for (const f of [...files, join(this.runtime.dir, 'disk.img')]) {
       await run('dd', ['if=/dev/null', `of=${f}`, 'oflag=nocache', 'conv=notrunc,fdatasync', 'count=0'], { timeout: 120_000 }).catch(() => undefined);
     }
     this.runtime.snapshot = file;
     const after = native.cgroupStats(this.id).memoryCurrentBytes;
-    const written = statSync(file).size;
+    const written = files.reduce((sum, f) => sum + statSync(f).size, 0);
     return {
       memoryBeforeBytes: before,
       memoryAfterBytes: after,
@@ -1154,13 +1088,7 @@ export class MicroVMSandbox implements BackendSandbox {
     if (file === undefined || !existsSync(file)) throw new WarrenError('INTERNAL', `sandbox ${this.id} is paused without a snapshot`);
     const pid = await this.backend.launch(this.id, this.runtime, this.spec.priority === 'idle', { incoming: { file, shared: false } });
     try {
-      const q = await Qmp.connect(join(this.runtime.runDir, 'qmp.sock'), 30_000);
-      try {
-        await awaitIncoming(q);
-        await q.execute('cont');
-      } finally {
-        q.close();
-      }
+      await this.backend.driver.control.resumeIncoming(this.runtime.runDir, this.backend.inJail(file));
       this.suspended = false;
       this.watch(pid);
       await this.connect(30_000);
@@ -1168,10 +1096,13 @@ export class MicroVMSandbox implements BackendSandbox {
     } catch (err) {
       this.suspended = true;
       await killAndWait(pid);
+      this.backend.driver.control.forget(this.runtime.runDir);
       throw err;
     }
     delete this.runtime.snapshot;
+    // a driver may have written more than the one file (Firecracker: the guest memory beside its state)
     await rm(file, { force: true });
+    await rm(`${file}.mem`, { force: true });
   }
 
   destroy(): Promise<void> {
@@ -1185,6 +1116,7 @@ export class MicroVMSandbox implements BackendSandbox {
     this.agent?.close();
     this.watchedPid = 0;
     if (!this.suspended) await killAndWait(this.runtime.vmmPid);
+    this.backend.driver.control.forget(this.runtime.runDir);
     await destroyCgroup(this.id).catch((err) => {
       if (native.cgroupExists(this.id)) throw err;
     });

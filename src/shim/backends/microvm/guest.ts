@@ -18,6 +18,8 @@ export const GUEST_CACHE = process.env.WARREN_MICROVM_CACHE ?? '/var/cache/warre
 
 /** Modules the guest loads, in this order after their dependencies (modprobe --show-depends). */
 export const GUEST_MODULES = ['virtio_mmio', 'virtio_blk', 'virtio_console', 'erofs', 'overlay', 'virtio_net'];
+/** Loaded only by a guest whose VMM has no virtio-serial (`warren.vsock=` on its command line): the agent listens on vsock. */
+export const GUEST_VSOCK_MODULES = ['vmw_vsock_virtio_transport'];
 
 export interface GuestKernel {
   release: string;
@@ -73,8 +75,8 @@ function busyboxBinary(): string | null {
 
 const modulesMemo = new Map<string, string[]>();
 
-/** Module files for GUEST_MODULES, dependencies first, each once (asked of modprobe once per kernel and modules.dep). */
-export function moduleFiles(kernel: GuestKernel): string[] {
+/** Module files for `names`, dependencies first, each once (asked of modprobe once per kernel and modules.dep). */
+export function moduleFiles(kernel: GuestKernel, names: readonly string[] = GUEST_MODULES): string[] {
   let depStamp = '';
   try {
     const st = statSync(join(kernel.modulesDir, 'modules.dep'));
@@ -82,11 +84,11 @@ export function moduleFiles(kernel: GuestKernel): string[] {
   } catch {
     /* no modules.dep: modprobe says what is wrong */
   }
-  const memoKey = `${kernel.release}\0${kernel.modulesDir}\0${depStamp}`;
+  const memoKey = `${kernel.release}\0${kernel.modulesDir}\0${depStamp}\0${names.join(',')}`;
   const known = modulesMemo.get(memoKey);
   if (known !== undefined) return known;
   const out: string[] = [];
-  for (const m of GUEST_MODULES) {
+  for (const m of names) {
     const text = execFileSync('modprobe', ['-S', kernel.release, '--show-depends', m], { encoding: 'utf8', timeout: 10_000 });
     for (const line of text.split('\n')) {
       const f = /^insmod (\S+)/.exec(line.trim())?.[1];
@@ -104,7 +106,9 @@ export function moduleFiles(kernel: GuestKernel): string[] {
  *     (ext4, made on the host), "l0".."lN" the EROFS layers, top-most first;
  *   - overlay(lower = layers, upper = rw/upper) on /newroot, with /proc, /sys,
  *     /dev and /dev/pts inside it;
- *   - the agent's port is the virtio port named "warren.agent".
+ *   - the agent's port is the virtio port named "warren.agent", or with
+ *     `warren.vsock=PORT,FIRST:COUNT` (a VMM without virtio-serial) the vsock
+ *     port PORT, and the shell sessions' ports FIRST..FIRST+COUNT-1.
  * Anything that fails prints WARREN_BOOT_FAILED and powers off, so the host
  * sees a quick, explained failure instead of a timeout.
  */
@@ -114,10 +118,13 @@ export PATH=/bin
 fail() { echo "WARREN_BOOT_FAILED: $*" > /dev/console; sync; poweroff -f; sleep 5; exit 1; }
 mount -t proc proc /proc && mount -t sysfs sys /sys && mount -t devtmpfs dev /dev || fail "cannot mount proc/sys/dev"
 for m in $(cat /etc/modules.list); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
-id=; layers=0; net=; pids=; hold=; mac=
+id=; layers=0; net=; pids=; hold=; mac=; vsock=
 for a in $(cat /proc/cmdline); do
-  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; warren.hold=1) hold=1;; esac
+  case "$a" in warren.id=*) id="\${a#warren.id=}";; warren.layers=*) layers="\${a#warren.layers=}";; warren.net=*) net="\${a#warren.net=}";; warren.pids=*) pids="\${a#warren.pids=}";; warren.hold=1) hold=1;; warren.vsock=*) vsock="\${a#warren.vsock=}";; esac
 done
+if [ -n "$vsock" ]; then
+  for m in $(cat /etc/modules.vsock); do insmod "/lib/modules/$m" 2>/dev/null || fail "insmod $m"; done
+fi
 disk() { for s in /sys/block/vd*; do [ "$(cat "$s/serial" 2>/dev/null)" = "$1" ] && { echo "/dev/\${s##*/}"; return 0; }; done; return 1; }
 i=0
 while [ "$i" -lt 50 ] && ! disk rw >/dev/null; do sleep 0.02; i=$((i+1)); done
@@ -136,7 +143,13 @@ mount -t proc proc /newroot/proc && mount -t sysfs sys /newroot/sys && mount -t 
 mkdir -p /newroot/dev/pts /newroot/dev/shm && mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts && mount -t tmpfs -o nosuid,nodev shm /newroot/dev/shm
 ip link set dev lo up
 port=
-for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
+if [ -n "$vsock" ]; then
+  # templates are snapshots of a QEMU guest: a vsock guest always boots, and never holds
+  [ -z "$hold" ] || fail "a vsock guest cannot be a template"
+  port="vsock:\${vsock%%,*}"; export WARREN_SESSION_VSOCK="\${vsock#*,}"
+else
+  for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
+fi
 [ -n "$port" ] || fail "no agent port"
 # The sandbox's processes (not the agent) run in one group with the sandbox's pids limit, as a
 # container's do; a guest kernel without cgroup2 boots anyway, and the host reports it.
@@ -214,7 +227,8 @@ export function guestInitramfs(kernel: GuestKernel): string {
   const agent = agentBinary();
   if (!existsSync(agent)) throw new WarrenError('NOT_SUPPORTED', `the guest agent is not built (${agent}; npm run build:native)`);
   const modules = moduleFiles(kernel);
-  const key = initramfsKey(kernel, [busybox, agent, ...modules]);
+  const vsockModules = moduleFiles(kernel, GUEST_VSOCK_MODULES).filter((f) => !modules.includes(f));
+  const key = initramfsKey(kernel, [busybox, agent, ...modules, ...vsockModules]);
   const out = join(GUEST_CACHE, `initrd-${kernel.release}-${key}.cpio`);
   if (existsSync(out)) return out;
   mkdirSync(GUEST_CACHE, { recursive: true, mode: 0o755 });
@@ -226,14 +240,15 @@ export function guestInitramfs(kernel: GuestKernel): string {
     copyFileSync(agent, join(tmp, 'sbin/warren-agent'));
     chmodSync(join(tmp, 'bin/busybox'), 0o755);
     chmodSync(join(tmp, 'sbin/warren-agent'), 0o755);
-    const list: string[] = [];
-    for (const f of modules) {
-      const rel = f.slice(kernel.modulesDir.length + 1);
-      mkdirSync(dirname(join(tmp, 'lib/modules', rel)), { recursive: true });
-      copyFileSync(f, join(tmp, 'lib/modules', rel));
-      list.push(rel);
-    }
-    writeFileSync(join(tmp, 'etc/modules.list'), list.join('\n') + '\n');
+    const pack = (files: string[]) =>
+      files.map((f) => {
+        const rel = f.slice(kernel.modulesDir.length + 1);
+        mkdirSync(dirname(join(tmp, 'lib/modules', rel)), { recursive: true });
+        copyFileSync(f, join(tmp, 'lib/modules', rel));
+        return rel;
+      });
+    writeFileSync(join(tmp, 'etc/modules.list'), pack(modules).join('\n') + '\n');
+    writeFileSync(join(tmp, 'etc/modules.vsock'), pack(vsockModules).join('\n') + '\n');
     writeFileSync(join(tmp, 'init'), INIT_SCRIPT, { mode: 0o755 });
     const files = execFileSync('find', ['.', '-mindepth', '1'], { cwd: tmp, encoding: 'utf8' });
     const cpio = execFileSync('cpio', ['--quiet', '-o', '-H', 'newc', '--owner', '0:0'], { cwd: tmp, input: files, maxBuffer: 256 << 20 });

@@ -1,13 +1,17 @@
 /**
- * VMM drivers: how a microVM's virtual machine monitor is started. QEMU's
- * `microvm` machine is the one driven here; Firecracker sits behind the same
- * interface, detected and refused with its reason (features.ts `firecracker`).
+ * VMM drivers: how a microVM's virtual machine monitor is started, how the
+ * host reaches its guest, and how the VM is saved to disk and restored. QEMU
+ * (its `microvm` machine here, `q35` for full VMs in ../vm/qemu.ts) is driven
+ * over QMP with virtio-serial ports; Firecracker (firecracker.ts) over its
+ * HTTP API with a hybrid vsock.
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import net from 'node:net';
+import { dirname, join } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { feature } from '../../../features';
+import { Qmp } from './qmp';
 
 export interface VmDisk {
   id: string;
@@ -19,6 +23,8 @@ export interface VmDisk {
 
 export interface VmLaunch {
   id: string;
+  /** The VM's run dir: its sockets (and a driver's own files) live here. */
+  runDir: string;
   accel: 'kvm' | 'tcg';
   kernel: string;
   initrd: string;
@@ -79,10 +85,41 @@ export interface VmJail {
   user: string | null;
 }
 
+/** How the host reaches the guest agent and the shell sessions' servers. */
+export type GuestChannel =
+  /** One virtio-serial port each ("warren.agent", "warren.session.N"), served by the VMM at unix sockets of the run dir. */
+  | { kind: 'virtio-serial' }
+  /** Guest vsock ports, reached through the VMM's unix socket `v.sock` of the run dir ("CONNECT <port>"). */
+  | { kind: 'vsock'; agentPort: number; firstSessionPort: number };
+
+/** What a sandbox asks of its running VMM: everything that differs between VMMs once one runs. */
+export interface VmmControl {
+  /**
+   * Stop the guest and write it (memory and devices) to `file`: `host` as this process names it,
+   * `vmm` as the (jailed) VMM does. `namedRam`: the VM was restored from a template, whose RAM its
+   * own snapshot must now hold. Returns the host paths written. On failure the guest runs on.
+   */
+  save(runDir: string, file: { host: string; vmm: string }, o: { namedRam: boolean }): Promise<string[]>;
+  /** A VMM launched with `incoming` (the VM's own snapshot, `vmmFile`): wait until it is loaded and let the guest run. */
+  resumeIncoming(runDir: string, vmmFile: string): Promise<void>;
+  /** The last lines of the guest console, printable only ('' when there is nothing to read). */
+  consoleTail(runDir: string): Promise<string>;
+  /** One connection to the guest agent (the caller retries until the agent answers). */
+  dialAgent(runDir: string): Promise<net.Socket>;
+  /** The VMM of `runDir` ended or is being ended: let go of what this process holds for it. */
+  forget(runDir: string): void;
+}
+
 export interface VmmDriver {
   readonly name: 'qemu-microvm' | 'qemu-q35' | 'firecracker';
   status(): { available: boolean; reason?: string };
   command(l: VmLaunch): { bin: string; args: string[] };
+  /** Runs before the VMM starts (Firecracker: its configuration file and console). */
+  prepare?(l: VmLaunch): Promise<void>;
+  /** Whether the VMM can restore templates (QEMU's migration with shared RAM, see template.ts). */
+  readonly templates: boolean;
+  readonly channel: GuestChannel;
+  readonly control: VmmControl;
 }
 
 /** The NIC MAC a template boots with; a microVM restored from it sets its own before the NIC comes up. */
@@ -147,8 +184,99 @@ export function qemuFinalArgs(l: VmLaunch): string[] {
   return [...incoming, ...(l.jail?.user ? ['-runas', l.jail.user] : [])];
 }
 
+/** Save the stopped VM through QEMU's `exec:` migration into `file` (a path the VMM can write). */
+export async function qemuSaveVm(q: Qmp, file: string): Promise<void> {
+  await q.execute('migrate', { uri: `exec:cat > ${shellWord(file)}` });
+  const deadline = Date.now() + 300_000;
+  for (;;) {
+    const st = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
+    if (st.status === 'completed') return;
+    if (st.status === 'failed' || st.status === 'cancelled') throw new WarrenError('INTERNAL', `saving the VM failed: ${String(st['error-desc'] ?? st.status).slice(0, 300)}`);
+    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'saving the VM took longer than 300 s');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Wait until a VMM started with `-incoming` has loaded its snapshot (it is then paused). */
+export async function qemuAwaitIncoming(q: Qmp): Promise<void> {
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const st = (await q.execute('query-status')) as { status?: string };
+    if (st.status === 'paused' || st.status === 'postmigrate' || st.status === 'prelaunch') {
+      const mig = (await q.execute('query-migrate')) as { status?: string; 'error-desc'?: string };
+      if (mig.status === 'completed' || mig.status === undefined) return;
+      if (mig.status === 'failed') throw new WarrenError('INTERNAL', `restoring the VM failed: ${String(mig['error-desc'] ?? 'failed').slice(0, 300)}`);
+    }
+    if (st.status === 'running') return;
+    if (Date.now() > deadline) throw new WarrenError('TIMEOUT', 'restoring the VM took longer than 120 s');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** The last lines of the guest console (QEMU's ring buffer, read over QMP at `qmpSocket`). */
+export async function qemuConsoleTail(qmpSocket: string): Promise<string> {
+  try {
+    const q = await Qmp.connect(qmpSocket, 2000);
+    try {
+      const text = String(await q.execute('ringbuf-read', { device: 'con', size: 65536, format: 'utf8' }, 2000));
+      return text.replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-8).join(' | ').slice(-1500);
+    } finally {
+      q.close();
+    }
+  } catch {
+    return '';
+  }
+}
+
+/** QEMU, driven over QMP at `<runDir>/qmp.sock`, its guest reached over virtio-serial ports. */
+export const qemuControl: VmmControl = {
+  async save(runDir, file, o) {
+    const q = await Qmp.connect(join(runDir, 'qmp.sock'));
+    try {
+      await q.execute('stop');
+      try {
+        // a VM restored from a template was told its RAM is someone else's; its own snapshot holds all of it
+        if (o.namedRam) await q.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: false }] });
+        await qemuSaveVm(q, file.vmm);
+      } catch (err) {
+        await q.execute('cont').catch(() => undefined);
+        throw err;
+      }
+    } finally {
+      q.close();
+    }
+    return [file.host];
+  },
+  async resumeIncoming(runDir) {
+    const q = await Qmp.connect(join(runDir, 'qmp.sock'), 30_000);
+    try {
+      await qemuAwaitIncoming(q);
+      await q.execute('cont');
+    } finally {
+      q.close();
+    }
+  },
+  consoleTail: (runDir) => qemuConsoleTail(join(runDir, 'qmp.sock')),
+  dialAgent: (runDir) =>
+    new Promise<net.Socket>((resolve, reject) => {
+      const s = net.createConnection({ path: join(runDir, 'agent.sock') });
+      s.once('connect', () => {
+        s.removeAllListeners('error');
+        resolve(s);
+      });
+      s.once('error', (err) => {
+        s.destroy();
+        reject(err);
+      });
+    }),
+  forget: () => undefined,
+};
+
 export const qemuMicrovm: VmmDriver = {
   name: 'qemu-microvm',
+  templates: true,
+  channel: { kind: 'virtio-serial' },
+  control: qemuControl,
   status: () => (feature('qemu').supported ? { available: true } : { available: false, reason: feature('qemu').reason ?? 'no qemu' }),
   command(l) {
     // ACPI stays on: this kernel has no VIRTIO_MMIO_CMDLINE_DEVICES, so ACPI is how it finds the virtio-mmio devices.
@@ -176,18 +304,7 @@ export const qemuMicrovm: VmmDriver = {
   },
 };
 
-export const firecracker: VmmDriver = {
-  name: 'firecracker',
-  status: () => {
-    const f = feature('firecracker');
-    return f.supported ? { available: true } : { available: false, reason: f.reason ?? 'unavailable' };
-  },
-  command() {
-    throw new WarrenError('NOT_SUPPORTED', `firecracker: ${feature('firecracker').reason}`);
-  },
-};
-
-/** Runs inside the new namespaces, before QEMU: hide everything but this VM's own dirs. */
+/** Runs inside the new namespaces, before the VMM: hide everything but this VM's own dirs. */
 function jailScript(j: VmJail): string {
   for (const p of [j.runDir, j.dataDir, j.runRoot, j.dataRoot, j.stash, ...j.files]) shellWord(p);
   return [
@@ -248,6 +365,25 @@ export function spawnVmm(driver: VmmDriver, l: VmLaunch, logFd: number): VmmProc
       child.stdin!.end('go\n');
     },
   };
+}
+
+/** The unprivileged user jailed VMMs run as (scripts/setup.sh creates it); null when absent. */
+export function vmmUser(): string | null {
+  return vmmUserIds() === null ? null : VMM_USER;
+}
+
+const VMM_USER = 'warren-vmm';
+let vmmIds: { uid: number; gid: number } | null | undefined;
+export function vmmUserIds(): { uid: number; gid: number } | null {
+  if (vmmIds !== undefined) return vmmIds;
+  try {
+    const line = readFileSync('/etc/passwd', 'utf8').split('\n').find((l) => l.startsWith(`${VMM_USER}:`));
+    const f = line?.split(':');
+    vmmIds = f && f.length >= 4 ? { uid: Number(f[2]), gid: Number(f[3]) } : null;
+  } catch {
+    vmmIds = null;
+  }
+  return vmmIds;
 }
 
 /** The host TSC frequency, for the guest's tsc_early_khz (TCG guests otherwise sometimes hang calibrating against a PIT they do not have). */

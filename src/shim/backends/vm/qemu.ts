@@ -8,7 +8,7 @@
  */
 import { WarrenError } from '../../../errors';
 import { feature } from '../../../features';
-import { type VmLaunch, type VmmDriver, optPath, qemuBaseArgs, qemuChannelArgs, qemuFinalArgs } from '../microvm/vmm';
+import { type VmLaunch, type VmmDriver, optPath, qemuBaseArgs, qemuChannelArgs, qemuControl, qemuFinalArgs } from '../microvm/vmm';
 
 export interface Q35Launch extends VmLaunch {
   screen: { width: number; height: number };
@@ -24,6 +24,9 @@ function isQ35(l: VmLaunch): l is Q35Launch {
 
 export const qemuQ35: VmmDriver = {
   name: 'qemu-q35',
+  templates: false,
+  channel: { kind: 'virtio-serial' },
+  control: qemuControl,
   status: () => (feature('qemu').supported ? { available: true } : { available: false, reason: feature('qemu').reason ?? 'no qemu' }),
   command(l) {
     if (!isQ35(l)) throw new WarrenError('INTERNAL', 'the q35 driver needs a display and an overlay disk');

@@ -1,0 +1,71 @@
+/**
+ * What a Firecracker microVM needs from this host that this host can show
+ * without Firecracker: the ELF vmlinux extracted from the installed guest
+ * kernel (with the PVH entry note Firecracker boots through), cached once;
+ * the initramfs carrying the vsock modules /init loads for a vsock guest; and
+ * /v1/features-style reporting of why Firecracker is or is not used.
+ */
+import test from 'ava';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, statSync } from 'node:fs';
+import { feature, microvmBackendStatus, skipReason } from '../../src/features';
+import { checkVmlinux, extractVmlinux, guestVmlinux } from '../../src/shim/backends/microvm/firecracker';
+import { findGuestKernel, guestInitramfs } from '../../src/shim/backends/microvm/guest';
+import { testUnless } from '../helpers/skip';
+
+const kernel = findGuestKernel();
+const skip = kernel === null ? `requires a guest kernel: ${feature('microvm-guest').reason}` : skipReason('microvm-guest');
+const t0 = testUnless(skip);
+
+/** The ELF notes of `elf` (PT_NOTE segments): owner and type. */
+function notes(elf: Buffer): Array<{ owner: string; type: number }> {
+  const out: Array<{ owner: string; type: number }> = [];
+  const phoff = Number(elf.readBigUInt64LE(32));
+  const phentsize = elf.readUInt16LE(54);
+  for (let i = 0; i < elf.readUInt16LE(56); i++) {
+    const h = phoff + i * phentsize;
+    if (elf.readUInt32LE(h) !== 4) continue;
+    let off = Number(elf.readBigUInt64LE(h + 8));
+    const end = off + Number(elf.readBigUInt64LE(h + 32));
+    while (off + 12 <= end) {
+      const namesz = elf.readUInt32LE(off);
+      const descsz = elf.readUInt32LE(off + 4);
+      const type = elf.readUInt32LE(off + 8);
+      out.push({ owner: elf.toString('latin1', off + 12, off + 12 + namesz).replace(/\0+$/, ''), type });
+      off += 12 + Math.ceil(namesz / 4) * 4 + Math.ceil(descsz / 4) * 4;
+    }
+  }
+  return out;
+}
+
+t0("the guest kernel's bzImage gives an x86-64 ELF vmlinux with the PVH entry note, made once and cached", (t) => {
+  const elf = extractVmlinux(readFileSync(kernel!.image));
+  t.notThrows(() => checkVmlinux(elf));
+  t.true(elf.length > statSync(kernel!.image).size, 'decompressed: larger than the bzImage');
+  // XEN_ELFNOTE_PHYS32_ENTRY (18): the 32-bit PVH entry Firecracker's loader starts the kernel at
+  t.true(notes(elf).some((n) => n.owner === 'Xen' && n.type === 18), 'PVH entry note');
+  const cached = guestVmlinux(kernel!.image);
+  const st = statSync(cached);
+  t.is(st.size, elf.length);
+  t.is(guestVmlinux(kernel!.image), cached);
+  t.is(statSync(cached).mtimeMs, st.mtimeMs, 'the second call takes the cached file');
+});
+
+t0("the initramfs carries the vsock transport modules a Firecracker guest's /init loads, apart from every guest's", (t) => {
+  const initrd = guestInitramfs(kernel!);
+  const listing = execFileSync('cpio', ['-t', '--quiet'], { input: readFileSync(initrd), maxBuffer: 64 << 20, encoding: 'utf8' }).split('\n');
+  const list = (name: string) => execFileSync('cpio', ['-i', '--quiet', '--to-stdout', name], { input: readFileSync(initrd), maxBuffer: 64 << 20, encoding: 'utf8' }).trim().split('\n');
+  const vsock = list('etc/modules.vsock');
+  t.true(vsock.some((m) => m.endsWith('/vmw_vsock_virtio_transport.ko')), vsock.join(' '));
+  t.true(vsock.some((m) => m.endsWith('/vsock.ko')), 'with its dependencies');
+  for (const m of vsock) t.true(listing.includes(`lib/modules/${m}`), m);
+  t.false(list('etc/modules.list').some((m) => m.includes('vsock')), 'a QEMU guest loads none of them');
+});
+
+test('whether Firecracker is used, and why not, is reported with the microvm backend', (t) => {
+  const fc = feature('firecracker');
+  const status = microvmBackendStatus();
+  if (fc.supported) t.regex(fc.action ?? '', /^firecracker \d+\.\d+\.\d+/);
+  else t.true((fc.reason ?? '').length > 0);
+  if (status.available) t.regex(status.reason ?? '', /Firecracker/);
+});
