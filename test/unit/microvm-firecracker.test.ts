@@ -55,6 +55,18 @@ test('a boot becomes Firecracker configuration: kernel, initrd, command line, di
   t.false('network-interfaces' in (firecrackerConfig(launch(), '/k') as object), 'no NIC without a network');
 });
 
+const JAIL = { runDir: '/run/warren/vm/abc', dataDir: '/data/abc', runRoot: '/run/warren', dataRoot: '/data', files: ['/layers/a.erofs'], stash: '/run/warren-vm-jail', user: 'warren-vmm' };
+
+test('a VMM that runs as the VMM user from its start reaches its files through the jail\'s stash (their real parents may be root-only)', (t) => {
+  const c = firecrackerConfig(launch({ jail: JAIL }), '/var/cache/warren/microvm/vmlinux-1') as Record<string, any>;
+  t.is(c['boot-source'].initrd_path, '/run/warren-vm-jail/data/initrd.cpio');
+  t.is(c['boot-source'].kernel_image_path, '/var/cache/warren/microvm/vmlinux-1', 'the kernel cache is not hidden');
+  t.deepEqual(c.drives.map((d: { path_on_host: string }) => d.path_on_host), ['/run/warren-vm-jail/data/disk.img', '/run/warren-vm-jail/f0']);
+  t.is(c.vsock.uds_path, '/run/warren-vm-jail/run/v.sock');
+  // without a VMM user (root in the jail) the real paths serve
+  t.is((firecrackerConfig(launch({ jail: { ...JAIL, user: null } }), '/k') as Record<string, any>).vsock.uds_path, '/run/warren/vm/abc/v.sock');
+});
+
 test('what Firecracker cannot do is refused with a reason: templates (shared RAM, deferred restore), a disk whose serial is not its id', (t) => {
   for (const over of [{ ram: { file: '/x', share: true } }, { passFd: 5 }, { templateNic: true }] as Partial<VmLaunch>[]) {
     const err = t.throws(() => firecrackerConfig(launch(over), '/k')) as WarrenError;
@@ -76,8 +88,9 @@ test('a boot reads the configuration file; a restore starts with the API only; t
   const restore = firecracker.command(launch({ incoming: '/data/abc/snapshot' })).args.slice(3);
   t.false(restore.includes('--config-file'), 'a restore loads its snapshot over the API');
   t.true(restore.includes('--api-sock'));
-  const jailed = firecracker.command(launch({ jail: { runDir: '/r', dataDir: '/d', runRoot: '/rr', dataRoot: '/dr', files: [], stash: '/s', user: 'warren-vmm' } })).args.slice(3);
+  const jailed = firecracker.command(launch({ jail: JAIL })).args.slice(3);
   t.is(jailed[0], 'setpriv');
+  t.is(jailed[jailed.indexOf('--api-sock') + 1], '/run/warren-vm-jail/run/api.sock', 'reached through the stash');
   for (const f of ['--reuid=warren-vmm', '--regid=warren-vmm', '--init-groups', '--no-new-privs', '--bounding-set=-all']) t.true(jailed.includes(f), f);
   t.is(jailed[jailed.indexOf('--') + 1], 'firecracker');
   t.is(firecracker.channel.kind, 'vsock');

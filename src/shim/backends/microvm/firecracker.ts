@@ -54,6 +54,25 @@ export function firecrackerPaths(runDir: string) {
   return { api: join(runDir, 'api.sock'), vsock: join(runDir, 'v.sock'), config: join(runDir, 'vm.json'), console: join(runDir, 'console') };
 }
 
+/**
+ * A host path as the jailed VMM reaches it. Firecracker runs as the VMM user
+ * from its start (QEMU opens its files as root and drops later), and the real
+ * parents of a data dir or a layer store may be root-only: its own run and
+ * data dirs and its layer files are reached through the jail's stash, which
+ * is traversable (see jailScript in vmm.ts).
+ */
+export function jailPath(l: Pick<VmLaunch, 'jail'>, p: string): string {
+  const j = l.jail;
+  if (j === undefined || j.user === null) return p;
+  const under = (dir: string) => (p.startsWith(`${dir}/`) ? p.slice(dir.length + 1) : null);
+  const run = under(j.runDir);
+  if (run !== null) return join(j.stash, 'run', run);
+  const data = under(j.dataDir);
+  if (data !== null) return join(j.stash, 'data', data);
+  const i = j.files.indexOf(p);
+  return i >= 0 ? join(j.stash, `f${i}`) : p;
+}
+
 // ------------------------------------------------------------------ the kernel
 
 /** bzImage header fields (Documentation/arch/x86/boot.rst). */
@@ -148,16 +167,17 @@ export function guestVmlinux(image: string): string {
 export function firecrackerConfig(l: VmLaunch, vmlinux: string): Record<string, unknown> {
   if (l.ram !== undefined || l.passFd !== undefined || l.templateNic) throw new WarrenError('NOT_SUPPORTED', 'firecracker: templates are a QEMU feature (shared guest RAM over migration)');
   const paths = firecrackerPaths(l.runDir);
+  const at = (p: string) => jailPath(l, p);
   return {
-    'boot-source': { kernel_image_path: vmlinux, initrd_path: l.initrd, boot_args: l.cmdline },
+    'boot-source': { kernel_image_path: vmlinux, initrd_path: at(l.initrd), boot_args: l.cmdline },
     drives: l.disks.map((d) => {
       // the guest's /init finds disks by their serial, which Firecracker answers with the drive id
       if (d.id !== d.serial) throw new WarrenError('INTERNAL', `firecracker: disk ${d.id} must have its id as serial (${d.serial})`);
-      return { drive_id: d.id, path_on_host: d.file, is_root_device: false, is_read_only: d.readOnly };
+      return { drive_id: d.id, path_on_host: at(d.file), is_root_device: false, is_read_only: d.readOnly };
     }),
     'machine-config': { vcpu_count: l.vcpus, mem_size_mib: l.memoryMb, smt: false },
     ...(l.net !== undefined ? { 'network-interfaces': [{ iface_id: 'eth0', guest_mac: l.net.mac, host_dev_name: l.net.tap }] } : {}),
-    vsock: { guest_cid: GUEST_CID, uds_path: paths.vsock },
+    vsock: { guest_cid: GUEST_CID, uds_path: at(paths.vsock) },
   };
 }
 
@@ -393,8 +413,9 @@ export const firecracker: VmmDriver = {
   command(l) {
     if (l.incoming === 'defer') throw new WarrenError('NOT_SUPPORTED', 'firecracker: templates are a QEMU feature');
     const paths = firecrackerPaths(l.runDir);
+    const at = (p: string) => jailPath(l, p);
     // A boot reads the configuration file; a restore gets its snapshot over the API (resumeIncoming).
-    const argv = ['firecracker', '--api-sock', paths.api, '--id', l.id.replace(/[^A-Za-z0-9-]/g, '-').slice(0, 64), '--level', 'Warning', ...(l.incoming === undefined ? ['--config-file', paths.config] : [])];
+    const argv = ['firecracker', '--api-sock', at(paths.api), '--id', l.id.replace(/[^A-Za-z0-9-]/g, '-').slice(0, 64), '--level', 'Warning', ...(l.incoming === undefined ? ['--config-file', at(paths.config)] : [])];
     // stdout is the console: the FIFO, opened read-write so that a write never fails for want of a reader
     const started = asVmmUser(l.jail?.user, argv);
     return { bin: '/bin/sh', args: ['-c', `exec 1<>${shellQuote(paths.console)}; exec "$@"`, 'warren-fc', started.bin, ...started.args] };
