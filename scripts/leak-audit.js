@@ -14,7 +14,7 @@ const path = require('node:path');
 const { readMountInfo } = require('../dist/src/shim/layers/sys');
 
 // names as the kernel keeps them (comm: 15 characters at most)
-const HELPERS = new Set(['warren-init', 'warren-session', 'warren-nsexec', 'qemu-system-x86', 'warren-vmm-exec', 'warren-lazyfs', 'etcd', 'docker-registry']);
+const HELPERS = new Set(['warren-init', 'warren-session', 'warren-agent', 'warren-vmshell', 'firecracker', 'warren-nsexec', 'qemu-system-x86', 'warren-vmm-exec', 'warren-lazyfs', 'etcd', 'docker-registry']);
 const GRACE_MS = Number(process.env.LEAK_AUDIT_GRACE_MS ?? 20_000);
 
 /** The groups inside each hierarchy's warren* directories, and those directories but the parent

@@ -40,6 +40,7 @@
 #include <termios.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -73,8 +74,9 @@ static uint32_t get32(const unsigned char *p) { return p[0] | (p[1] << 8) | (p[2
 
 /*
  * Where the host reaches a server of this agent: "vsock:PORT" (a listening
- * vsock socket; connections are accepted as they come) or a virtio port's
- * device (opened once and kept).
+ * vsock socket; connections are accepted as they come), "unix:PATH" (the
+ * same over a unix socket: how the host-side tests run this agent without a
+ * VM), or a virtio port's device (opened once and kept).
  */
 struct endpoint { char dev[300]; int lfd; };
 
@@ -82,6 +84,23 @@ struct endpoint { char dev[300]; int lfd; };
 static int endpoint_open(struct endpoint *e, const char *spec) {
   e->lfd = -1;
   snprintf(e->dev, sizeof e->dev, "%s", spec);
+  if (strncmp(spec, "unix:", 5) == 0) {
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(spec + 5) >= sizeof a.sun_path) { errno = ENAMETOOLONG; return -1; }
+    strcpy(a.sun_path, spec + 5);
+    unlink(a.sun_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
+      int saved = errno;
+      if (fd >= 0) close(fd);
+      errno = saved;
+      return -1;
+    }
+    e->lfd = fd;
+    return -1;
+  }
   if (strncmp(spec, "vsock:", 6) != 0) return open(spec, O_RDWR | O_NONBLOCK | O_CLOEXEC);
   char *end;
   unsigned long vport = strtoul(spec + 6, &end, 10);
@@ -804,14 +823,18 @@ static void respawn_server(pid_t dead) {
 }
 
 static void start_session_servers(void) {
-  /* "FIRST:COUNT": vsock ports FIRST.. for the sessions (no virtio-serial) */
-  const char *vs = getenv("WARREN_SESSION_VSOCK");
-  if (vs && *vs) {
-    unsigned first = 0, count = 0;
-    if (sscanf(vs, "%u:%u", &first, &count) != 2 || first == 0) { fprintf(stderr, "warren-agent: bad WARREN_SESSION_VSOCK\n"); return; }
-    for (unsigned k = 0; k < count && nservers < MAX_SESSION_PORTS; k++) {
-      snprintf(servers[nservers].dev, sizeof servers[nservers].dev, "vsock:%u", first + k);
-      spawn_server(nservers++);
+  /* endpoints for the sessions, comma-separated (no virtio-serial: "vsock:1025,vsock:1026,...") */
+  const char *list = getenv("WARREN_SESSION_PORTS");
+  if (list && *list) {
+    const char *p = list;
+    while (*p && nservers < MAX_SESSION_PORTS) {
+      size_t n = strcspn(p, ",");
+      if (n > 0 && n < sizeof servers[nservers].dev) {
+        memcpy(servers[nservers].dev, p, n);
+        servers[nservers].dev[n] = 0;
+        spawn_server(nservers++);
+      }
+      p += n + (p[n] == ',');
     }
     return;
   }

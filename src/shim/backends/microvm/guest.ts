@@ -146,7 +146,10 @@ port=
 if [ -n "$vsock" ]; then
   # templates are snapshots of a QEMU guest: a vsock guest always boots, and never holds
   [ -z "$hold" ] || fail "a vsock guest cannot be a template"
-  port="vsock:\${vsock%%,*}"; export WARREN_SESSION_VSOCK="\${vsock#*,}"
+  port="vsock:\${vsock%%,*}"; spec="\${vsock#*,}"; first="\${spec%%:*}"; count="\${spec#*:}"
+  ports=; i=0
+  while [ "$i" -lt "$count" ]; do ports="\${ports:+$ports,}vsock:$((first+i))"; i=$((i+1)); done
+  export WARREN_SESSION_PORTS="$ports"
 else
   for p in /sys/class/virtio-ports/*; do [ "$(cat "$p/name" 2>/dev/null)" = warren.agent ] && port="/dev/\${p##*/}"; done
 fi
