@@ -6,12 +6,13 @@
  * /v1/features-style reporting of why Firecracker is or is not used.
  */
 import test from 'ava';
-import { execFileSync } from 'node:child_process';
-import { readFileSync, statSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { lstatSync, readFileSync, statSync } from 'node:fs';
 import { feature, microvmBackendStatus, skipReason } from '../../src/features';
-import { checkVmlinux, extractVmlinux, guestVmlinux } from '../../src/shim/backends/microvm/firecracker';
+import { checkVmlinux, extractVmlinux, firecracker, firecrackerPaths, guestVmlinux } from '../../src/shim/backends/microvm/firecracker';
 import { findGuestKernel, guestInitramfs } from '../../src/shim/backends/microvm/guest';
 import { testUnless } from '../helpers/skip';
+import { tempDir } from '../helpers/tmp';
 
 const kernel = findGuestKernel();
 const skip = kernel === null ? `requires a guest kernel: ${feature('microvm-guest').reason}` : skipReason('microvm-guest');
@@ -68,4 +69,29 @@ test('whether Firecracker is used, and why not, is reported with the microvm bac
   if (fc.supported) t.regex(fc.action ?? '', /^firecracker \d+\.\d+\.\d+/);
   else t.true((fc.reason ?? '').length > 0);
   if (status.available) t.regex(status.reason ?? '', /Firecracker/);
+});
+
+test("the console is a FIFO in the run dir, drained by the node: a guest's endless console costs its last lines, not the host's disk or memory", async (t) => {
+  const runDir = tempDir('warren-fc-con-');
+  const l = { id: 'con', runDir, accel: 'kvm' as const, kernel: '/k', initrd: '/i', cmdline: '', vcpus: 1, memoryMb: 128, disks: [], agentSocket: '', sessionSockets: [], qmpSocket: '', logFile: '', incoming: '/snapshot' };
+  await firecracker.prepare!(l);
+  try {
+    const fifo = firecrackerPaths(runDir).console;
+    t.true(lstatSync(fifo).isFIFO());
+    // a VMM's stdout, as the command line opens it: the FIFO read-write, then 4 MiB of console and a last line
+    const writer = spawn('/bin/sh', ['-c', `exec 1<>'${fifo}'; head -c 4194304 /dev/zero | tr '\\0' x; echo; echo 'WARREN_BOOT_FAILED: no writable disk'`], { stdio: ['ignore', 'ignore', 'inherit'] });
+    const code = await new Promise<number | null>((r) => writer.on('exit', r));
+    t.is(code, 0, 'the writer was never blocked: the node drains the FIFO');
+    let tail = '';
+    for (let i = 0; i < 100 && !tail.includes('WARREN_BOOT_FAILED'); i++) {
+      tail = await firecracker.control.consoleTail(runDir);
+      if (!tail.includes('WARREN_BOOT_FAILED')) await new Promise((r) => setTimeout(r, 20));
+    }
+    t.true(tail.endsWith('WARREN_BOOT_FAILED: no writable disk'), tail.slice(-200));
+    t.true(tail.length <= 1500, `bounded: ${tail.length}`);
+    t.is(statSync(fifo).size, 0, 'nothing of it is on disk');
+  } finally {
+    firecracker.control.forget(runDir);
+  }
+  t.is(await firecracker.control.consoleTail(runDir), '', 'let go: nothing is kept, and reading does not start a drain again');
 });

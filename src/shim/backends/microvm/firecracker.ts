@@ -318,6 +318,8 @@ class ConsoleDrain {
       while (this.size - this.kept[0]!.length >= CONSOLE_KEEP) this.size -= this.kept.shift()!.length;
     });
     this.sock.on('error', () => undefined);
+    // a drain never keeps a process alive by itself (the node lives on its server; a CLI or test exits)
+    this.sock.unref();
   }
 
   text(): string {
@@ -367,7 +369,8 @@ export const firecrackerControl: VmmControl = {
     await firecrackerApi(api, 'PUT', '/snapshot/load', { snapshot_path: vmmFile, mem_backend: { backend_type: 'File', backend_path: `${vmmFile}.mem` }, resume_vm: true }, 120_000);
   },
   async consoleTail(runDir) {
-    const text = drain(runDir)?.text() ?? '';
+    // only a drain that exists: reading a tail must not start holding a FIFO nobody will let go of
+    const text = drains.get(runDir)?.text() ?? '';
     return text.replace(/[^\x20-\x7e\n]/g, '').trim().split('\n').slice(-8).join(' | ').slice(-1500);
   },
   dialAgent(runDir) {
