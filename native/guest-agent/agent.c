@@ -80,7 +80,20 @@ static uint32_t get32(const unsigned char *p) { return p[0] | (p[1] << 8) | (p[2
  */
 struct endpoint { char dev[300]; int lfd; };
 
-/* Set up `spec`; returns the virtio port's fd, or -1 for vsock (no host yet) or on error (errno). */
+/* A listening socket of `family` at `a` (non-blocking), or -1 with errno. */
+static int listen_at(int family, const void *a, socklen_t len) {
+  int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (bind(fd, (const struct sockaddr *)a, len) || listen(fd, 4)) {
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+  }
+  return fd;
+}
+
+/* Set up `spec`; returns the virtio port's fd, or -1 for a listening endpoint (no host yet) or on error (errno). */
 static int endpoint_open(struct endpoint *e, const char *spec) {
   e->lfd = -1;
   snprintf(e->dev, sizeof e->dev, "%s", spec);
@@ -91,14 +104,7 @@ static int endpoint_open(struct endpoint *e, const char *spec) {
     if (strlen(spec + 5) >= sizeof a.sun_path) { errno = ENAMETOOLONG; return -1; }
     strcpy(a.sun_path, spec + 5);
     unlink(a.sun_path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
-      int saved = errno;
-      if (fd >= 0) close(fd);
-      errno = saved;
-      return -1;
-    }
-    e->lfd = fd;
+    e->lfd = listen_at(AF_UNIX, &a, sizeof a);
     return -1;
   }
   if (strncmp(spec, "vsock:", 6) != 0) return open(spec, O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -110,18 +116,11 @@ static int endpoint_open(struct endpoint *e, const char *spec) {
   a.svm_family = AF_VSOCK;
   a.svm_cid = VMADDR_CID_ANY;
   a.svm_port = (unsigned)vport;
-  int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
-    int saved = errno;
-    if (fd >= 0) close(fd);
-    errno = saved;
-    return -1;
-  }
-  e->lfd = fd;
+  e->lfd = listen_at(AF_VSOCK, &a, sizeof a);
   return -1;
 }
 
-/* A vsock endpoint's pending host connection, or -1. */
+/* A listening endpoint's pending host connection, or -1. */
 static int endpoint_accept(struct endpoint *e) {
   return e->lfd < 0 ? -1 : accept4(e->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }
