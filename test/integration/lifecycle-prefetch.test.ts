@@ -4,7 +4,8 @@
  * finished, the memory is resident again (charged to the sandbox, out of swap, and for 'touch'
  * mapped into the process: its own first touch faults nothing in), and the data are intact.
  */
-import { readFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { skipReason } from '../../src/features';
 import { native } from '../../src/native';
@@ -12,6 +13,7 @@ import { prefetchDone } from '../../src/shim/lifecycle/memory';
 import { spec, withShim } from '../helpers/warren';
 import { memhogBinary, memhogCheck, memhogSkipReason, withZramSwap, zramSkipReason } from './lifecycle-fixture';
 import { testUnless } from '../helpers/skip';
+import { tempDir } from '../helpers/tmp';
 import { waitForValue } from '../helpers/wait';
 
 const skip = skipReason('native-helper', 'overlayfs', 'erofs', 'namespaces', 'cgroup-freezer') ?? zramSkipReason() ?? memhogSkipReason();
@@ -86,4 +88,36 @@ it('prefetch and pageout refuse bad pids with stable codes', async (t) => {
   // a pid that is not there (the highest possible one is never handed out here)
   const maxPid = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8')) - 1;
   await t.throwsAsync(native.pageoutAsync(maxPid), { code: 'SANDBOX_NOT_RUNNING' } as never);
+});
+
+it('pageout (its stripes dealt to one thread per CPU) pushes every page of a process to swap, and they come back intact', async (t) => {
+  await withZramSwap(256, async () => {
+    const dir = tempDir('warren-pageout-');
+    const bin = join(dir, 'memhog');
+    writeFileSync(bin, memhogBinary(), { mode: 0o755 });
+    // 96 MiB in one mapping: 24 stripes of 4 MiB, so every thread gets some
+    const hog = spawn(bin, ['96', join(dir, 'status'), '50'], { stdio: 'ignore' });
+    try {
+      const status = () => {
+        try {
+          return readFileSync(join(dir, 'status'), 'utf8');
+        } catch {
+          return ''; // not written yet
+        }
+      };
+      await waitForValue(status, (s) => s === 'ready\n', 20_000, 'memhog to fill its memory', 50);
+      const swapOf = () => Number(/^VmSwap:\s+(\d+) kB/m.exec(readFileSync(`/proc/${hog.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024;
+      const before = swapOf();
+      const r = await native.pageoutAsync(hog.pid!);
+      t.true(r.bytes >= 96 * MIB, `asked for ${(r.bytes / MIB).toFixed(1)} MiB`);
+      const swapped = swapOf() - before;
+      t.true(swapped > 90 * MIB, `in swap after the pageout: ${(swapped / MIB).toFixed(1)} MiB`);
+      writeFileSync(join(dir, 'status'), '');
+      hog.kill('SIGUSR1');
+      const verdict = await waitForValue(status, (s) => /^(ok|bad)/.test(s), 30_000, 'memhog to check its pages', 50);
+      t.is(verdict, 'ok\n', 'every page came back with its pattern');
+    } finally {
+      hog.kill('SIGKILL');
+    }
+  });
 });

@@ -234,13 +234,79 @@ int wn_prefetch(pid_t pid, int mode, uint64_t *bytes, wn_error *e) {
   return rc;
 }
 
+/*
+ * pageout: swap-out is the kernel compressing pages (zram) on the calling thread, as swap-in is
+ * decompressing them: the private writable mappings are paged out by up to PREFETCH_THREADS
+ * threads at once, one per online CPU, each taking every Nth STRIPE (as touch does). The
+ * threads share the pidfd; each passes its stripes to process_madvise in IOV batches.
+ */
+struct pageout_job {
+  int pidfd;
+  const struct region *r;
+  size_t n;
+  unsigned index, count;
+  uint64_t bytes;
+  int err; /* errno of a failure that is not a mapping changing under us, 0 otherwise */
+};
+
+static void *pageout_worker(void *arg) {
+  struct pageout_job *j = arg;
+  struct iovec iov[256];
+  size_t k = 0;
+  uint64_t stripe = 0;
+  for (size_t i = 0; i <= j->n && j->err == 0; i++) {
+    for (uintptr_t a = i < j->n && j->r[i].anon_rw ? j->r[i].start : 0; i < j->n && j->r[i].anon_rw && a < j->r[i].end; a += STRIPE, stripe++) {
+      if (stripe % j->count != j->index) continue;
+      uintptr_t to = j->r[i].end - a > STRIPE ? a + STRIPE : j->r[i].end;
+      iov[k].iov_base = (void *)a;
+      iov[k].iov_len = to - a;
+      j->bytes += to - a;
+      if (++k < sizeof iov / sizeof iov[0]) continue;
+      /* EFAULT, ENOMEM, EINVAL: a mapping changed or cannot take the advice; the others still do */
+      if (syscall(SYS_process_madvise, j->pidfd, iov, k, MADV_PAGEOUT, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) j->err = errno;
+      k = 0;
+    }
+    if (i == j->n && k > 0) {
+      if (syscall(SYS_process_madvise, j->pidfd, iov, k, MADV_PAGEOUT, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) j->err = errno;
+      k = 0;
+    }
+  }
+  return NULL;
+}
+
 int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e) {
   *bytes = 0;
   if (pid < 1 || pid > WN_PID_MAX) return wn_fail(e, WN_INVALID_ARGUMENT, 0, "pid must be 1..%d", WN_PID_MAX);
   struct region *r = NULL;
   size_t n = 0;
   if (read_maps(pid, &r, &n, e) < 0) return -1;
-  int rc = advise(pid, r, n, MADV_PAGEOUT, "MADV_PAGEOUT", bytes, e);
+  int pidfd = wn_pidfd_open(pid, 0);
+  if (pidfd < 0) {
+    free(r);
+    return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
+  }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned count = cpus < 1 ? 1 : cpus > PREFETCH_THREADS ? PREFETCH_THREADS : (unsigned)cpus;
+  struct pageout_job jobs[PREFETCH_THREADS];
+  pthread_t threads[PREFETCH_THREADS];
+  unsigned made = 1;
+  for (unsigned t = 0; t < count; t++) jobs[t] = (struct pageout_job){.pidfd = pidfd, .r = r, .n = n, .index = t, .count = count};
+  for (unsigned t = 1; t < count; t++) {
+    if (pthread_create(&threads[t], NULL, pageout_worker, &jobs[t]) != 0) break;
+    made++;
+  }
+  /* fewer threads than stripes were dealt to: this thread takes the stripes of those not made */
+  for (unsigned t = made; t < count; t++) pageout_worker(&jobs[t]);
+  pageout_worker(&jobs[0]);
+  for (unsigned t = 1; t < made; t++) pthread_join(threads[t], NULL);
+  close(pidfd);
   free(r);
-  return rc;
+  int err = 0;
+  for (unsigned t = 0; t < count; t++) {
+    *bytes += jobs[t].bytes;
+    if (jobs[t].err && !err) err = jobs[t].err;
+  }
+  if (err == ESRCH) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, err, "process_madvise %d", (int)pid);
+  if (err) return wn_fail(e, err == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, err, "process_madvise MADV_PAGEOUT %d", (int)pid);
+  return 0;
 }
