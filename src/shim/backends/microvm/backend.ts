@@ -1,16 +1,18 @@
 /**
- * The microVM backend: every sandbox is its own virtual machine (QEMU's
- * `microvm` machine; KVM where the host has hardware virtualization, TCG
- * elsewhere) with its own kernel. The image's EROFS layers are attached as
- * read-only virtio-blk disks, the writable layer is a per-sandbox ext4 disk of
- * `diskMb`, and the guest's /init composes them with overlayfs before handing
- * over to warren-agent (pid 1), which the shim talks to over virtio-serial.
+ * The microVM backend: every sandbox is its own virtual machine with its own
+ * kernel, under a VMM driver (vmm.ts: QEMU's `microvm` machine, KVM where the
+ * host has hardware virtualization, TCG elsewhere; or Firecracker, KVM only,
+ * firecracker.ts). The image's EROFS layers are attached as read-only
+ * virtio-blk disks, the writable layer is a per-sandbox ext4 disk of `diskMb`,
+ * and the guest's /init composes them with overlayfs before handing over to
+ * warren-agent (pid 1), which the shim talks to over virtio-serial (QEMU) or
+ * guest vsock ports (Firecracker).
  *
  * Host side, per sandbox:
  *   <dataDir>/microvm/<id>/disk.img   writable disk (sparse)
- *   <dataDir>/microvm/<id>/snapshot   paused VM (memory + devices), while paused
- *   /run/warren/vm/<id>/{agent,qmp}.sock
- *   cgroup <id>                       the VMM process (guest RAM and QEMU's own overhead count there)
+ *   <dataDir>/microvm/<id>/snapshot   paused VM (memory + devices), while paused (Firecracker: and snapshot.mem)
+ *   /run/warren/vm/<id>/              QEMU: {agent,qmp,sN}.sock; Firecracker: {api,v}.sock, vm.json, the console FIFO
+ *   cgroup <id>                       the VMM process (guest RAM and the VMM's own overhead count there)
  */
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
