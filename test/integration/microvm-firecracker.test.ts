@@ -9,6 +9,9 @@ import test from 'ava';
 import { execFileSync, spawn } from 'node:child_process';
 import { lstatSync, readFileSync, statSync } from 'node:fs';
 import { feature, microvmBackendStatus, skipReason } from '../../src/features';
+import type { WarrenError } from '../../src/errors';
+import type { MicroVMBackend } from '../../src/shim/backends/microvm/backend';
+import { BackendRegistry } from '../../src/shim/backends/registry';
 import { checkVmlinux, extractVmlinux, firecracker, firecrackerPaths, guestVmlinux } from '../../src/shim/backends/microvm/firecracker';
 import { findGuestKernel, guestInitramfs } from '../../src/shim/backends/microvm/guest';
 import { testUnless } from '../helpers/skip';
@@ -94,4 +97,22 @@ test("the console is a FIFO in the run dir, drained by the node: a guest's endle
     firecracker.control.forget(runDir);
   }
   t.is(await firecracker.control.consoleTail(runDir), '', 'let go: nothing is kept, and reading does not start a drain again');
+});
+
+test('asking for Firecracker where its probe fails disables the microvm backend with that reason: a create is refused, never run under QEMU instead', (t) => {
+  const fc = feature('firecracker');
+  process.env.WARREN_MICROVM_VMM = 'firecracker';
+  try {
+    const registry = BackendRegistry.build({ dataDir: tempDir('warren-fc-reg-'), network: null, log: () => undefined });
+    if (fc.supported) {
+      t.is((registry.get('microvm') as MicroVMBackend).driver.name, 'firecracker');
+      return;
+    }
+    t.false(registry.status().microvm.available);
+    const err = t.throws(() => registry.get('microvm')) as WarrenError;
+    t.is(err.code, 'NOT_SUPPORTED');
+    t.true(err.message.includes(`WARREN_MICROVM_VMM=firecracker, but: ${fc.reason}`), err.message);
+  } finally {
+    delete process.env.WARREN_MICROVM_VMM;
+  }
 });
