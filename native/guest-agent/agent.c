@@ -125,6 +125,15 @@ static int endpoint_accept(struct endpoint *e) {
   return e->lfd < 0 ? -1 : accept4(e->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 }
 
+/* A pending host connection becomes the port, the one before closed (the newest wins): 1 when one was taken. */
+static int endpoint_take(struct endpoint *e) {
+  int c = endpoint_accept(e);
+  if (c < 0) return 0;
+  if (port >= 0) close(port);
+  port = c;
+  return 1;
+}
+
 static void write_all(const unsigned char *b, size_t n) {
   while (n > 0) {
     ssize_t w = write(port, b, n);
@@ -608,15 +617,10 @@ static void session_server(const char *portpath) {
       if (resumed == 1 && fstat_ >= 0) { is = nf; fds[nf++] = (struct pollfd){fstat_, POLLIN, 0}; }
       if (resumed == 1 && master >= 0) { im = nf; fds[nf++] = (struct pollfd){master, POLLIN, 0}; }
       poll(fds, (nfds_t)nf, connected ? 1000 : 100);
-      if (il >= 0 && fds[il].revents) {
-        /* a host connection: the newest one is the bridge (the one before is gone or going) */
-        int c = endpoint_accept(&ep);
-        if (c >= 0) {
-          if (port >= 0) close(port);
-          port = c;
-          have = 0;
-          if (connected) { connected = 0; lost_at = now_ms(); }
-        }
+      /* a host connection: the newest one is the bridge (the one before is gone or going) */
+      if (il >= 0 && fds[il].revents && endpoint_take(&ep)) {
+        have = 0;
+        if (connected) { connected = 0; lost_at = now_ms(); }
       }
       /* no host over vsock: the shell lives as long as over a virtio port with no host */
       if (!connected && port < 0 && shell > 0 && now_ms() - lost_at > SESSION_GRACE_MS) kill(-shell, SIGKILL), kill_session_but(shell, 0, SIGKILL);
@@ -970,16 +974,11 @@ int main(int argc, char **argv) {
     int r = poll(fds, (nfds_t)nf, connected || ep.lfd >= 0 ? -1 : 100);
     if (r < 0 && errno != EINTR) return 1;
     if (!connected && ep.lfd < 0) connected = 1; /* try the port again */
-    if (il >= 0 && fds[il].revents) {
-      int c = endpoint_accept(&ep);
-      if (c >= 0) {
-        /* the newest host connection wins, from a clean frame boundary */
-        if (port >= 0) close(port);
-        port = c;
-        connected = 1;
-        have = 0;
-        ip = -1; /* what was polled was the old connection */
-      }
+    /* the newest host connection wins, from a clean frame boundary */
+    if (il >= 0 && fds[il].revents && endpoint_take(&ep)) {
+      connected = 1;
+      have = 0;
+      ip = -1; /* what was polled was the old connection */
     }
     if (fds[0].revents) {
       struct signalfd_siginfo si;

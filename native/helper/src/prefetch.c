@@ -94,6 +94,11 @@ static int read_maps(pid_t pid, struct region **out, size_t *n, wn_error *e) {
 #define PREFETCH_THREADS 4
 #define STRIPE (4u << 20)
 
+static unsigned online_cpus(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus < 1 ? 1 : (unsigned)cpus;
+}
+
 struct touch_job {
   pid_t pid;
   const struct region *r;
@@ -163,8 +168,7 @@ static void *touch_worker(void *arg) {
 }
 
 static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned count = cpus < 1 ? 1 : cpus > PREFETCH_THREADS ? PREFETCH_THREADS : (unsigned)cpus;
+  unsigned count = online_cpus() > PREFETCH_THREADS ? PREFETCH_THREADS : online_cpus();
   struct touch_job jobs[PREFETCH_THREADS];
   pthread_t threads[PREFETCH_THREADS];
   int started[PREFETCH_THREADS] = {0};
@@ -198,28 +202,69 @@ static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, w
   return 0;
 }
 
-/* process_madvise(advice) over the process's private writable mappings, IOV batches at a time. */
-static int advise(pid_t pid, const struct region *r, size_t n, int advice, const char *what, uint64_t *bytes, wn_error *e) {
-  cleanup_fd int pidfd = wn_pidfd_open(pid, 0);
-  if (pidfd < 0) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
+/*
+ * process_madvise(advice) over the process's private writable mappings, cut into STRIPEs dealt to
+ * `threads` threads (this one and threads-1 more), each passing its stripes in IOV batches and
+ * sharing the pidfd. Paging out is the kernel compressing pages (zram) on the calling thread, as
+ * swap-in is decompressing them: MADV_PAGEOUT gets one thread per online CPU, as touch does.
+ */
+struct advise_job {
+  int pidfd, advice;
+  const struct region *r;
+  size_t n;
+  unsigned index, count;
+  uint64_t bytes;
+  int err; /* errno of a failure that is not a mapping changing under us, 0 otherwise */
+};
+
+static void advise_batch(struct advise_job *j, struct iovec *iov, size_t k) {
+  /* EFAULT, ENOMEM, EINVAL: a mapping changed or cannot take the advice; the others still do */
+  if (k > 0 && syscall(SYS_process_madvise, j->pidfd, iov, k, j->advice, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) j->err = errno;
+}
+
+static void *advise_worker(void *arg) {
+  struct advise_job *j = arg;
   struct iovec iov[256];
   size_t k = 0;
-  for (size_t i = 0; i <= n; i++) {
-    if (i < n && r[i].anon_rw) {
-      iov[k].iov_base = (void *)r[i].start;
-      iov[k].iov_len = r[i].end - r[i].start;
-      *bytes += iov[k].iov_len;
-      k++;
-    }
-    if (k > 0 && (k == sizeof iov / sizeof iov[0] || i == n)) {
-      /* EFAULT, ENOMEM, EINVAL: a mapping changed or cannot take the advice; the others still do */
-      if (syscall(SYS_process_madvise, pidfd, iov, k, advice, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) {
-        if (errno == ESRCH) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "process_madvise %d", (int)pid);
-        return wn_fail_errno(e, errno == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, "process_madvise %s %d", what, (int)pid);
-      }
-      k = 0;
+  uint64_t stripe = 0;
+  for (size_t i = 0; i < j->n && j->err == 0; i++) {
+    if (!j->r[i].anon_rw) continue;
+    for (uintptr_t a = j->r[i].start; a < j->r[i].end && j->err == 0; a += STRIPE, stripe++) {
+      if (stripe % j->count != j->index) continue;
+      uintptr_t to = j->r[i].end - a > STRIPE ? a + STRIPE : j->r[i].end;
+      iov[k] = (struct iovec){(void *)a, to - a};
+      j->bytes += to - a;
+      if (++k == sizeof iov / sizeof iov[0]) advise_batch(j, iov, k), k = 0;
     }
   }
+  if (j->err == 0) advise_batch(j, iov, k);
+  return NULL;
+}
+
+static int advise(pid_t pid, const struct region *r, size_t n, int advice, const char *what, unsigned threads, uint64_t *bytes, wn_error *e) {
+  int pidfd = wn_pidfd_open(pid, 0);
+  if (pidfd < 0) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
+  unsigned count = threads < 1 ? 1 : threads > PREFETCH_THREADS ? PREFETCH_THREADS : threads;
+  struct advise_job jobs[PREFETCH_THREADS];
+  pthread_t tids[PREFETCH_THREADS];
+  unsigned made = 1;
+  for (unsigned t = 0; t < count; t++) jobs[t] = (struct advise_job){.pidfd = pidfd, .advice = advice, .r = r, .n = n, .index = t, .count = count};
+  for (unsigned t = 1; t < count; t++) {
+    if (pthread_create(&tids[t], NULL, advise_worker, &jobs[t]) != 0) break;
+    made++;
+  }
+  /* fewer threads than stripes were dealt to: this thread takes the stripes of those not made */
+  for (unsigned t = made; t < count; t++) advise_worker(&jobs[t]);
+  advise_worker(&jobs[0]);
+  for (unsigned t = 1; t < made; t++) pthread_join(tids[t], NULL);
+  close(pidfd);
+  int err = 0;
+  for (unsigned t = 0; t < count; t++) {
+    *bytes += jobs[t].bytes;
+    if (jobs[t].err && !err) err = jobs[t].err;
+  }
+  if (err == ESRCH) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, err, "process_madvise %d", (int)pid);
+  if (err) return wn_fail(e, err == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, err, "process_madvise %s %d", what, (int)pid);
   return 0;
 }
 
@@ -229,49 +274,9 @@ int wn_prefetch(pid_t pid, int mode, uint64_t *bytes, wn_error *e) {
   struct region *r = NULL;
   size_t n = 0;
   if (read_maps(pid, &r, &n, e) < 0) return -1;
-  int rc = mode == WN_PREFETCH_WILLNEED ? advise(pid, r, n, MADV_WILLNEED, "MADV_WILLNEED", bytes, e) : touch(pid, r, n, bytes, e);
+  int rc = mode == WN_PREFETCH_WILLNEED ? advise(pid, r, n, MADV_WILLNEED, "MADV_WILLNEED", 1, bytes, e) : touch(pid, r, n, bytes, e);
   free(r);
   return rc;
-}
-
-/*
- * pageout: swap-out is the kernel compressing pages (zram) on the calling thread, as swap-in is
- * decompressing them: the private writable mappings are paged out by up to PREFETCH_THREADS
- * threads at once, one per online CPU, each taking every Nth STRIPE (as touch does). The
- * threads share the pidfd; each passes its stripes to process_madvise in IOV batches.
- */
-struct pageout_job {
-  int pidfd;
-  const struct region *r;
-  size_t n;
-  unsigned index, count;
-  uint64_t bytes;
-  int err; /* errno of a failure that is not a mapping changing under us, 0 otherwise */
-};
-
-static void *pageout_worker(void *arg) {
-  struct pageout_job *j = arg;
-  struct iovec iov[256];
-  size_t k = 0;
-  uint64_t stripe = 0;
-  for (size_t i = 0; i <= j->n && j->err == 0; i++) {
-    for (uintptr_t a = i < j->n && j->r[i].anon_rw ? j->r[i].start : 0; i < j->n && j->r[i].anon_rw && a < j->r[i].end; a += STRIPE, stripe++) {
-      if (stripe % j->count != j->index) continue;
-      uintptr_t to = j->r[i].end - a > STRIPE ? a + STRIPE : j->r[i].end;
-      iov[k].iov_base = (void *)a;
-      iov[k].iov_len = to - a;
-      j->bytes += to - a;
-      if (++k < sizeof iov / sizeof iov[0]) continue;
-      /* EFAULT, ENOMEM, EINVAL: a mapping changed or cannot take the advice; the others still do */
-      if (syscall(SYS_process_madvise, j->pidfd, iov, k, MADV_PAGEOUT, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) j->err = errno;
-      k = 0;
-    }
-    if (i == j->n && k > 0) {
-      if (syscall(SYS_process_madvise, j->pidfd, iov, k, MADV_PAGEOUT, 0) < 0 && errno != EFAULT && errno != ENOMEM && errno != EINVAL) j->err = errno;
-      k = 0;
-    }
-  }
-  return NULL;
 }
 
 int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e) {
@@ -280,33 +285,7 @@ int wn_pageout(pid_t pid, uint64_t *bytes, wn_error *e) {
   struct region *r = NULL;
   size_t n = 0;
   if (read_maps(pid, &r, &n, e) < 0) return -1;
-  int pidfd = wn_pidfd_open(pid, 0);
-  if (pidfd < 0) {
-    free(r);
-    return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
-  }
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned count = cpus < 1 ? 1 : cpus > PREFETCH_THREADS ? PREFETCH_THREADS : (unsigned)cpus;
-  struct pageout_job jobs[PREFETCH_THREADS];
-  pthread_t threads[PREFETCH_THREADS];
-  unsigned made = 1;
-  for (unsigned t = 0; t < count; t++) jobs[t] = (struct pageout_job){.pidfd = pidfd, .r = r, .n = n, .index = t, .count = count};
-  for (unsigned t = 1; t < count; t++) {
-    if (pthread_create(&threads[t], NULL, pageout_worker, &jobs[t]) != 0) break;
-    made++;
-  }
-  /* fewer threads than stripes were dealt to: this thread takes the stripes of those not made */
-  for (unsigned t = made; t < count; t++) pageout_worker(&jobs[t]);
-  pageout_worker(&jobs[0]);
-  for (unsigned t = 1; t < made; t++) pthread_join(threads[t], NULL);
-  close(pidfd);
+  int rc = advise(pid, r, n, MADV_PAGEOUT, "MADV_PAGEOUT", online_cpus(), bytes, e);
   free(r);
-  int err = 0;
-  for (unsigned t = 0; t < count; t++) {
-    *bytes += jobs[t].bytes;
-    if (jobs[t].err && !err) err = jobs[t].err;
-  }
-  if (err == ESRCH) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, err, "process_madvise %d", (int)pid);
-  if (err) return wn_fail(e, err == ENOSYS ? WN_NOT_SUPPORTED : WN_NATIVE_ERROR, err, "process_madvise MADV_PAGEOUT %d", (int)pid);
-  return 0;
+  return rc;
 }

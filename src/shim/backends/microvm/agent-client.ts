@@ -60,18 +60,7 @@ export class AgentClient {
    * creates its socket at start, the guest agent comes up seconds later.
    */
   static async connect(to: string | (() => Promise<net.Socket>), timeoutMs: number, isAlive: () => boolean = () => true): Promise<AgentClient> {
-    const dial =
-      typeof to === 'function'
-        ? to
-        : () =>
-            new Promise<net.Socket>((resolve, reject) => {
-              const s = net.createConnection({ path: to });
-              s.once('connect', () => {
-                s.removeAllListeners('error');
-                resolve(s);
-              });
-              s.once('error', reject);
-            });
+    const dial = typeof to === 'function' ? to : () => unixDial(to);
     const deadline = Date.now() + timeoutMs;
     let lastErr = 'no answer';
     while (Date.now() < deadline) {
@@ -215,4 +204,19 @@ export class AgentClient {
     for (const h of chans) h.fail(err instanceof WarrenError ? err : new WarrenError('UNAVAILABLE', `guest agent connection broke: ${err.message}`));
     for (const l of this.endListeners.splice(0)) l(err);
   }
+}
+
+/** A connected unix socket at `path` (how QEMU serves a virtio port's host end). */
+export function unixDial(path: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ path });
+    s.once('connect', () => {
+      s.removeAllListeners('error');
+      resolve(s);
+    });
+    s.once('error', (err) => {
+      s.destroy();
+      reject(err);
+    });
+  });
 }

@@ -7,10 +7,11 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import net from 'node:net';
+import type net from 'node:net';
 import { dirname, join } from 'node:path';
 import { WarrenError } from '../../../errors';
 import { feature } from '../../../features';
+import { unixDial } from './agent-client';
 import { Qmp } from './qmp';
 
 export interface VmDisk {
@@ -257,18 +258,7 @@ export const qemuControl: VmmControl = {
     }
   },
   consoleTail: (runDir) => qemuConsoleTail(join(runDir, 'qmp.sock')),
-  dialAgent: (runDir) =>
-    new Promise<net.Socket>((resolve, reject) => {
-      const s = net.createConnection({ path: join(runDir, 'agent.sock') });
-      s.once('connect', () => {
-        s.removeAllListeners('error');
-        resolve(s);
-      });
-      s.once('error', (err) => {
-        s.destroy();
-        reject(err);
-      });
-    }),
+  dialAgent: (runDir) => unixDial(join(runDir, 'agent.sock')),
   forget: () => undefined,
 };
 
