@@ -67,7 +67,7 @@ export async function cmdNode(args: string[], io: Io): Promise<number> {
   const lazy = args.includes('--lazy-layers');
   const { picked, rest } = take(
     args.filter((a) => a !== '--lazy-layers'),
-    ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise', 'advertise-shim'],
+    ['etcd', 'cluster-credential', 'pool', 'node-label', 'max-sandboxes', 'lease-ttl', 'create-window', 'advertise', 'advertise-shim', 'pull-staged'],
   );
   if (rest.includes('--help') || rest.includes('-h')) return cmdUp(['--help'], io);
   const credentialFile = one(picked, 'cluster-credential');
@@ -86,6 +86,12 @@ export async function cmdNode(args: string[], io: Io): Promise<number> {
   const window = positiveInt(one(picked, 'create-window'), 'create-window');
   if (window !== undefined) cluster.createWindow = window;
   if (lazy) cluster.lazyLayers = true;
+  const pullStaged = one(picked, 'pull-staged');
+  if (pullStaged !== undefined) {
+    if (pullStaged !== 'eager' && pullStaged !== 'on-demand') throw new UsageError(`--pull-staged must be eager or on-demand (got ${JSON.stringify(pullStaged)})`);
+    if (!lazy) throw new UsageError('--pull-staged needs --lazy-layers (only a node that mounts layers on demand pulls staged images)');
+    cluster.pullStaged = pullStaged;
+  }
   const adv = one(picked, 'advertise');
   if (adv !== undefined) cluster.advertiseUrl = adv;
   const advShim = one(picked, 'advertise-shim');

@@ -49,7 +49,7 @@ commands:
      [--pull-mode lazy|eager] [--lazy-cache-mib N] [--shim-listen HOST:PORT --shim-token-file FILE]   (docs/shim-protocol.md)
      [--prepared N (sandboxes made ahead per recent shape; 0: off; default 2)]   (docs/density.md)
   node --etcd URL[,URL...] --cluster-credential FILE [--pool onprem|overflow] [--node-label K=V]... [--max-sandboxes N]
-       [--lease-ttl S] [--create-window N] [--advertise URL] [--advertise-shim URL] [--lazy-layers] <up options>      a cluster node (docs/cluster.md)
+       [--lease-ttl S] [--create-window N] [--advertise URL] [--advertise-shim URL] [--lazy-layers [--pull-staged eager|on-demand]] <up options>      a cluster node (docs/cluster.md)
   gateway --etcd URL[,URL...] --cluster-credential FILE --listen HOST:PORT --admin-token-file FILE [--overflow-threshold F]
   gateway --node URL --shim-token-file FILE --listen HOST:PORT --data-dir DIR [--e2b-port PORT]   one node over the shim protocol
   job create COUNT [create options] [--concurrency N] [--quota all|upTo] [--node-label K=V]... [--no-watch] | job watch|pause|resume|cancel|rm ID | job ls

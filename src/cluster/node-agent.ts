@@ -31,7 +31,7 @@ import type { Etcd3 } from 'etcd3';
 import { WarrenError, asWarrenError } from '../errors';
 import { BUNDLED_POLICY_DIR, policyStore } from '../security/confinement';
 import type { ShimNode } from '../shim/node';
-import type { BackendName, Principal, SandboxInfo, SandboxSpec, Shim } from '../shim/types';
+import type { BackendName, ImageInfo, Principal, SandboxInfo, SandboxSpec, Shim } from '../shim/types';
 import type { ClusterCredential } from './credential';
 import { type StagedImage, keys, nextRevision, parseJson, readPrefix } from './etcd';
 import { type NodeRecord, type Pool, imageLayers } from './placement';
@@ -57,6 +57,13 @@ export interface NodeAgentOptions {
   createWindow?: number;
   /** The node can mount layers it lacks from the registry on demand (the lazy layer path). */
   lazyLayers?: () => boolean;
+  /**
+   * When a lazy node pulls an image staged in the registry: `eager` (the default) as soon as it is
+   * staged, `on-demand` when the first sandbox that needs it is created here. Either way a create
+   * for a staged image the node has not pulled yet pulls it first: placement counts a lazy node as
+   * able to serve every staged image.
+   */
+  pullStaged?: 'eager' | 'on-demand';
   /** Layer digests held beyond those of the listed images (the lazy layer cache). */
   heldLayers?: () => string[];
   log?: (line: string) => void;
@@ -124,6 +131,8 @@ export interface ShareProgress {
 export type JobControlState = 'running' | 'paused' | 'cancelled' | 'deleted';
 
 const MAX_FAILURES = 50;
+/** How long a staged image whose pull failed is left alone (and listed as unloadable) before it is tried again. */
+const PULL_RETRY_MS = 30_000;
 /** Keepalives a stream may leave unanswered before it is replaced. */
 const MAX_UNANSWERED_KEEPALIVES = 16;
 
@@ -260,8 +269,19 @@ export class NodeAgent {
   private readonly epochFile: string;
   private registering: Promise<void> | null = null;
   private policyRev = '';
-  /** Staged images are pulled one at a time, in the order they were staged. */
+  /** Eager pulls of staged images run one at a time, in the order they were staged. */
   private pulls: Promise<void> = Promise.resolve();
+  /** The staged images this node knows of, by name (their records verified). */
+  private readonly staged = new Map<string, StagedImage>();
+  /** The node mounts layers on demand (read once at start). */
+  private lazy = false;
+  /**
+   * Staged images whose pull failed, until when they are not tried again. The record lists their
+   * layers as unloadable meanwhile, so placement sends them elsewhere instead of here again.
+   */
+  private readonly failedPulls = new Map<string, { layers: string[]; until: number; error: string }>();
+  /** Pulls under way, by image name: an eager pull and the creates waiting on it share one. */
+  private readonly pulling = new Map<string, Promise<void>>();
 
   constructor(private readonly opts: NodeAgentOptions) {
     this.etcd = opts.etcd;
@@ -421,7 +441,8 @@ export class NodeAgent {
     await this.watchShares();
     this.blocks.holdGiveBack = false;
     await this.watchPolicy();
-    if (this.opts.lazyLayers?.()) await this.watchStaged();
+    this.lazy = this.opts.lazyLayers?.() ?? false;
+    if (this.lazy) await this.watchStaged();
   }
 
   private saveEpoch(): void {
@@ -462,6 +483,12 @@ export class NodeAgent {
         return 0;
       }
     })();
+    const now = Date.now();
+    const unloadable: string[] = [];
+    for (const [image, f] of this.failedPulls) {
+      if (f.until <= now) this.failedPulls.delete(image);
+      else unloadable.push(...f.layers);
+    }
     return {
       id: this.nodeId,
       url: this.opts.url,
@@ -474,7 +501,8 @@ export class NodeAgent {
       backends: this.backendsCache.names,
       images,
       layers: [...layers],
-      lazy: this.opts.lazyLayers?.() ?? false,
+      lazy: this.lazy,
+      ...(unloadable.length > 0 ? { unloadable } : {}),
       accounts,
       resources,
       fenced: this.fenced,
@@ -687,6 +715,10 @@ export class NodeAgent {
           this.creating++;
           let info: SandboxInfo;
           try {
+            // a staged image this node cannot load refuses the rest of the share, to be placed elsewhere
+            await this.ensureStaged(spec).catch((err: unknown) => {
+              throw new WarrenError('RESOURCE_EXHAUSTED', asWarrenError(err).message, { node: this.nodeId });
+            });
             info = await shim.createSandbox(spec, share.principal);
           } finally {
             this.creating--;
@@ -864,41 +896,100 @@ export class NodeAgent {
   // ------------------------------------------------------------------ staged images
 
   /**
-   * A node that mounts layers on demand pulls every image staged for the
-   * overflow pool as it is staged: the metadata now (a few KiB per layer),
-   * the data when a sandbox reads it. It then lists the image, so placement
-   * sends it the requests for it like any holder.
+   * A node that mounts layers on demand learns of every image staged for
+   * the overflow pool. By default it pulls each as it is staged: the
+   * metadata now (a few KiB per layer), the data when a sandbox reads it. It
+   * then lists the image, so placement sends it the requests for it like any
+   * holder. With `pullStaged: 'on-demand'` it only records the image, and
+   * the first create that needs it pulls it.
    */
   private async watchStaged(): Promise<void> {
     const res = await readPrefix(this.etcd, keys.overflowImages);
     for (const kv of res.kvs) this.onStaged(kv.value);
     const w = await this.etcd.watch().prefix(keys.overflowImages).startRevision(nextRevision(res.revision)).create();
     w.on('put', (kv) => this.onStaged(kv.value.toString('utf8')));
+    w.on('delete', (kv) => this.staged.delete(decodeURIComponent(kv.key.toString('utf8').slice(keys.overflowImages.length))));
     this.watchers.push(w);
   }
 
   private onStaged(value: string): void {
     const rec = this.opts.credential.verify(parseJson<StagedImage & { sig: string }>(value));
-    if (rec === null || typeof rec.image !== 'string' || typeof rec.ref !== 'string' || !Array.isArray(rec.layers)) {
+    if (rec === null || typeof rec.image !== 'string' || typeof rec.ref !== 'string' || !Array.isArray(rec.layers) || !rec.layers.every((d) => typeof d === 'string')) {
       this.log('cluster: a staged image record without a valid signature is ignored');
       return;
     }
-    this.pulls = this.pulls.then(() => this.pullStaged(rec));
+    this.staged.set(rec.image, rec);
+    if (this.opts.pullStaged === 'on-demand') return;
+    this.pulls = this.pulls.then(() => this.pullStaged(rec).catch((err: Error) => this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${err.message}`)));
   }
 
-  private async pullStaged(rec: StagedImage): Promise<void> {
-    if (this.closed) return;
-    const wanted = rec.layers.join(',');
+  /** Whether the node lists `image` with exactly the layers `rec` names. */
+  private holdsStaged(rec: StagedImage): boolean {
     const held = this.opts.shim.listImages().find((i) => i.name === rec.image);
-    if (held !== undefined && imageLayers(held).join(',') === wanted) return;
-    try {
-      const img = await this.opts.shim.importImage({ name: rec.image, source: { type: 'registry', ref: rec.ref, mode: 'lazy' } });
+    return held !== undefined && imageLayers(held).join(',') === rec.layers.join(',');
+  }
+
+  /** Pull a staged image (metadata only), once at a time per image; rejects when the registry cannot serve it. */
+  private pullStaged(rec: StagedImage): Promise<void> {
+    if (this.closed || this.holdsStaged(rec)) return Promise.resolve();
+    const under = this.pulling.get(rec.image);
+    if (under !== undefined) return under;
+    const p = (async () => {
+      let img: ImageInfo;
+      try {
+        img = await this.opts.shim.importImage({ name: rec.image, source: { type: 'registry', ref: rec.ref, mode: 'lazy' } });
+      } catch (err) {
+        this.failedPulls.set(rec.image, { layers: rec.layers, until: Date.now() + PULL_RETRY_MS, error: (err as Error).message });
+        await this.putRecord().catch(() => undefined);
+        throw err;
+      }
+      this.failedPulls.delete(rec.image);
       this.log(`cluster: staged image ${rec.image} pulled from ${rec.ref} (layers on demand)`);
-      if (imageLayers(img).join(',') !== wanted) this.log(`cluster: staged image ${rec.image} at ${rec.ref} does not have the layers its record names`);
+      if (imageLayers(img).join(',') !== rec.layers.join(',')) this.log(`cluster: staged image ${rec.image} at ${rec.ref} does not have the layers its record names`);
       await this.putRecord().catch(() => undefined);
-    } catch (err) {
-      this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${(err as Error).message}`);
+    })().finally(() => this.pulling.delete(rec.image));
+    this.pulling.set(rec.image, p);
+    return p;
+  }
+
+  /**
+   * Before a create: pull the staged images among its image and extra
+   * layers that this node lacks. Placement sends a lazy node requests for
+   * any staged image, pulled here or not; a pull that fails is UNAVAILABLE,
+   * so the gateway places the create on another node.
+   */
+  async ensureStaged(spec: Pick<SandboxSpec, 'image' | 'workspaces' | 'toolkits'>): Promise<void> {
+    if (!this.lazy) return;
+    for (const ref of [spec.image, ...spec.workspaces, ...spec.toolkits]) {
+      const rec = this.staged.get(ref) ?? (this.holdsImage(ref) ? undefined : await this.stagedRecord(ref));
+      if (rec === undefined || this.holdsStaged(rec)) continue;
+      // a pull that failed lately is not tried again for each create (the registry is spared)
+      const failed = this.failedPulls.get(rec.image);
+      if (failed !== undefined && failed.until > Date.now() && failed.layers.join(',') === rec.layers.join(',')) {
+        throw new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${failed.error} (tried again after ${Math.ceil((failed.until - Date.now()) / 1000)} s)`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
+      }
+      try {
+        await this.pullStaged(rec);
+      } catch (err) {
+        throw new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${(err as Error).message}`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
+      }
     }
+  }
+
+  private holdsImage(ref: string): boolean {
+    return this.opts.shim.listImages().some((i) => i.name === ref || i.digest === ref);
+  }
+
+  /**
+   * The staged record of an image this node has not heard of yet: the
+   * gateway that placed the create may have seen the record before this
+   * node's watch did. Read once from etcd; no record is no staged image.
+   */
+  private async stagedRecord(name: string): Promise<StagedImage | undefined> {
+    const value = await this.etcd.get(keys.overflowImage(name)).string().catch(() => null);
+    if (value === null) return undefined;
+    this.onStaged(value);
+    return this.staged.get(name);
   }
 
   async close(): Promise<void> {

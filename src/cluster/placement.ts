@@ -51,6 +51,8 @@ export interface NodeRecord {
   layers: string[];
   /** The node can mount layers it lacks from the registry on demand. */
   lazy: boolean;
+  /** Staged layers a lazy node failed to load lately: it is no candidate for them until the entry lapses. */
+  unloadable?: string[];
   /** Live sandboxes per owning account (for cluster-wide quotas). */
   accounts: Record<string, number>;
   /** The cpu and memory those sandboxes were given, per owning account (cluster-wide quotas). */
@@ -182,7 +184,11 @@ function filterReason(n: NodeRecord, req: PlacementRequest, layers: string[] | n
   for (const [k, v] of Object.entries(req.nodeSelector ?? {})) if (n.labels[k] !== v) return `label ${k}=${v} not on the node`;
   const refs = [req.image, ...req.workspaces, ...req.toolkits];
   if (refs.every((r) => holdsRef(n, r))) return null;
-  if (n.lazy && layers !== null && layers.every((d) => n.layers.includes(d) || staged.has(d))) return null;
+  if (n.lazy && layers !== null && layers.every((d) => n.layers.includes(d) || staged.has(d))) {
+    const failed = layers.filter((d) => !n.layers.includes(d) && n.unloadable?.includes(d));
+    if (failed.length === 0) return null;
+    return `does not hold ${refs.filter((r) => !holdsRef(n, r)).join(', ')}, and its last pull of staged layers ${failed.map((d) => d.slice(0, 19)).join(', ')} failed`;
+  }
   return `does not hold ${refs.filter((r) => !holdsRef(n, r)).join(', ')}${n.lazy ? ' and its layers are not all staged in the registry' : ''}`;
 }
 

@@ -80,6 +80,8 @@ export interface NodeClusterOptions {
   advertiseShimUrl?: string;
   /** This node mounts layers it lacks from the registry on demand (placement may send it requests for staged layers). */
   lazyLayers?: boolean;
+  /** When a lazy node pulls staged images: as they are staged (default) or at the first create that needs one. */
+  pullStaged?: 'eager' | 'on-demand';
 }
 
 export interface Warren {
@@ -139,7 +141,14 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
     const served = opts.cluster
       ? admissionShim(new LocalShim(shim), async (spec) => {
           if (agent === null) throw new WarrenError('NODE_FENCED', 'this node has not registered in its cluster yet');
-          return agent.admitOne(spec);
+          const done = await agent.admitOne(spec);
+          try {
+            await agent.ensureStaged(spec);
+          } catch (err) {
+            done(false);
+            throw err;
+          }
+          return done;
         })
       : new LocalShim(shim);
     const gatewayOpts: Parameters<typeof createGateway>[0] = { shim: served, db, dataDir: opts.dataDir, host: opts.host, port: opts.port };
@@ -170,6 +179,7 @@ export async function startWarren(opts: StartOptions): Promise<Warren> {
       if (c.leaseTtlS !== undefined) agentOpts.leaseTtlS = c.leaseTtlS;
       if (c.createWindow !== undefined) agentOpts.createWindow = c.createWindow;
       if (c.lazyLayers) agentOpts.lazyLayers = () => true;
+      if (c.pullStaged !== undefined) agentOpts.pullStaged = c.pullStaged;
       if (opts.log !== undefined) agentOpts.log = opts.log;
       agent = new NodeAgent(agentOpts);
       try {

@@ -220,6 +220,8 @@ export interface NodeOptions {
   network?: NodeNetwork;
   /** The node mounts layers it lacks from a registry on demand (--lazy-layers): it pulls what is staged for the overflow pool. */
   lazyLayers?: boolean;
+  /** With lazyLayers: when staged images are pulled (`--pull-staged`). */
+  pullStaged?: 'eager' | 'on-demand';
 }
 
 export interface NodeNetwork {
@@ -262,6 +264,7 @@ export class ClusterFixture {
     if (o.createWindow !== undefined) args.push('--create-window', String(o.createWindow));
     for (const [k, v] of Object.entries(o.labels ?? {})) args.push('--node-label', `${k}=${v}`);
     if (o.lazyLayers) args.push('--lazy-layers');
+    if (o.pullStaged !== undefined) args.push('--pull-staged', o.pullStaged);
     return args;
   }
 

@@ -109,6 +109,19 @@ test('layer holders get a bounded bonus: preferred, but not piled onto', (t) => 
   t.deepEqual(resolveLayers([holder], { ...REQ, image: 'python' }), ['sha256:py2', 'sha256:py1']);
 });
 
+test('a lazy node that failed to load staged layers lately is no candidate for them, and says why', (t) => {
+  const holder = node('holder', { images: [BUSYBOX, PY], layers: ['sha256:bb', 'sha256:py1', 'sha256:py2'] });
+  const failed = node('failed', { lazy: true, images: [BUSYBOX], layers: ['sha256:bb'], unloadable: ['sha256:py1'] });
+  const fine = node('fine', { lazy: true, images: [BUSYBOX], layers: ['sha256:bb'], unloadable: ['sha256:other'] });
+  const staged = new Set(['sha256:py1', 'sha256:py2']);
+  const r = placeMany([holder, failed, fine], { ...REQ, image: 'python' }, 60, { rng: rng(8), staged, holderBonus: 0 });
+  t.is(r.counts.get('failed'), undefined);
+  t.true((r.counts.get('fine') ?? 0) > 0, 'a failure with other layers does not count');
+  t.regex(r.explain.nodes.find((v) => v.node === 'failed')!.excluded ?? '', /does not hold python, and its last pull of staged layers sha256:py1 failed/);
+  // its own images are unaffected
+  t.true((placeMany([failed], REQ, 1, { staged }).counts.get('failed') ?? 0) === 1);
+});
+
 test('above 80% on-prem, eligible requests go to the overflow pool; others stay on-prem', (t) => {
   const onprem = [node('a', { capacity: { sandboxes: 100, cpus: 2, memoryMb: 1 } }), node('b', { capacity: { sandboxes: 100, cpus: 2, memoryMb: 1 } })];
   const overflowLazy = node('cloud', { pool: 'overflow', lazy: true, images: [], layers: [], capacity: { sandboxes: 1000, cpus: 2, memoryMb: 1 } });
