@@ -918,7 +918,12 @@ export class NodeAgent {
       this.log('cluster: a staged image record without a valid signature is ignored');
       return;
     }
+    const before = this.staged.get(rec.image);
     this.staged.set(rec.image, rec);
+    // staged again elsewhere (a registry that serves it, new layers): a failed pull is no reason to wait
+    if (before !== undefined && (before.ref !== rec.ref || before.layers.join(',') !== rec.layers.join(',')) && this.failedPulls.delete(rec.image)) {
+      void this.putRecord().catch(() => undefined);
+    }
     if (this.opts.pullStaged === 'on-demand') return;
     this.pulls = this.pulls.then(() => this.pullStaged(rec).catch((err: Error) => this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${err.message}`)));
   }
