@@ -35,6 +35,19 @@ test('usage errors exit 2 with a clear message', async (t) => {
   }
 });
 
+test('warren node: --pull-staged takes eager or on-demand, and only with --lazy-layers', async (t) => {
+  const base = ['node', '--etcd', '127.0.0.1:9', '--cluster-credential', '/nonexistent'];
+  const cases: Array<[string[], RegExp]> = [
+    [[...base, '--lazy-layers', '--pull-staged', 'sometimes'], /--pull-staged must be eager or on-demand \(got "sometimes"\)/],
+    [[...base, '--pull-staged', 'on-demand'], /--pull-staged needs --lazy-layers/],
+  ];
+  for (const [argv, message] of cases) {
+    const r = io();
+    t.is(await main(argv, r.io), 2, argv.join(' '));
+    t.regex(r.err.join(''), message);
+  }
+});
+
 test('no command prints usage and exits 2; help exits 0', async (t) => {
   const r = io();
   t.is(await main([], r.io), 2);
