@@ -213,6 +213,8 @@ export class ShellClient extends EventEmitter {
 
     return new Promise<number>((resolve, reject) => {
       let settled = false;
+      /** The hello came: from here on, this socket's close is the session's connection ending. */
+      let attached = false;
       const fail = (err: Error) => {
         if (settled) return;
         settled = true;
@@ -256,13 +258,16 @@ export class ShellClient extends EventEmitter {
           this.mode = hello.mode === 'pty' ? 'pty' : 'command';
           this.offset = Number(hello.offset) || 0;
           settled = true;
+          attached = true;
           resolve(Number(hello.liveOffset) || this.offset);
           return;
         }
         this.onFrame(data, isBinary);
       });
       ws.on('close', (code: number, reason: Buffer) => {
-        if (!settled) {
+        // A socket that never attached (refused, reset, an error status) was this open's failure,
+        // already reported to its caller: it is not a connection of the session that broke.
+        if (!attached) {
           fail(new WarrenError('UNAVAILABLE', `shell closed during the handshake (${code} ${reason.toString('utf8')})`));
           return;
         }
@@ -272,7 +277,8 @@ export class ShellClient extends EventEmitter {
   }
 
   private onSocketClose(ws: WebSocket, code: number, reason: string): void {
-    if (ws !== this.ws) return;
+    // one reattach at a time: the one under way owns the session's recovery
+    if (ws !== this.ws || this.closed || this.reattaching !== null) return;
     this.linkUp = false;
     const resumable = !this.ending && this.exit === null && this.opts.reconnect !== false && this.session !== '' && RESUMABLE_CLOSE.has(code);
     if (resumable) {
@@ -306,6 +312,7 @@ export class ShellClient extends EventEmitter {
     let delay = 50;
     let attempts = 0;
     for (;;) {
+      if (this.closed) return;
       if (this.ending) {
         this.ended(code, reason);
         return;
