@@ -928,10 +928,19 @@ export class NodeAgent {
     this.pulls = this.pulls.then(() => this.pullStaged(rec).catch((err: Error) => this.log(`cluster: staged image ${rec.image} could not be pulled from ${rec.ref}: ${err.message}`)));
   }
 
+  /** The image `ref` names on this node (one indexed lookup, not a listing: it runs before every create of a lazy node). */
+  private image(ref: string): ImageInfo | undefined {
+    try {
+      return this.opts.shim.layers.resolveImage(ref);
+    } catch {
+      return undefined;
+    }
+  }
+
   /** Whether the node lists `image` with exactly the layers `rec` names. */
   private holdsStaged(rec: StagedImage): boolean {
-    const held = this.opts.shim.listImages().find((i) => i.name === rec.image);
-    return held !== undefined && imageLayers(held).join(',') === rec.layers.join(',');
+    const held = this.image(rec.image);
+    return held !== undefined && held.name === rec.image && imageLayers(held).join(',') === rec.layers.join(',');
   }
 
   /** Pull a staged image (metadata only), once at a time per image; rejects when the registry cannot serve it. */
@@ -966,7 +975,7 @@ export class NodeAgent {
   async ensureStaged(spec: Pick<SandboxSpec, 'image' | 'workspaces' | 'toolkits'>): Promise<void> {
     if (!this.lazy) return;
     for (const ref of [spec.image, ...spec.workspaces, ...spec.toolkits]) {
-      const rec = this.staged.get(ref) ?? (this.holdsImage(ref) ? undefined : await this.stagedRecord(ref));
+      const rec = this.staged.get(ref) ?? (this.image(ref) !== undefined ? undefined : await this.stagedRecord(ref));
       if (rec === undefined || this.holdsStaged(rec)) continue;
       // a pull that failed lately is not tried again for each create (the registry is spared)
       const failed = this.failedPulls.get(rec.image);
@@ -979,10 +988,6 @@ export class NodeAgent {
         throw new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${(err as Error).message}`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
       }
     }
-  }
-
-  private holdsImage(ref: string): boolean {
-    return this.opts.shim.listImages().some((i) => i.name === ref || i.digest === ref);
   }
 
   /**
