@@ -977,16 +977,15 @@ export class NodeAgent {
     for (const ref of [spec.image, ...spec.workspaces, ...spec.toolkits]) {
       const rec = this.staged.get(ref) ?? (this.image(ref) !== undefined ? undefined : await this.stagedRecord(ref));
       if (rec === undefined || this.holdsStaged(rec)) continue;
+      const cannot = (why: string) => new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${why}`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
       // a pull that failed lately is not tried again for each create (the registry is spared)
       const failed = this.failedPulls.get(rec.image);
       if (failed !== undefined && failed.until > Date.now() && failed.layers.join(',') === rec.layers.join(',')) {
-        throw new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${failed.error} (tried again after ${Math.ceil((failed.until - Date.now()) / 1000)} s)`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
+        throw cannot(`${failed.error} (tried again after ${Math.ceil((failed.until - Date.now()) / 1000)} s)`);
       }
-      try {
-        await this.pullStaged(rec);
-      } catch (err) {
-        throw new WarrenError('UNAVAILABLE', `node ${this.nodeId} cannot load the staged image ${rec.image} from ${rec.ref}: ${(err as Error).message}`, { node: this.nodeId, image: rec.image, retryAfterS: 1 });
-      }
+      await this.pullStaged(rec).catch((err: Error) => {
+        throw cannot(err.message);
+      });
     }
   }
 

@@ -7,7 +7,7 @@ import { rm } from 'node:fs/promises';
 import type { Backend } from '../../src/shim/types';
 import type { BackendHarness } from '../conformance/backend-suite';
 import { tempDir } from './tmp';
-import { openTestShim, spec } from './warren';
+import { closeTestShim, openTestShim, spec } from './warren';
 
 export async function microvmHarness(idPrefix: string, make: (dataDir: string) => { backend: Backend; close?: () => Promise<void> }): Promise<BackendHarness> {
   const fixture = await openTestShim();
@@ -25,10 +25,8 @@ export async function microvmHarness(idPrefix: string, make: (dataDir: string) =
     close: async () => {
       await made.close?.();
       fixture.shim.layers.release(image.layers);
-      await fixture.shim.close();
-      fixture.shim.layers.unmountUnused();
+      await closeTestShim(fixture);
       await rm(dir, { recursive: true, force: true });
-      await rm(fixture.dataDir, { recursive: true, force: true });
     },
   };
 }

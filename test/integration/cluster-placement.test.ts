@@ -74,6 +74,19 @@ async function importOnN1(name: string, marker: string): Promise<string[]> {
   }
 }
 
+/** The cluster's nodes as the gateway shows them, once `pred` holds. */
+function nodesWhen(c: WarrenClient, pred: (r: ClusterNodes) => boolean, what: string): Promise<ClusterNodes> {
+  return waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), pred, 20_000, what, 100);
+}
+
+/** Import `name` on n1, stage it in the registry through the gateway, and wait until the gateway counts its layers as staged. */
+async function stageFromN1(c: WarrenClient, name: string, marker: string): Promise<{ layers: string[]; nodes: ClusterNodes }> {
+  const layers = await importOnN1(name, marker);
+  await nodesWhen(c, (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes(name)), 'n1 to report the image');
+  await c.images.stage(name, `${registry!.host}/pool`);
+  return { layers, nodes: await nodesWhen(c, (r) => layers.every((d) => r.staged.includes(d)), 'the gateway to see the staged layers') };
+}
+
 async function codeOf(p: Promise<unknown>): Promise<{ code: string; message: string }> {
   try {
     await p;
@@ -85,13 +98,10 @@ async function codeOf(p: Promise<unknown>): Promise<{ code: string; message: str
 
 test.serial('creates go to the holder of their image before a lazy node that would load it, by at most the bonus; the lazy node pulls the image at its first create and then holds it', async (t) => {
   t.timeout(180_000);
-  const layers = await importOnN1('hot', 'hot layer\n');
   const c = f.client();
   const ids: string[] = [];
   try {
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes('hot')), 20_000, 'n1 to report the image', 100);
-    await c.images.stage('hot', `${registry!.host}/pool`);
-    const seen = await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => layers.every((d) => r.staged.includes(d)), 20_000, 'the gateway to see the staged layers', 100);
+    const { layers, nodes: seen } = await stageFromN1(c, 'hot', 'hot layer\n');
     t.false(seen.nodes.find((n) => n.id === 'n2')!.images.includes('hot'), 'n2 pulls staged images on demand only: it has not pulled this one');
 
     const placed: Placed[] = [];
@@ -124,7 +134,7 @@ test.serial('creates go to the holder of their image before a lazy node that wou
     for (const p of placed.filter((x) => x.node === 'n2')) {
       t.is((await (await c.getSandbox(p.id)).exec(['cat', '/etc/warren-test/marker'])).stdout, 'hot layer\n');
     }
-    const after = await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n2' && n.images.includes('hot')), 20_000, 'n2 to report the image it pulled', 100);
+    const after = await nodesWhen(c, (r) => r.nodes.some((n) => n.id === 'n2' && n.images.includes('hot')), 'n2 to report the image it pulled');
     t.true(layers.every((d) => after.nodes.find((n) => n.id === 'n2')!.layers.includes(d)));
     const again = await c.requestJson<Placed>('POST', '/v1/sandboxes', { json: { image: 'hot' }, query: { explain: '1' } });
     ids.push(again.id);
@@ -147,7 +157,7 @@ test.serial('a lazy node that cannot load a staged image refuses the create with
     for (const d of layers) await etcd.put(keys.overflowStaged(d)).value('127.0.0.1:9/nowhere/ghost:latest');
     const rec = { image: 'ghost', ref: '127.0.0.1:9/nowhere/ghost:latest', manifestDigest: `sha256:${'0'.repeat(64)}`, layers, at: Date.now() };
     await etcd.put(keys.overflowImage('ghost')).value(JSON.stringify(f.credential.sign(rec)));
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes('ghost')) && layers.every((d) => r.staged.includes(d)), 20_000, 'the gateway to see the image and its staged layers', 100);
+    await nodesWhen(c, (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes('ghost')) && layers.every((d) => r.staged.includes(d)), 'the gateway to see the image and its staged layers');
 
     // only n2 allowed: its refusal is the answer, with the reason
     const only = await codeOf(c.requestJson('POST', '/v1/sandboxes', { json: { image: 'ghost', placement: { nodes: ['n2'] } } }));
@@ -175,7 +185,7 @@ test.serial('a lazy node that cannot load a staged image refuses the create with
     } finally {
       await n2.close();
     }
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n2' && n.used.creating === 0), 20_000, 'n2 to count no create in flight', 100);
+    await nodesWhen(c, (r) => r.nodes.some((n) => n.id === 'n2' && n.used.creating === 0), 'n2 to count no create in flight');
   } finally {
     for (const id of ids) await c.deleteSandbox(id).catch(() => undefined);
     await etcd.delete().prefix('/warren/overflow/').exec().catch(() => undefined);
@@ -186,13 +196,10 @@ test.serial('a lazy node that cannot load a staged image refuses the create with
 
 test.serial('a job share on a lazy node pulls its staged image before its first create; a share it cannot load is refused once, and its sandboxes wait as pending instead of being placed there again, until the image is staged where it can be loaded', async (t) => {
   t.timeout(120_000);
-  const layers = await importOnN1('batch', 'batch layer\n');
   const c = f.client();
   const jobs: string[] = [];
   try {
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => r.nodes.some((n) => n.id === 'n1' && n.images.includes('batch')), 20_000, 'n1 to report the image', 100);
-    await c.images.stage('batch', `${registry!.host}/pool`);
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => layers.every((d) => r.staged.includes(d)), 20_000, 'the gateway to see the staged layers', 100);
+    const { layers } = await stageFromN1(c, 'batch', 'batch layer\n');
     const job = await c.jobs.create({ count: 6, template: { image: 'batch' }, placement: { nodes: ['n2'] } });
     jobs.push(job.id);
     const end = await c.jobs.watch(job.id);
@@ -218,7 +225,7 @@ test.serial('a job share on a lazy node pulls its staged image before its first 
     } finally {
       etcd.close();
     }
-    await waitForValue(() => c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes'), (r) => !r.nodes.some((n) => n.id === 'n2' && n.images.includes('batch')), 20_000, 'n2 to drop the image', 100);
+    await nodesWhen(c, (r) => !r.nodes.some((n) => n.id === 'n2' && n.images.includes('batch')), 'n2 to drop the image');
     const bad = await c.jobs.create({ count: 3, template: { image: 'batch' }, placement: { nodes: ['n2'] } });
     jobs.push(bad.id);
     // n2 refuses the share (it cannot load the image) and lists the layers as unloadable, so the

@@ -16,6 +16,7 @@ import { checkVmlinux, extractVmlinux, firecracker, firecrackerPaths, guestVmlin
 import { findGuestKernel, guestInitramfs } from '../../src/shim/backends/microvm/guest';
 import { testUnless } from '../helpers/skip';
 import { tempDir } from '../helpers/tmp';
+import { waitForValue } from '../helpers/wait';
 
 const kernel = findGuestKernel();
 const skip = kernel === null ? `requires a guest kernel: ${feature('microvm-guest').reason}` : skipReason('microvm-guest');
@@ -85,11 +86,7 @@ test("the console is a FIFO in the run dir, drained by the node: a guest's endle
     const writer = spawn('/bin/sh', ['-c', `exec 1<>'${fifo}'; head -c 4194304 /dev/zero | tr '\\0' x; echo; echo 'WARREN_BOOT_FAILED: no writable disk'`], { stdio: ['ignore', 'ignore', 'inherit'] });
     const code = await new Promise<number | null>((r) => writer.on('exit', r));
     t.is(code, 0, 'the writer was never blocked: the node drains the FIFO');
-    let tail = '';
-    for (let i = 0; i < 100 && !tail.includes('WARREN_BOOT_FAILED'); i++) {
-      tail = await firecracker.control.consoleTail(runDir);
-      if (!tail.includes('WARREN_BOOT_FAILED')) await new Promise((r) => setTimeout(r, 20));
-    }
+    const tail = await waitForValue(() => firecracker.control.consoleTail(runDir), (x) => x.includes('WARREN_BOOT_FAILED'), 2000, 'the last console line to be drained', 20);
     t.true(tail.endsWith('WARREN_BOOT_FAILED: no writable disk'), tail.slice(-200));
     t.true(tail.length <= 1500, `bounded: ${tail.length}`);
     t.is(statSync(fifo).size, 0, 'nothing of it is on disk');

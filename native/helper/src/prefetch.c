@@ -99,6 +99,28 @@ static unsigned online_cpus(void) {
   return cpus < 1 ? 1 : (unsigned)cpus;
 }
 
+/* `want` threads, within 1..PREFETCH_THREADS (the size of the job arrays). */
+static unsigned threads_for(unsigned want) {
+  return want < 1 ? 1 : want > PREFETCH_THREADS ? PREFETCH_THREADS : want;
+}
+
+/*
+ * Run `worker` over jobs[0..count) (each `size` bytes): job 0 on this thread, the others on
+ * threads of their own; a job whose thread cannot be made runs on this thread too, so every
+ * stripe is still done once.
+ */
+static void fan_out(void *(*worker)(void *), void *jobs, size_t size, unsigned count) {
+  pthread_t tids[PREFETCH_THREADS];
+  unsigned made = 1;
+  for (unsigned t = 1; t < count; t++) {
+    if (pthread_create(&tids[t], NULL, worker, (char *)jobs + t * size) != 0) break;
+    made++;
+  }
+  for (unsigned t = made; t < count; t++) worker((char *)jobs + t * size);
+  worker(jobs);
+  for (unsigned t = 1; t < made; t++) pthread_join(tids[t], NULL);
+}
+
 struct touch_job {
   pid_t pid;
   const struct region *r;
@@ -168,29 +190,10 @@ static void *touch_worker(void *arg) {
 }
 
 static int touch(pid_t pid, const struct region *r, size_t n, uint64_t *bytes, wn_error *e) {
-  unsigned count = online_cpus() > PREFETCH_THREADS ? PREFETCH_THREADS : online_cpus();
+  unsigned count = threads_for(online_cpus());
   struct touch_job jobs[PREFETCH_THREADS];
-  pthread_t threads[PREFETCH_THREADS];
-  int started[PREFETCH_THREADS] = {0};
   for (unsigned t = 0; t < count; t++) jobs[t] = (struct touch_job){.pid = pid, .r = r, .n = n, .index = t, .count = count};
-  /* job 0 runs here; the others on threads of their own (fewer if a thread cannot be made: their stripes go to job 0) */
-  unsigned made = 1;
-  for (unsigned t = 1; t < count; t++) {
-    if (pthread_create(&threads[t], NULL, touch_worker, &jobs[t]) != 0) break;
-    started[t] = 1;
-    made++;
-  }
-  if (made < count) {
-    for (unsigned t = 1; t < count; t++) if (started[t]) pthread_join(threads[t], NULL);
-    for (unsigned t = 0; t < count; t++) jobs[t] = (struct touch_job){.pid = pid, .r = r, .n = n, .index = 0, .count = 1};
-    touch_worker(&jobs[0]);
-    *bytes = jobs[0].bytes;
-    if (jobs[0].gone) return wn_fail(e, WN_SANDBOX_NOT_RUNNING, ESRCH, "process_vm_readv %d", (int)pid);
-    if (jobs[0].err) return wn_fail(e, WN_NATIVE_ERROR, jobs[0].err, "prefetch %d", (int)pid);
-    return 0;
-  }
-  touch_worker(&jobs[0]);
-  for (unsigned t = 1; t < count; t++) pthread_join(threads[t], NULL);
+  fan_out(touch_worker, jobs, sizeof jobs[0], count);
   int gone = 0, err = 0;
   for (unsigned t = 0; t < count; t++) {
     *bytes += jobs[t].bytes;
@@ -244,19 +247,10 @@ static void *advise_worker(void *arg) {
 static int advise(pid_t pid, const struct region *r, size_t n, int advice, const char *what, unsigned threads, uint64_t *bytes, wn_error *e) {
   int pidfd = wn_pidfd_open(pid, 0);
   if (pidfd < 0) return wn_fail_errno(e, WN_SANDBOX_NOT_RUNNING, "pidfd_open %d", (int)pid);
-  unsigned count = threads < 1 ? 1 : threads > PREFETCH_THREADS ? PREFETCH_THREADS : threads;
+  unsigned count = threads_for(threads);
   struct advise_job jobs[PREFETCH_THREADS];
-  pthread_t tids[PREFETCH_THREADS];
-  unsigned made = 1;
   for (unsigned t = 0; t < count; t++) jobs[t] = (struct advise_job){.pidfd = pidfd, .advice = advice, .r = r, .n = n, .index = t, .count = count};
-  for (unsigned t = 1; t < count; t++) {
-    if (pthread_create(&tids[t], NULL, advise_worker, &jobs[t]) != 0) break;
-    made++;
-  }
-  /* fewer threads than stripes were dealt to: this thread takes the stripes of those not made */
-  for (unsigned t = made; t < count; t++) advise_worker(&jobs[t]);
-  advise_worker(&jobs[0]);
-  for (unsigned t = 1; t < made; t++) pthread_join(tids[t], NULL);
+  fan_out(advise_worker, jobs, sizeof jobs[0], count);
   close(pidfd);
   int err = 0;
   for (unsigned t = 0; t < count; t++) {
