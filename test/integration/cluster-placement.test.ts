@@ -164,6 +164,8 @@ test.serial('a lazy node that cannot load a staged image refuses the create with
     t.is(only.code, 'UNAVAILABLE', only.message);
     t.regex(only.message, /cannot load the staged image ghost from 127\.0\.0\.1:9/);
 
+    // the gateway learns of it from n2's next record
+    await nodesWhen(c, (r) => layers.every((d) => r.nodes.find((n) => n.id === 'n2')?.unloadable?.includes(d) === true), 'n2 to list the layers as unloadable');
     // n2 now lists the layers as unloadable: placement leaves it out, with the reason, even when
     // it is the less loaded node (n1 made busier than its bonus covers); every sandbox is on the holder
     for (let i = 0; i < 4; i++) ids.push((await c.requestJson<{ id: string }>('POST', '/v1/sandboxes', { json: { image: 'busybox', placement: { nodes: ['n1'] } } })).id);
