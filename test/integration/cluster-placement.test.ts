@@ -235,7 +235,8 @@ test.serial('a job share on a lazy node pulls its staged image before its first 
     const stuck = await waitForValue(() => c.jobs.get(bad.id), (j) => j.nodes.n2?.state === 'refused' && j.pending === 3, 20_000, 'the share to be refused and its sandboxes pending', 100);
     t.is(stuck.created, 0);
     t.is(stuck.state, 'creating');
-    const record = await c.requestJson<ClusterNodes>('GET', '/v1/cluster/nodes');
+    // the record and the share's progress are watched apart: the record may come second
+    const record = await nodesWhen(c, (r) => layers.every((d) => r.nodes.find((n) => n.id === 'n2')?.unloadable?.includes(d) === true), 'n2 to list the layers as unloadable');
     const unloadable = record.nodes.find((n) => n.id === 'n2')!.unloadable ?? [];
     t.true(layers.every((d) => unloadable.includes(d)), `n2 lists ${JSON.stringify(unloadable)}`);
     await elapse(3000, 'the job reconciler runs every 500 ms: six rounds that could place the pending sandboxes again');
